@@ -1,0 +1,214 @@
+"""Noisy release of a party's contribution ``s_m = D_m x_m``.
+
+Two forms:
+
+``"output"`` (default)
+    The Gaussian mechanism on the released vector: ``s̃ = s + e``, ``e ~ N(0, σ² I)``.
+    With ``σ = z C`` for L2 sensitivity ``C`` this is (ε, δ)-DP as accounted in
+    :mod:`flower_vfl.privacy.accounting`.
+``"paper"``
+    The paper's parameter-space noise (eq. 16): ``ξ ~ N(0, σ² (DᵀD)⁻¹)``, release
+    ``D (x + ξ)``. That release lies in col-space(D); a neighbouring D' has a
+    different column space, so the two output distributions have disjoint supports
+    and the release is **not (ε, δ)-DP for any δ < 1** by itself. Kept, labelled,
+    only to reproduce the paper's figures.
+
+Randomness never touches global numpy state. Each (party, round, kind) has its own
+stream ``SeedSequence(entropy=seed, spawn_key=(party, round, kind_code))``, so a
+re-sent request for the same round gets the identical vector, never a fresh draw.
+A replay with *different* inputs would, with the same noise, reveal ``s - s'``
+exactly; the mechanism keeps the hash of every release and refuses such a replay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+from collections import OrderedDict
+
+import dp_accounting
+import numpy as np
+import scipy.linalg
+
+__all__ = ["FORMS", "KIND_CODES", "GaussianOutputMechanism", "ReplayMismatch", "release_hash"]
+
+FORMS = ("output", "paper")
+KIND_CODES = {"train": 0, "eval": 1}
+
+
+class ReplayMismatch(RuntimeError):
+    """A replayed (round, kind) would release a different vector than the first time."""
+
+
+def release_hash(vector: np.ndarray) -> str:
+    """SHA-256 of a released array (dtype, shape and bytes), for replay verification."""
+    arr = np.ascontiguousarray(vector)
+    h = hashlib.sha256()
+    h.update(f"{arr.dtype.str}|{arr.shape}|".encode())
+    h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def _party_key(party_id) -> int:
+    if isinstance(party_id, numbers.Integral) and not isinstance(party_id, bool) and party_id >= 0:
+        return int(party_id)
+    if isinstance(party_id, str):
+        return int.from_bytes(hashlib.sha256(party_id.encode()).digest()[:8], "little")
+    raise ValueError(f"party_id={party_id!r} must be an integer >= 0 or a string")
+
+
+class GaussianOutputMechanism:
+    """Gaussian noise for a party's releases, reproducible per (round, kind).
+
+    Parameters
+    ----------
+    sigma : float
+        Noise standard deviation σ (> 0), e.g. from :func:`~flower_vfl.privacy.calibrate_sigma`.
+    party_id : int or str
+        The party; strings are hashed to an integer stream key.
+    seed : int or None, default=None
+        Entropy of the party's private seed. None draws fresh OS entropy and stores it
+        in ``self.seed``; persist it (``to_dict``) or replays after a restart differ.
+    form : {"output", "paper"}, default="output"
+        See the module docstring; only ``"output"`` is differentially private.
+    jitter : float, default=1e-10
+        Relative ridge added to DᵀD before its Cholesky factorisation ("paper" form).
+    cache_size : int, default=4
+        How many recent released vectors are kept in memory (hashes are kept for all).
+    """
+
+    def __init__(self, sigma, party_id, seed=None, form="output", jitter=1e-10, cache_size=4):
+        if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or not (
+            math.isfinite(sigma) and sigma > 0
+        ):
+            raise ValueError(f"sigma={sigma!r} must be a finite real number > 0")
+        if form not in FORMS:
+            raise ValueError(f"form={form!r} is not supported; accepted values: {FORMS}")
+        self.sigma = float(sigma)
+        self.party_id = party_id
+        self._party_key = _party_key(party_id)
+        self.seed = int(np.random.SeedSequence().entropy if seed is None else seed)
+        self.form = form
+        self.jitter = float(jitter)
+        self.cache_size = int(cache_size)
+        self.hashes: dict[tuple[int, str], str] = {}
+        self._cache: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
+
+    # ------------------------------------------------------------------ randomness
+
+    def rng(self, round: int, kind: str = "train") -> np.random.Generator:
+        """The independent, reproducible stream for (party, round, kind)."""
+        if kind not in KIND_CODES:
+            raise ValueError(f"kind={kind!r} is not supported; accepted values: {tuple(KIND_CODES)}")
+        if isinstance(round, bool) or not isinstance(round, numbers.Integral) or round < 0:
+            raise ValueError(f"round={round!r} must be an integer >= 0")
+        seq = np.random.SeedSequence(
+            entropy=self.seed, spawn_key=(self._party_key, int(round), KIND_CODES[kind])
+        )
+        return np.random.default_rng(seq)
+
+    def output_noise(self, round: int, kind: str, shape) -> np.ndarray:
+        """e ~ N(0, σ² I) of the given shape for (round, kind)."""
+        return self.sigma * self.rng(round, kind).standard_normal(shape)
+
+    def parameter_noise(self, round: int, kind: str, D: np.ndarray, n_cols: int | None = None):
+        """ξ ~ N(0, σ² (DᵀD)⁻¹) (eq. 16), shape (d,) or (d, n_cols)."""
+        D = np.asarray(D, dtype=float)
+        gram = D.T @ D
+        d = gram.shape[0]
+        ridge = self.jitter * max(np.trace(gram) / max(d, 1), np.finfo(float).tiny)
+        L = np.linalg.cholesky(gram + ridge * np.eye(d))
+        shape = (d,) if n_cols is None else (d, n_cols)
+        g = self.rng(round, kind).standard_normal(shape)
+        # L Lᵀ = DᵀD  =>  Cov(L⁻ᵀ g) = (L Lᵀ)⁻¹
+        return self.sigma * scipy.linalg.solve_triangular(L, g, trans="T", lower=True)
+
+    # ------------------------------------------------------------------ release
+
+    def release(self, s=None, *, round: int, kind: str = "train", D=None, x=None) -> np.ndarray:
+        """The noisy release for (round, kind); identical on replay.
+
+        Parameters
+        ----------
+        s : array of shape (N,) or (N, K)
+            Exact ``D x`` ("output" form; ignored by "paper", which needs ``D`` and ``x``).
+        round : int
+            Round number (>= 0).
+        kind : {"train", "eval"}
+        D, x : arrays, "paper" form only
+            Local data (N, d) and parameters (d,) or (d, K).
+
+        Raises
+        ------
+        ReplayMismatch
+            If (round, kind) was released before and this call would release something else.
+        """
+        key = (int(round), kind)
+        if self.form == "output":
+            if s is None:
+                raise ValueError("s (the exact D @ x) is required for form='output'")
+            s = np.asarray(s, dtype=float)
+            if s.ndim not in (1, 2):
+                raise ValueError(f"s must have shape (N,) or (N, K), got shape {s.shape}")
+            released = s + self.output_noise(round, kind, s.shape)
+        else:
+            if D is None or x is None:
+                raise ValueError("D and x are required for form='paper'")
+            D = np.asarray(D, dtype=float)
+            x = np.asarray(x, dtype=float)
+            if D.ndim != 2 or x.ndim not in (1, 2) or x.shape[0] != D.shape[1]:
+                raise ValueError(f"need D of shape (N, d) and x of shape (d,) or (d, K); "
+                                 f"got D {D.shape}, x {x.shape}")
+            xi = self.parameter_noise(round, kind, D, None if x.ndim == 1 else x.shape[1])
+            released = D @ (x + xi)
+        digest = release_hash(released)
+        previous = self.hashes.get(key)
+        if previous is not None and previous != digest:
+            raise ReplayMismatch(
+                f"party {self.party_id!r}: round {key[0]} ({kind}) was already released with "
+                f"different inputs; re-releasing with the same noise would reveal the "
+                f"difference exactly, so it is refused"
+            )
+        self.hashes[key] = digest
+        self._cache[key] = released
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return released.copy()
+
+    def cached(self, round: int, kind: str = "train") -> np.ndarray | None:
+        """The vector released for (round, kind) if still in the in-memory cache."""
+        vec = self._cache.get((int(round), kind))
+        return None if vec is None else vec.copy()
+
+    def verify(self, round: int, kind: str, vector) -> bool:
+        """Whether ``vector`` is what this party released for (round, kind)."""
+        return self.hashes.get((int(round), kind)) == release_hash(np.asarray(vector, dtype=float))
+
+    def dp_event(self, sensitivity: float) -> dp_accounting.DpEvent:
+        """What one release is: Gaussian at z = σ/C ("output"), or not private ("paper")."""
+        if self.form == "paper":
+            return dp_accounting.NonPrivateDpEvent()
+        return dp_accounting.GaussianDpEvent(self.sigma / float(sensitivity))
+
+    # ------------------------------------------------------------------ persistence
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable state: parameters, seed and release hashes (not the vectors)."""
+        return {
+            "sigma": self.sigma,
+            "party_id": self.party_id,
+            "seed": self.seed,
+            "form": self.form,
+            "jitter": self.jitter,
+            "cache_size": self.cache_size,
+            "hashes": [[r, k, h] for (r, k), h in self.hashes.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GaussianOutputMechanism":
+        mech = cls(data["sigma"], data["party_id"], seed=data["seed"], form=data["form"],
+                   jitter=data["jitter"], cache_size=data["cache_size"])
+        mech.hashes = {(int(r), k): h for r, k, h in data["hashes"]}
+        return mech
