@@ -1,0 +1,328 @@
+"""Losses l and their z-update (paper eq. 7), vectorized over samples.
+
+Objective convention (documented in docs/math.md):
+
+    (1/N) * sum_i l_i(z_i)   with   z = sum_m D_m x_m + b.
+
+The central node's z-update (eq. 7) is separable per sample:
+
+    z_i = argmin_z  (1/N) l_i(z) - y_i z + rho/2 (z - a_i)^2,
+
+where ``a = sum_m s_m`` is the aggregated prediction.  Every loss below solves
+this for all samples at once (closed form or a vectorized safeguarded Newton
+iteration); no Python loop over samples.  No Flower imports here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import expit, log_expit, logsumexp, softmax
+
+__all__ = ["Loss", "LogisticLoss", "SquaredLoss", "HingeLoss", "MultinomialLoss",
+           "SigmoidLoss", "get_loss", "LOSSES"]
+
+
+class Loss:
+    """Base class. ``t`` are the encoded labels, ``z`` the predictions (N,) or (N, K)."""
+
+    name = "base"
+    #: upper bound on |l''| (per sample, before the 1/N); None for non-smooth losses
+    curvature = None
+    #: number of output columns (1 → vectors of shape (N,))
+    n_outputs = 1
+    convex = True
+
+    def encode_labels(self, y) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def value(self, z, t) -> np.ndarray:  # per-sample loss values
+        raise NotImplementedError
+
+    def grad(self, z, t) -> np.ndarray:  # per-sample derivative dl/dz
+        raise NotImplementedError
+
+    def mean(self, z, t) -> float:
+        return float(np.mean(self.value(z, t)) if np.ndim(z) == 1
+                     else np.mean(np.sum(self.value(z, t), axis=-1)))
+
+    def z_update(self, a, y, t, rho, n, z0=None) -> np.ndarray:
+        """Solve eq. (7) entry-wise: argmin (1/n) l(z) - y z + rho/2 (z - a)^2."""
+        raise NotImplementedError
+
+    def hess(self, z, t):
+        """Per-sample l''(z) (smooth scalar losses)."""
+        raise NotImplementedError
+
+    def dz_da(self, z, t, rho, n):
+        """Derivative of the z-update's solution with respect to a, at the solution z."""
+        return rho / (self.hess(z, t) / n + rho)
+
+    # helpers for predict / predict_proba
+    def predict(self, f):
+        return f
+
+    def predict_proba(self, f):
+        raise AttributeError(f"loss={self.name!r} has no probabilistic output")
+
+
+def _check_binary(y, name):
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"y must be 1-D for loss={name!r}; got shape {y.shape}")
+    vals = np.unique(y)
+    if not (set(vals.tolist()) <= {-1, 1} or set(vals.tolist()) <= {0, 1}):
+        raise ValueError(
+            f"loss={name!r} needs binary labels in {{-1, +1}} or {{0, 1}}; got values "
+            f"{vals[:10].tolist()}{'...' if vals.size > 10 else ''}. "
+            "Use loss='multinomial' for more than two classes or loss='squared' for regression."
+        )
+    if vals.size < 2:
+        raise ValueError(f"loss={name!r} needs both classes in y; got only {vals.tolist()}")
+    return np.where(y > 0, 1.0, -1.0)
+
+
+def _newton_1d(a, c, rho, n, grad, hess, z0, max_iter=100, tol=1e-13):
+    """Safeguarded Newton (rtsafe) for phi(z) = (1/n) l(z) - c z + rho/2 (z - a)^2.
+
+    phi' is increasing (rho > curvature/n), so keep a bracket [lo, hi] around its root
+    and bisect whenever a Newton step would land on or outside the bracket or fails to
+    halve the previous step (which stops the 2-cycles Newton has on sigmoid-shaped phi').
+    """
+    # |l'| <= 1 for our classification losses: the root is within (|c| + 1/n)/rho of a
+    width = (np.abs(c) + 1.0 / n) / rho
+    lo, hi = a - width - 1.0, a + width + 1.0
+    z = np.clip(z0, lo, hi)
+    prev_step = hi - lo
+    for _ in range(max_iter):
+        g = grad(z) / n - c + rho * (z - a)
+        lo = np.where(g < 0, z, lo)
+        hi = np.where(g > 0, z, hi)
+        step = g / (hess(z) / n + rho)
+        z_new = z - step
+        bisect = (z_new <= lo) | (z_new >= hi) | (np.abs(step) > 0.5 * np.abs(prev_step))
+        bisect &= g != 0
+        z_new = np.where(bisect, 0.5 * (lo + hi), z_new)
+        prev_step = np.where(bisect, 0.5 * (hi - lo), step)
+        if np.max(np.abs(z_new - z) / (1.0 + np.abs(z))) <= tol:
+            return z_new
+        z = z_new
+    return z
+
+
+class LogisticLoss(Loss):
+    """l(z) = log(1 + exp(-t z)), t in {-1, +1} (0/1 labels are mapped to -1/+1)."""
+
+    name = "logistic"
+    curvature = 0.25
+
+    def encode_labels(self, y):
+        return _check_binary(y, self.name)
+
+    def value(self, z, t):
+        return -log_expit(t * z)
+
+    def grad(self, z, t):
+        return -t * expit(-t * z)
+
+    def hess(self, z, t):
+        p = expit(z)
+        return p * (1.0 - p)
+
+    def z_update(self, a, y, t, rho, n, z0=None):
+        return _newton_1d(a, y, rho, n, lambda z: self.grad(z, t), lambda z: self.hess(z, t),
+                          a + y / rho if z0 is None else z0)
+
+    def predict(self, f):
+        return np.where(f >= 0, 1, -1)
+
+    def predict_proba(self, f):
+        p = expit(f)
+        return np.column_stack([1 - p, p])
+
+
+class SigmoidLoss(Loss):
+    """Smooth nonconvex loss l(z) = 1 / (1 + exp(t z)) = sigmoid(-t z) (a smoothed 0-1 loss).
+
+    |l''| <= 1/(6*sqrt(3)) < 0.0963, so the z-subproblem is strongly convex once
+    rho > 0.0963 / N (Assumption 1.2a); the constructor of the engine checks it.
+    """
+
+    name = "sigmoid"
+    curvature = 0.0963
+    convex = False
+
+    def encode_labels(self, y):
+        return _check_binary(y, self.name)
+
+    def value(self, z, t):
+        return expit(-t * z)
+
+    def grad(self, z, t):
+        p = expit(-t * z)
+        return -t * p * (1 - p)
+
+    def hess(self, z, t):
+        p = expit(-t * z)
+        return p * (1 - p) * (1 - 2 * p)
+
+    def z_update(self, a, y, t, rho, n, z0=None):
+        if rho <= self.curvature / n:
+            raise ValueError(
+                f"rho={rho:g} is too small for the nonconvex sigmoid loss: the z-update needs "
+                f"rho > {self.curvature / n:.3g} (= 0.0963/N) to be strongly convex")
+        return _newton_1d(a, y, rho, n, lambda z: self.grad(z, t), lambda z: self.hess(z, t),
+                          a + y / rho if z0 is None else z0)
+
+    def predict(self, f):
+        return np.where(f >= 0, 1, -1)
+
+
+class SquaredLoss(Loss):
+    """l(z) = 1/2 (z - t)^2 (regression). Closed-form z-update."""
+
+    name = "squared"
+    curvature = 1.0
+
+    def encode_labels(self, y):
+        y = np.asarray(y, dtype=float)
+        if y.ndim != 1:
+            raise ValueError(f"y must be 1-D for loss='squared'; got shape {y.shape}")
+        return y
+
+    def value(self, z, t):
+        return 0.5 * (z - t) ** 2
+
+    def grad(self, z, t):
+        return z - t
+
+    def hess(self, z, t):
+        return np.ones_like(z)
+
+    def z_update(self, a, y, t, rho, n, z0=None):
+        # (z - t)/n - y + rho (z - a) = 0
+        return (t / n + y + rho * a) / (1.0 / n + rho)
+
+
+class HingeLoss(Loss):
+    """l(z) = max(0, 1 - t z). Closed-form prox z-update."""
+
+    name = "hinge"
+
+    def encode_labels(self, y):
+        return _check_binary(y, self.name)
+
+    def value(self, z, t):
+        return np.maximum(0.0, 1.0 - t * z)
+
+    def grad(self, z, t):  # a subgradient
+        return np.where(t * z < 1.0, -t, 0.0)
+
+    def dz_da(self, z, t, rho, n):
+        # the prox is the identity shifted, except on the kink (t z == 1) where it is flat
+        return np.where(np.abs(t * z - 1.0) <= 1e-12, 0.0, 1.0)
+
+    def z_update(self, a, y, t, rho, n, z0=None):
+        # minimize (1/n) max(0, 1 - t z) + rho/2 (z - v)^2 with v = a + y/rho; in u = t z:
+        # prox of (1/(n rho)) max(0, 1 - u) at w = t v.
+        v = a + y / rho
+        w = t * v
+        k = 1.0 / (n * rho)
+        u = np.where(w >= 1.0, w, np.where(w <= 1.0 - k, w + k, 1.0))
+        return t * u
+
+    def predict(self, f):
+        return np.where(f >= 0, 1, -1)
+
+
+class MultinomialLoss(Loss):
+    """Softmax cross-entropy over K classes; z, s_m and y are N x K; labels 0..K-1.
+
+    z-update: per sample a strictly convex K-dimensional problem, solved by a
+    vectorized damped Newton iteration (batched K x K solves).
+    """
+
+    name = "multinomial"
+    curvature = 0.5
+    convex = True
+
+    def __init__(self):
+        self.classes_ = None
+
+    @property
+    def n_outputs(self):
+        return 1 if self.classes_ is None else len(self.classes_)
+
+    def encode_labels(self, y):
+        y = np.asarray(y)
+        if y.ndim != 1:
+            raise ValueError(f"y must be 1-D class labels for loss='multinomial'; got shape {y.shape}")
+        if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
+            raise ValueError("y contains NaN or inf")
+        classes, idx = np.unique(y, return_inverse=True)
+        if classes.size < 2:
+            raise ValueError(f"loss='multinomial' needs at least 2 classes; got {classes.tolist()}")
+        self.classes_ = classes
+        onehot = np.zeros((y.size, classes.size))
+        onehot[np.arange(y.size), idx] = 1.0
+        return onehot
+
+    def value(self, z, t):
+        return logsumexp(z, axis=1) - np.sum(z * t, axis=1)
+
+    def mean(self, z, t):
+        return float(np.mean(self.value(z, t)))
+
+    def grad(self, z, t):
+        return softmax(z, axis=1) - t
+
+    def z_update(self, a, y, t, rho, n, z0=None, max_iter=50, tol=1e-13):
+        z = a + y / rho if z0 is None else z0.copy()
+        K = z.shape[1]
+        eye = np.eye(K)
+        for _ in range(max_iter):
+            p = softmax(z, axis=1)
+            g = (p - t) / n - y + rho * (z - a)
+            H = (p[:, :, None] * eye - p[:, :, None] * p[:, None, :]) / n + rho * eye
+            step = np.linalg.solve(H, g[:, :, None])[:, :, 0]
+            # damping keeps the iteration monotone far from the optimum; near it Newton is exact
+            phi0 = self._phi(z, a, y, t, rho, n)
+            alpha = np.ones(z.shape[0])
+            for _ in range(30):
+                z_try = z - alpha[:, None] * step
+                bad = self._phi(z_try, a, y, t, rho, n) > phi0 + 1e-15 * (1 + np.abs(phi0))
+                if not bad.any():
+                    break
+                alpha = np.where(bad, alpha * 0.5, alpha)
+            z = z - alpha[:, None] * step
+            if np.max(np.abs(alpha[:, None] * step)) <= tol * (1 + np.max(np.abs(z))):
+                break
+        return z
+
+    def dz_da_mean(self, z, t, rho, n):
+        """Mean over samples of the K x K Jacobian of the z-update w.r.t. a."""
+        p = softmax(z, axis=1)
+        K = z.shape[1]
+        H = (p[:, :, None] * np.eye(K) - p[:, :, None] * p[:, None, :]) / n + rho * np.eye(K)
+        return rho * np.linalg.inv(H).mean(axis=0)
+
+    def _phi(self, z, a, y, t, rho, n):
+        return self.value(z, t) / n - np.sum(y * z, axis=1) + 0.5 * rho * np.sum((z - a) ** 2, axis=1)
+
+    def predict(self, f):
+        return self.classes_[np.argmax(f, axis=1)]
+
+    def predict_proba(self, f):
+        return softmax(f, axis=1)
+
+
+LOSSES = {"logistic": LogisticLoss, "squared": SquaredLoss, "hinge": HingeLoss,
+          "multinomial": MultinomialLoss, "sigmoid": SigmoidLoss}
+
+
+def get_loss(loss) -> Loss:
+    """Return a fresh Loss instance for a name (or pass an instance through)."""
+    if isinstance(loss, Loss):
+        return loss
+    if loss not in LOSSES:
+        raise ValueError(f"loss={loss!r} is not supported; choose one of {sorted(LOSSES)}")
+    return LOSSES[loss]()

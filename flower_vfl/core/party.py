@@ -1,0 +1,70 @@
+"""A vertical party's side of ADMM sharing (Algorithm 1, lines 3-6). No Flower imports.
+
+The party owns D_m and x_m. Each round it receives from the central node the
+(relaxed) residual ``q = a_hat - z`` and the dual ``y`` (N-vectors, or N x K), plus
+scalars ``rho``, ``alpha`` (over-relaxation) and ``theta`` (Jacobi damping), and
+returns one value per sample, ``s_m = D_m x_m``.
+
+With ``theta = 1`` and ``alpha = 1`` this is eq. (6) of the paper verbatim:
+``x_m = argmin lam R(x) + <y, D_m x> + rho/2 ||sum_{k!=m} s_k + D_m x - z||^2``.
+With ``theta = 1/M`` it is the ADMM sharing of Boyd et al. (2011, Sec. 7.3), a
+proximal-Jacobi form of eq. (6) with rho_x = rho/theta that is a genuine two-block
+ADMM and so converges for any rho > 0 on convex problems; ``alpha`` is Boyd's
+over-relaxation (Sec. 3.4.3). Every variant has the same fixed points: the
+stationary points (9)-(12) of problem (1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .penalties import XSolver
+
+__all__ = ["PartyUpdate"]
+
+
+class PartyUpdate:
+    """The x-update of one party plus the bookkeeping it needs across rounds.
+
+    State (kept by the party, never sent): ``x`` (its model block), ``s`` (the
+    value it last released, Alg. 1 line 4's cache), ``z_loc`` (its share of z in the
+    sharing reformulation; equals ``s - theta * r`` when alpha = 1).
+    """
+
+    def __init__(self, D, penalty, lam, constraint=None, n_outputs=1, inner_tol=1e-12):
+        self.D = D
+        self.n, self.d = D.shape
+        self.solver = XSolver(D, penalty, lam, constraint=constraint, inner_tol=inner_tol)
+        shape_x = (self.d,) if n_outputs == 1 else (self.d, n_outputs)
+        shape_s = (self.n,) if n_outputs == 1 else (self.n, n_outputs)
+        self.x = np.zeros(shape_x)
+        self.s = np.zeros(shape_s)
+        self.z_loc = np.zeros(shape_s)
+
+    def step(self, q, y, rho, alpha=1.0, theta=1.0):
+        """One x-update (eq. 6); returns the exact ``D_m x_m`` (before any privacy noise).
+
+        The caller stores what it actually released with :meth:`commit`.
+        """
+        x_hat = alpha * self.s + (1.0 - alpha) * self.z_loc
+        self.z_loc = x_hat - theta * q
+        rho_x = rho / theta
+        v = self.z_loc - y / rho_x
+        self.x = self.solver.solve(v, rho_x, x0=self.x)
+        return self.D @ self.x
+
+    def commit(self, s_released):
+        """Cache the value actually sent (noisy when private): the next residual contains it."""
+        self.s = np.asarray(s_released, dtype=float)
+
+    def penalty_value(self):
+        return self.solver.penalty.value(self.x)
+
+    # -- state for Flower's context.state (every message is a fresh process on real nodes)
+    def get_state(self) -> dict:
+        return {"x": self.x, "s": self.s, "z_loc": self.z_loc}
+
+    def set_state(self, state: dict):
+        for k in ("x", "s", "z_loc"):
+            if k in state:
+                setattr(self, k, np.asarray(state[k], dtype=float).reshape(getattr(self, k).shape))
