@@ -51,6 +51,8 @@ class CentralUpdate:
         ADMM whose fixed point is the centralized optimum with an unpenalized intercept.
         """
         loss, y, t, rho, n = self.loss, self.y, self.t, self.rho, self.n
+        if loss.convex and loss.n_outputs == 1 and loss.curvature is not None:
+            return self._joint_newton(a_hat)
         c = a_hat.mean(axis=0) + y.sum(axis=0) / (rho * n)
         b = self.b.copy()
         scale = 1.0 + float(np.max(np.abs(a_hat)))
@@ -73,6 +75,50 @@ class CentralUpdate:
                 b = b - np.linalg.lstsq(J, h, rcond=1e-10)[0]
         self.b = b
         return loss.z_update(a_hat + b, y, t, rho, n, z0=w) - b
+
+    def _joint_newton(self, a_hat, max_iter=50):
+        """Damped Newton on F(w, b) = (1/N) sum l(w) - <y, w> + b sum(y) + rho/2 ||a + b - w||^2.
+
+        The Hessian is diagonal plus one border row/column (b), so each step costs O(N)
+        through the Schur complement; backtracking on F keeps it globally convergent.
+        Returns z = w - b and sets self.b.
+        """
+        loss, y, t, rho, n = self.loss, self.y, self.t, self.rho, self.n
+        sy = float(y.sum())
+        w, b = self.z + self.b, float(self.b)
+
+        def F(w, b):
+            r = a_hat + b - w
+            return float(np.sum(loss.value(w, t)) / n - y @ w + b * sy + 0.5 * rho * (r @ r))
+
+        f = F(w, b)
+        for _ in range(max_iter):
+            r = a_hat + b - w
+            g = loss.grad(w, t) / n - y - rho * r
+            gb = sy + rho * r.sum()
+            d = loss.hess(w, t) / n + rho
+            schur = rho * n - rho * rho * float(np.sum(1.0 / d))
+            schur = max(schur, 1e-300)
+            db = -(gb + rho * float(np.sum(g / d))) / schur
+            dw = (-g + rho * db) / d
+            dec = -(g @ dw + gb * db)            # Newton decrement^2 (>= 0)
+            if np.max(np.abs(dw)) <= 1e-13 * (1.0 + np.max(np.abs(w))):
+                w, b = w + dw, b + db
+                break
+            if dec <= 1e-10 * (1.0 + abs(f)):
+                # quadratic-convergence region: F differences are at round-off, take full steps
+                w, b = w + dw, b + db
+                f = F(w, b)
+                continue
+            step = 1.0
+            while True:
+                f_new = F(w + step * dw, b + step * db)
+                if f_new <= f - 1e-4 * step * dec or step < 1e-10:
+                    break
+                step *= 0.5
+            w, b, f = w + step * dw, b + step * db, f_new
+        self.b = np.float64(b)
+        return w - b
 
     def step(self, s_sum):
         """Given sum_m s_m, update z (with the intercept) and y (eq. 7, 8).
