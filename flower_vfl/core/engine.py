@@ -74,6 +74,11 @@ class VerticalADMM:
         X_m, applied to every party's block.
     random_state : int or None
         Seed for any randomness (privacy noise); the non-private algorithm is deterministic.
+    privacy : None or list of (PrivacyConfig or None)
+        Per party: None for a non-private party, or its own
+        :class:`flower_vfl.privacy.PrivacyConfig` (then penalty must be 'l2'; rows are
+        normalized, x is kept in its ball, releases are noisy and ledgered, and every
+        call to :meth:`decision_function` is an evaluation release that is counted).
     verbose : bool, default=False
         Show a progress bar.
     callback : callable(round, engine) or None
@@ -92,7 +97,7 @@ class VerticalADMM:
     def __init__(self, loss="logistic", penalty="l2", lam=1e-4, rho="auto", fit_intercept=True,
                  max_rounds=100, tol=1e-6, tol_abs=1e-9, alpha=1.0, variant="sharing",
                  adaptive_rho=False, l1_ratio=0.5, constraint=None, random_state=None,
-                 verbose=False, callback=None):
+                 privacy=None, verbose=False, callback=None):
         self.loss = loss
         self.penalty = penalty
         self.lam = lam
@@ -107,6 +112,7 @@ class VerticalADMM:
         self.l1_ratio = l1_ratio
         self.constraint = constraint
         self.random_state = random_state
+        self.privacy = privacy
         self.verbose = verbose
         self.callback = callback
 
@@ -131,15 +137,35 @@ class VerticalADMM:
         M = len(blocks)
         theta = 1.0 if self.variant == "paper" else 1.0 / M
         constraint = make_constraint(self.constraint)
-        parties = [PartyUpdate(D, penalty, self.lam, constraint, n_outputs=loss.n_outputs)
-                   for D in blocks]
+        parties = self._make_parties(blocks, penalty, constraint, loss)
         central = CentralUpdate(loss, t, rho, alpha=self.alpha, theta=theta,
                                 fit_intercept=self.fit_intercept)
         return loss, blocks, t, parties, central
 
+    def _make_parties(self, blocks, penalty, constraint, loss):
+        privacy = self.privacy if self.privacy is not None else [None] * len(blocks)
+        if len(privacy) != len(blocks):
+            raise ValueError(f"privacy has {len(privacy)} entries but there are {len(blocks)} blocks; "
+                             "give one PrivacyConfig (or None) per party")
+        parties = []
+        for m, (D, cfg) in enumerate(zip(blocks, privacy)):
+            if cfg is None:
+                parties.append(PartyUpdate(D, penalty, self.lam, constraint, n_outputs=loss.n_outputs))
+                continue
+            from ..privacy.party import PrivateParty
+            if penalty.name != "l2" or loss.n_outputs != 1:
+                raise ValueError("private parties support penalty='l2' with a scalar-output loss; "
+                                 f"got penalty={penalty.name!r}, loss={loss.name!r}")
+            if cfg.seed is None and self.random_state is not None:
+                import dataclasses
+                cfg = dataclasses.replace(cfg, seed=int(self.random_state) * 1000 + m)
+            parties.append(PrivateParty(D, None, self.lam, cfg, party_id=m, n_parties=len(blocks)))
+        return parties
+
     def fit(self, X_blocks, y):
         """Run ADMM sharing until the residual rule holds or ``max_rounds`` are done."""
         loss, blocks, t, parties, central = self._setup(X_blocks, y)
+        self._parties, self._central, self._eval_round = parties, central, 0
         self.loss_, self.n_features_in_ = loss, [D.shape[1] for D in blocks]
         self.classes_ = getattr(loss, "classes_", None)
         self.history_ = []
@@ -152,9 +178,8 @@ class VerticalADMM:
         for k in range(1, self.max_rounds + 1):
             s_sum = 0.0
             for p in parties:
-                s = p.step(central.q, central.y, central.rho, central.alpha, central.theta)
-                p.commit(s)
-                s_sum = s_sum + s
+                s_sum = s_sum + p.train_release(k, central.q, central.y, central.rho,
+                                                central.alpha, central.theta)
             r, d = central.step(s_sum)
             obj = self._objective(loss, t, parties, central)
             eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)
@@ -177,8 +202,11 @@ class VerticalADMM:
                 central.set_rho(new_rho)
         if bar is not None:
             bar.close()
-        self._parties, self._central = parties, central
         return self
+
+    def privacy_report(self):
+        """Per private party: config, neighbouring relation, noise multiplier, ledger, totals."""
+        return [p.report() for p in getattr(self, "_parties", []) if hasattr(p, "report")]
 
     @staticmethod
     def _objective(loss, t, parties, central):
@@ -193,7 +221,13 @@ class VerticalADMM:
         if [D.shape[1] for D in blocks] != self.n_features_in_:
             raise ValueError(f"blocks have widths {[D.shape[1] for D in blocks]}; the model was fitted "
                              f"on widths {self.n_features_in_}")
-        return sum(D @ x for D, x in zip(blocks, self.coef_)) + self.intercept_
+        if self.privacy is None or all(c is None for c in self.privacy):
+            return sum(D @ x for D, x in zip(blocks, self.coef_)) + self.intercept_
+        # private parties answer with a (ledgered) evaluation release
+        self._eval_round = getattr(self, "_eval_round", 0) + 1
+        c = self._central
+        return sum(p.eval_release(self._eval_round, c.rho, c.theta, D_eval=D)
+                   for p, D in zip(self._parties, blocks)) + self.intercept_
 
     def predict(self, X_blocks):
         return self.loss_.predict(self.decision_function(X_blocks))

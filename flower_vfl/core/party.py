@@ -31,8 +31,12 @@ class PartyUpdate:
     sharing reformulation; equals ``s - theta * r`` when alpha = 1).
     """
 
-    def __init__(self, D, penalty, lam, constraint=None, n_outputs=1, inner_tol=1e-12):
+    def __init__(self, D, penalty, lam, constraint=None, n_outputs=1, inner_tol=1e-12,
+                 v_clip=None):
         self.D = D
+        #: entry-wise bound on the x-update target, enforced here on the party side so that
+        #: whatever the central node sends, the sensitivity bound of the release holds
+        self.v_clip = v_clip
         self.n, self.d = D.shape
         self.solver = XSolver(D, penalty, lam, constraint=constraint, inner_tol=inner_tol)
         shape_x = (self.d,) if n_outputs == 1 else (self.d, n_outputs)
@@ -50,12 +54,24 @@ class PartyUpdate:
         self.z_loc = x_hat - theta * q
         rho_x = rho / theta
         v = self.z_loc - y / rho_x
+        if self.v_clip is not None:
+            v = np.clip(v, -self.v_clip, self.v_clip)
         self.x = self.solver.solve(v, rho_x, x0=self.x)
         return self.D @ self.x
 
     def commit(self, s_released):
         """Cache the value actually sent (noisy when private): the next residual contains it."""
         self.s = np.asarray(s_released, dtype=float)
+
+    # the release interface shared with flower_vfl.privacy.PrivateParty
+    def train_release(self, round, q, y, rho, alpha=1.0, theta=1.0):
+        """Non-private release: the exact D_m x_m."""
+        s = self.step(q, y, rho, alpha, theta)
+        self.commit(s)
+        return s
+
+    def eval_release(self, round, rho=None, theta=None, D_eval=None):
+        return D_eval @ self.x
 
     def penalty_value(self):
         return self.solver.penalty.value(self.x)

@@ -166,10 +166,21 @@ class XSolver:
     def direct(self) -> bool:
         return self.penalty.smooth_quadratic and self.constraint is None
 
+    @property
+    def ball_l2(self) -> bool:
+        """L2 penalty on a ball: solved exactly by an eigendecomposition + secular equation."""
+        return (self.penalty.smooth_quadratic and isinstance(self.constraint, Ball)
+                and self.D.shape[1] <= 4000)
+
     def _factorize(self, rho):
         D = self.D
         n, d = D.shape
         self._rho = rho
+        if self.ball_l2:
+            G = D.T @ D
+            G = G.toarray() if sp.issparse(G) else np.asarray(G)
+            self._eig = np.linalg.eigh(rho * G)
+            return
         if not self.direct:
             self._L = rho * _spectral_norm_sq(D)
             return
@@ -193,6 +204,8 @@ class XSolver:
     def solve(self, v, rho, x0=None):
         if self._rho != rho:
             self._factorize(rho)
+        if self.ball_l2:
+            return self._solve_ball(v, rho)
         if self.direct:
             kind, fac, dual = self._fac
             if dual:
@@ -201,6 +214,33 @@ class XSolver:
             rhs = rho * (self.D.T @ v)
             return fac.solve(rhs) if kind == "splu" else sla.cho_solve(fac, rhs, check_finite=False)
         return self._fista(v, rho, x0)
+
+    def _solve_ball(self, v, rho):
+        """argmin lam/2||x||^2 + rho/2||Dx - v||^2 s.t. ||x|| <= r: x(mu) = (rho G + (lam+mu) I)^-1 rho D^T v,
+        with mu >= 0 the root of ||x(mu)|| = r when the unconstrained solution is outside."""
+        e, V = self._eig
+        c = V.T @ (rho * (self.D.T @ v))
+        r = self.constraint.radius
+
+        def norm_at(mu):
+            return np.linalg.norm(c / (e + self.lam + mu)[:, None] if c.ndim == 2 else c / (e + self.lam + mu))
+
+        mu = 0.0
+        if norm_at(0.0) > r or self.lam + e.min() <= 0:
+            lo, hi = 0.0, max(1.0, np.linalg.norm(c) / r)
+            while norm_at(hi) > r:
+                hi *= 2.0
+            for _ in range(200):   # bisection on a monotone scalar function: exact to round-off
+                mu = 0.5 * (lo + hi)
+                if norm_at(mu) > r:
+                    lo = mu
+                else:
+                    hi = mu
+                if hi - lo <= 1e-15 * hi:
+                    break
+            mu = hi
+        scale = (e + self.lam + mu)
+        return V @ (c / (scale[:, None] if c.ndim == 2 else scale))
 
     def _prox(self, u, t):
         x = self.penalty.prox(u, t * self.lam)
