@@ -56,6 +56,7 @@ class PartyUpdate:
         v = self.z_loc - y / rho_x
         if self.v_clip is not None:
             v = np.clip(v, -self.v_clip, self.v_clip)
+        self.last_target = v          # kept for the privacy audit (never sent)
         self.x = self.solver.solve(v, rho_x, x0=self.x)
         return self.D @ self.x
 
