@@ -1,0 +1,150 @@
+"""The private party: enforced assumptions, noise statistics, replay, budget refusal, audit."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from flower_vfl import VerticalADMM
+from flower_vfl.privacy import BudgetExceeded, epsilon_spent
+from flower_vfl.privacy.audit import audit_private_run
+from flower_vfl.privacy.party import PrivacyConfig, PrivateParty, normalize_rows
+from flower_vfl.privacy.sensitivity import strict_sensitivity
+
+
+@pytest.fixture(scope="module")
+def block():
+    rng = np.random.default_rng(3)
+    D = rng.normal(size=(2000, 6))
+    return D, rng
+
+
+def _party(D, **kw):
+    cfg = dict(epsilon=2.0, delta=1e-5, train_rounds=4, eval_rounds=1, b1=3.0, c_v=2.0, c_s=2.0, seed=11)
+    cfg.update(kw)
+    return PrivateParty(D, D[:50], lam=1e-2, config=PrivacyConfig(**cfg), party_id=1, n_parties=2)
+
+
+def test_noise_is_gaussian_with_calibrated_sigma(block):
+    D, rng = block
+    p = _party(D)
+    q, y = rng.normal(size=2000), rng.normal(size=2000) * 1e-3
+    s_tilde = p.train_release(1, q, y, rho=1e-3, theta=0.5)
+    exact = np.clip(p.D @ p.x, -2.0, 2.0)
+    sigma = p.ledger.entries[0].sigma
+    assert sigma == pytest.approx(p.z * strict_sensitivity(2e-3, 1e-2, 3.0, 2.0, 2.0), rel=1e-12)
+    # KS test of the standardized noise against N(0, 1) at significance 0.001
+    assert stats.kstest((s_tilde - exact) / sigma, "norm").pvalue > 1e-3
+
+
+def test_noise_independent_across_rounds_and_parties(block):
+    D, rng = block
+    a, b = _party(D, seed=5), _party(D, seed=5)
+    b.party_id = 2
+    b.mechanism = type(b.mechanism)(1.0, 2, seed=5)
+    n1 = a.mechanism.output_noise(1, "train", (20000,))
+    n2 = a.mechanism.output_noise(2, "train", (20000,))
+    m1 = b.mechanism.output_noise(1, "train", (20000,))
+    bound = 4 / np.sqrt(20000)    # |r| of independent N(0,1) samples exceeds this with p < 1e-4
+    assert abs(np.corrcoef(n1, n2)[0, 1]) < bound
+    assert abs(np.corrcoef(n1, m1)[0, 1]) < bound
+
+
+def test_replay_returns_identical_vector_without_spending(block):
+    D, rng = block
+    p = _party(D)
+    q, y = rng.normal(size=2000), np.zeros(2000)
+    first = p.train_release(1, q, y, rho=1e-3)
+    spent = p.ledger.spent()
+    again = p.train_release(1, q * 5, y, rho=1e-3)        # even a different request
+    assert np.array_equal(first, again)
+    assert p.ledger.spent() == spent and len(p.ledger.entries) == 1
+
+
+def test_party_refuses_once_budget_is_spent(block):
+    D, rng = block
+    p = _party(D, train_rounds=3, eval_rounds=0)
+    q, y = rng.normal(size=2000), np.zeros(2000)
+    for k in range(1, 4):
+        p.train_release(k, q, y, rho=1e-3)
+    assert p.ledger.spent() == pytest.approx(2.0, rel=1e-3)
+    with pytest.raises(BudgetExceeded, match="budget"):
+        p.train_release(4, q, y, rho=1e-3)                 # the server asks anyway
+    with pytest.raises(BudgetExceeded):
+        p.eval_release(5, rho=1e-3)
+    assert len(p.ledger.entries) == 3
+
+
+def test_reported_epsilon_comes_from_the_accountant(block):
+    D, rng = block
+    p = _party(D)
+    for k in range(1, 5):
+        p.train_release(k, rng.normal(size=2000), np.zeros(2000), rho=1e-3)
+    p.eval_release(5, rho=1e-3)
+    z = p.ledger.entries[0].noise_multiplier
+    assert p.report()["totals"]["exact"] == pytest.approx(epsilon_spent(z, 5, 1e-5, "exact"), rel=1e-9)
+    assert p.report()["totals"]["exact"] <= 2.0 + 1e-6
+
+
+def test_malicious_server_cannot_raise_what_is_released(block):
+    D, rng = block
+    p = _party(D)
+    huge = 1e9 * rng.normal(size=2000)
+    p.train_release(1, huge, huge, rho=1e-3)
+    assert np.linalg.norm(p.x) <= 3.0 * (1 + 1e-9)                 # x stays in its ball
+    assert np.all(np.abs(p.update.last_target) <= 2.0)              # target clipped
+    assert np.allclose(np.linalg.norm(p.D, axis=1), 1.0)            # rows normalized
+
+
+def test_normalize_rows_sparse_matches_dense():
+    import scipy.sparse as sp
+    A = np.array([[3.0, 4.0], [0.0, 0.0], [1.0, 0.0]])
+    assert np.allclose(normalize_rows(sp.csr_matrix(A)).toarray(), normalize_rows(A))
+    assert np.allclose(normalize_rows(A)[0], [0.6, 0.8]) and np.allclose(normalize_rows(A)[1], 0)
+
+
+def test_private_config_errors():
+    with pytest.raises(ValueError, match="calibration"):
+        PrivacyConfig(calibration="loose").validate()
+    with pytest.raises(ValueError, match="delta"):
+        PrivacyConfig(delta=2).validate()
+    with pytest.raises(ValueError, match="lam > 0"):
+        PrivateParty(np.ones((4, 2)), None, 0.0, PrivacyConfig())
+    with pytest.raises(ValueError, match="penalty='l2'"):
+        VerticalADMM(penalty="l1", privacy=[PrivacyConfig(), None]).fit(
+            [np.eye(4), np.eye(4)], [1, -1, 1, -1])
+
+
+def _ill_conditioned(rng, n=400):
+    base = rng.normal(size=(n, 3))
+    D = np.hstack([base, base @ rng.normal(size=(3, 5)) + 1e-3 * rng.normal(size=(n, 5))])
+    y = np.where(D[:, 0] + rng.normal(size=n) > 0, 1, -1)
+    return [D[:, :4], D[:, 4:]], y
+
+
+def test_audit_finds_no_violation_of_strict_on_ill_conditioned_data():
+    blocks, y = _ill_conditioned(np.random.default_rng(1))
+    cfg = PrivacyConfig(epsilon=1, train_rounds=5, b1=5, c_v=2, c_s=2, seed=0)
+    for party in (0, 1):
+        res = audit_private_run(blocks, y, party, 1e-3, [cfg, cfg], rounds=3, n_random=10, n_climb=15)
+        assert 0.05 < res.max_ratio < 1.0          # a real gap was found, below the bound
+        assert res.max_param_ratio < 1.0
+
+
+@pytest.mark.slow
+def test_audit_strict_on_a9a_and_paper_violations():
+    from pathlib import Path
+    from sklearn.datasets import load_svmlight_file
+    path = Path(__file__).resolve().parents[2] / "shared" / "data" / "a9a" / "a9a"
+    X, y = load_svmlight_file(str(path), n_features=123)
+    X = X.tocsc()
+    B = [X[:, :66].tocsr(), X[:, 66:].tocsr()]
+    idx = np.random.default_rng(0).choice(B[0].shape[0], 3000, replace=False)
+    B, y = [b[idx] for b in B], y[idx]
+    cfg = PrivacyConfig(epsilon=1, train_rounds=5, b1=5, c_v=2, c_s=2, seed=0)
+    res = audit_private_run(B, y, 1, 1e-4, [None, cfg], rounds=3, n_random=10, n_climb=15)
+    assert res.max_ratio < 1.0 and res.max_param_ratio < 1.0
+    # Lemma 1 at the paper's operating point (rho = 1): neighbours exceed its C
+    pcfg = PrivacyConfig(epsilon=1, train_rounds=5, b1=5, c_v=2, c_s=2, seed=0, calibration="paper")
+    res = audit_private_run(B, y, 1, 1e-4, [None, pcfg], rounds=3, relation="paper", rho=1.0,
+                            variant="paper", n_random=10, n_climb=15)
+    assert res.max_ratio > 1.0
