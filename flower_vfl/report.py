@@ -1,0 +1,48 @@
+"""Run outputs shared by the in-process CLI and the Flower ServerApp."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["write_report", "to_jsonable"]
+
+
+def to_jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if math.isfinite(v) else str(v)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def write_report(out_dir, config: dict, history: list[dict], final: dict, extra: dict | None = None):
+    """Write ``report.json`` (config, per-round metrics, final metrics, timing, extras) and
+    ``metrics.csv`` (one row per round). Returns the report path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"config": config, "rounds": history, "final": final}
+    if extra:
+        report.update(extra)
+    path = out / "report.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(to_jsonable(report), indent=2))
+    tmp.replace(path)            # never leave a half-written report
+    keys = sorted({k for row in history for k in row}, key=lambda k: (k != "round", k))
+    with open(out / "metrics.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        for row in history:
+            w.writerow({k: to_jsonable(row.get(k, "")) for k in keys})
+    return path
