@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -55,6 +55,8 @@ class LocalGrid(Grid):
             TaskIdentity.node_id = nid
             try:
                 reply = self.handlers[msg.metadata.message_type](msg, self.contexts[nid])
+            except Exception as exc:   # as Flower does: the ServerApp receives an error reply
+                reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
             finally:
                 TaskIdentity.node_id = 0
             if self.on_reply is not None:

@@ -1,0 +1,110 @@
+"""The Flower path: strategy + party client through real Messages (in process) and flwr run."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flower_vfl import VerticalADMM
+from flower_vfl import client_app as ca
+from flower_vfl import server_app as sa
+from flower_vfl.data import labels, load_all, party_block
+from flower_vfl.local_grid import LocalGrid
+
+ROOT = Path(__file__).resolve().parents[1]
+HANDLERS = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}
+
+
+def run_local(rc, node_configs=None, on_reply=None):
+    n = int(rc.get("num-parties", 3))
+    node_configs = node_configs or {100 + i: {"partition-id": i} for i in range(n)}
+    grid = LocalGrid(HANDLERS, node_configs, rc, on_reply=on_reply)
+    return sa.make_strategy(rc).start(grid)
+
+
+def test_flower_path_equals_in_process_engine():
+    rc = {"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 40}
+    st = run_local(rc)
+    blocks = [party_block("breast_cancer", i, 3) for i in range(3)]
+    y, _ = labels("breast_cancer")
+    m = VerticalADMM(lam=1e-4, max_rounds=40, tol=0).fit([b[0] for b in blocks], y)
+    assert np.max(np.abs(m.decision_function([b[1] for b in blocks]) - st.decision_test_)) <= 1e-9
+    assert st.history_[-1]["primal_residual"] == pytest.approx(m.history_[-1]["primal_residual"], rel=1e-9)
+
+
+def test_party_messages_carry_only_n_vectors():
+    X, y, Xt, yt = load_all("breast_cancer")
+    seen = []
+    run_local({"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 5},
+              on_reply=lambda msg, rep: seen.append(rep))
+    assert len(seen) == 3 + 3 * 5 + 3          # identify, 5 train rounds, 1 evaluation
+    for rep in seen:
+        assert set(rep.content.keys()) <= {"identity", "release", "meta"}
+        for name, rec in rep.content.array_records.items():
+            for key in rec:
+                v = rec[key].numpy()
+                assert v.shape in ((X.shape[0],), (Xt.shape[0],)), (key, v.shape)
+                # never a feature column, never the labels
+                F = X if v.shape[0] == X.shape[0] else Xt
+                lab = y if v.shape[0] == X.shape[0] else yt
+                assert not np.any(np.all(np.isclose(F, v[:, None]), axis=0))
+                assert not np.allclose(v, lab)
+        for rec in list(rep.content.config_records.values()) + list(rep.content.metric_records.values()):
+            for val in rec.values():
+                assert np.ndim(val) == 0, "only scalar metadata besides the N-vectors"
+
+
+def test_two_nodes_claiming_the_same_party():
+    with pytest.raises(ValueError, match=r"nodes 100 and 101 both claim party 0"):
+        run_local({"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 2},
+                  {100: {"partition-id": 0}, 101: {"partition-id": 0}})
+
+
+def test_missing_data_file_stops_the_server_naming_it(tmp_path):
+    load_all.cache_clear()
+    with pytest.raises(RuntimeError, match=r"node 100 failed to identify itself: FileNotFoundError: a9a "
+                                           r"data file not found: .*nowhere.*data-dir"):
+        run_local({"dataset": "a9a", "num-parties": 2, "max-rounds": 2},
+                  {100: {"partition-id": 0, "data-dir": str(tmp_path / "nowhere")},
+                   101: {"partition-id": 1}})
+
+
+def test_private_party_refusal_stops_cleanly():
+    rc = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 6, "lam": 1e-2,
+          "dp": True, "dp-parties": "1", "dp-epsilon": 4.0, "dp-train-rounds": 3, "dp-eval-rounds": 0}
+    st = run_local(rc)
+    assert "party 1 refused" in st.stopped_reason_ and "budget" in st.stopped_reason_
+    assert len(st.history_) == 3                         # the three budgeted rounds ran
+    rep = st.privacy_[1]
+    assert rep["totals"]["exact"] == pytest.approx(4.0, rel=1e-3)
+    assert len(rep["ledger"]["entries"]) == 3
+
+
+@pytest.mark.slow
+def test_flwr_run_simulation_matches_in_process_on_a9a(tmp_path):
+    """`flwr run .` in Flower's simulation engine gives the in-process iterates (1e-9)."""
+    if shutil.which("flwr") is None:
+        pytest.skip("flwr CLI not on PATH")
+    home = tmp_path / "flwr_home"
+    home.mkdir()
+    (home / "config.toml").write_text('[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
+    env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    out = tmp_path / "out"
+    cmd = ["flwr", "run", ".", "local", "--stream", "--federation-config", "num-supernodes=2",
+           "--run-config", f"dataset='a9a' num-parties=2 max-rounds=20 out-dir='{out}'"]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    finally:   # the local SuperLink is detached and keeps running: stop it
+        subprocess.run(["pkill", "-f", "flower-superlink"], check=False)
+    assert (out / "decision_test.npy").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    f_flower = np.load(out / "decision_test.npy")
+    blocks = [party_block("a9a", i, 2) for i in range(2)]
+    y, yt = labels("a9a")
+    m = VerticalADMM(lam=1e-4, max_rounds=20, tol=0).fit([b[0] for b in blocks], y)
+    assert np.max(np.abs(m.decision_function([b[1] for b in blocks]) - f_flower)) <= 1e-9
+    acc = np.mean(np.where(f_flower >= 0, 1, -1) == yt)
+    assert acc >= 0.849
