@@ -27,6 +27,9 @@ def default_rho(loss, n_samples: int) -> float:
     Measured on a9a (N=32561) and breast cancer: see docs/benchmarks.md.
     """
     c = loss.curvature if loss.curvature is not None else 1.0
+    if not loss.convex:
+        # a nonconvex l needs rho > c/N for a strongly convex z-update (Assumption 1.2a)
+        return 2.0 * c / n_samples
     return 0.2 * c / n_samples
 
 
