@@ -233,10 +233,12 @@ class VerticalADMM:
                    for p, D in zip(self._parties, blocks)) + self.intercept_
 
     def predict(self, X_blocks):
-        return self.loss_.predict(self.decision_function(X_blocks))
+        f = self.decision_function(X_blocks)
+        return self.loss_.predict(f)
 
     def predict_proba(self, X_blocks):
-        return self.loss_.predict_proba(self.decision_function(X_blocks))
+        f = self.decision_function(X_blocks)
+        return self.loss_.predict_proba(f)
 
     def objective(self, X_blocks, y):
         """The objective (1/N) sum l + lam sum R at the fitted coefficients."""
