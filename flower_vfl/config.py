@@ -11,7 +11,8 @@ RUN_DEFAULTS = {
     # privacy (a party's node config overrides the run config: the budget is the party's)
     "dp": False, "dp-epsilon": 1.0, "dp-delta": 1e-5, "dp-train-rounds": 0, "dp-eval-rounds": 1,
     "dp-calibration": "strict", "dp-noise": "output", "dp-accountant": "exact",
-    "dp-b1": 10.0, "dp-clip": 5.0, "dp-parties": "",
+    "dp-b1": 10.0, "dp-clip": 5.0, "dp-parties": "", "dp-lam": 0.0,
+    "dp-seed": -1,
 }
 
 
@@ -34,9 +35,11 @@ def privacy_from_config(party: int, run_config, node_config=None):
     if parties and party not in {int(p) for p in parties.replace(",", " ").split()}:
         return None
     from .privacy.party import PrivacyConfig
-    rounds = int(get("dp-train-rounds")) or int(get("max-rounds"))
+    lam = float(get("dp-lam"))
     return PrivacyConfig(epsilon=float(get("dp-epsilon")), delta=float(get("dp-delta")),
-                         train_rounds=rounds, eval_rounds=int(get("dp-eval-rounds")),
+                         train_rounds=int(get("dp-train-rounds")), eval_rounds=int(get("dp-eval-rounds")),
+                         lam=lam if lam > 0 else None,
+                         seed=int(get("dp-seed")) if int(get("dp-seed")) >= 0 else None,
                          calibration=str(get("dp-calibration")), noise_form=str(get("dp-noise")),
                          accountant=str(get("dp-accountant")), b1=float(get("dp-b1")),
                          c_v=float(get("dp-clip")), c_s=float(get("dp-clip")))

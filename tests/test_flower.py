@@ -73,15 +73,49 @@ def test_missing_data_file_stops_the_server_naming_it(tmp_path):
                    101: {"partition-id": 1}})
 
 
-def test_private_party_refusal_stops_cleanly():
+def test_private_party_refuses_a_server_that_asks_past_its_budget():
+    """The party plans 3 training releases; a server that asks for 5 is refused at the 4th
+    and stops cleanly, keeping the rounds done."""
+
+    class GreedyStrategy(sa.VerticalADMMStrategy):
+        def identify(self, grid):
+            mapping = super().identify(grid)
+            self.private_parties = {m: 5 for m in self.private_parties}   # ignore the party's plan
+            return mapping
+
     rc = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 6, "lam": 1e-2,
           "dp": True, "dp-parties": "1", "dp-epsilon": 4.0, "dp-train-rounds": 3, "dp-eval-rounds": 0}
-    st = run_local(rc)
+    y, yt = labels("breast_cancer")
+    st = GreedyStrategy(y, yt, num_parties=2, max_rounds=6)
+    st.start(LocalGrid(HANDLERS, {100: {"partition-id": 0}, 101: {"partition-id": 1}}, rc))
     assert "party 1 refused" in st.stopped_reason_ and "budget" in st.stopped_reason_
-    assert len(st.history_) == 3                         # the three budgeted rounds ran
+    assert len(st.history_) == 6 + 3                     # warm start + the three budgeted rounds
     rep = st.privacy_[1]
     assert rep["totals"]["exact"] == pytest.approx(4.0, rel=1e-3)
-    assert len(rep["ledger"]["entries"]) == 3
+    assert [e["kind"] for e in rep["ledger"]["entries"]] == ["train"] * 3
+
+
+@pytest.mark.parametrize("train_rounds", [0, 2])
+def test_private_flower_path_equals_in_process_engine(train_rounds):
+    """Same protocol, same seeds: the Flower path and the engine give identical private
+    decision values and ledgers (warm start, budgeted rounds, final unreleased update)."""
+    from flower_vfl.config import privacy_from_config
+
+    rc = {"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 15, "lam": 1e-3,
+          "dp": True, "dp-parties": "2", "dp-epsilon": 2.0, "dp-train-rounds": train_rounds,
+          "dp-b1": 2.0, "dp-clip": 4.0, "dp-seed": 7}
+    st = run_local(rc)
+    blocks = [party_block("breast_cancer", i, 3) for i in range(3)]
+    y, _ = labels("breast_cancer")
+    privacy = [privacy_from_config(i, rc) for i in range(3)]
+    assert privacy[0] is None and privacy[2] is not None
+    m = VerticalADMM(lam=1e-3, max_rounds=15, tol=0, privacy=privacy).fit([b[0] for b in blocks], y)
+    f = m.decision_function([b[1] for b in blocks])
+    assert np.max(np.abs(f - st.decision_test_)) <= 1e-9
+    assert len(st.history_) == len(m.history_) == 15 + train_rounds
+    ledger = st.privacy_[2]["ledger"]["entries"]
+    assert [e["kind"] for e in ledger] == ["train"] * train_rounds + ["eval"]
+    assert ledger == m.privacy_report()[0]["ledger"]["entries"]
 
 
 @pytest.mark.slow

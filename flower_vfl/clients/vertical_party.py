@@ -102,7 +102,8 @@ class VerticalPartyClient:
         """Tell the central node which party this node is, and the row counts to align."""
         info = ConfigRecord({"party": self.party_id, "n_rows": int(self.D.shape[0]),
                              "n_test": int(self.D_test.shape[0]) if self.D_test is not None else 0,
-                             "private": self.privacy is not None})
+                             "private": self.privacy is not None,
+                             "train_rounds": int(self.privacy.train_rounds) if self.privacy is not None else 0})
         return Message(RecordDict({"identity": info}), reply_to=msg)
 
     def train(self, msg: Message, context: Context) -> Message:
@@ -125,10 +126,18 @@ class VerticalPartyClient:
         return self._reply(msg, {"s": s}, rnd)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
-        """Held-out release D_test x_m (for private parties: a ledgered evaluation release)."""
+        """Held-out release D_test x_m (for private parties: a ledgered evaluation release).
+
+        The final evaluation carries q, y: a private party first makes its last x-update
+        (kept inside the party, never released on training rows)."""
         cfg = msg.content["config"]
         self._load(context, n_outputs=int(cfg.get("n_outputs", 1)))
         rnd = int(cfg["round"])
+        final = self.privacy is not None and bool(cfg.get("final_update", False))
+        if final and (rnd, "eval") not in self.party.answered:   # a re-sent request is a replay
+            vec = msg.content["vectors"]
+            self.party.final_update(_vec(vec, "q"), _vec(vec, "y"), float(cfg["rho"]),
+                                    float(cfg["alpha"]), float(cfg["theta"]))
         try:
             s_test = self.party.eval_release(rnd, float(cfg["rho"]), float(cfg["theta"]), D_eval=self.D_test)
         except Exception as exc:

@@ -17,7 +17,7 @@ from .party import PartyUpdate
 from .penalties import Ball, Box, get_penalty
 from .validation import check_blocks, check_params
 
-__all__ = ["VerticalADMM", "default_rho", "make_constraint"]
+__all__ = ["VerticalADMM", "default_rho", "make_constraint", "private_schedule"]
 
 
 def default_rho(loss, n_samples: int) -> float:
@@ -43,6 +43,27 @@ def make_constraint(constraint):
         return Box(constraint[1], constraint[2])
     raise ValueError(f"constraint={constraint!r} not understood; use None, ('ball', radius) "
                      "or ('box', lower, upper)")
+
+
+def private_schedule(private, max_rounds, private_train_rounds):
+    """Phases of a run as ``[(rounds, active_mask, use_tol), ...]``.
+
+    Without private parties: one phase of ``max_rounds`` with every party. With private
+    parties (see docs/privacy.md, "Protocol"):
+
+    1. warm start: the non-private parties and the label owner's intercept run ADMM sharing
+       for up to ``max_rounds`` (the stopping rule applies); private parties release
+       nothing and keep x_m = 0;
+    2. ``min(private_train_rounds)`` rounds with every party, private ones releasing noisy
+       s_m (0 rounds is allowed and is usually best: see docs/privacy.md);
+    3. (done by the caller) one final x-update of each private party from the last
+       message, never released on training rows; evaluation releases use it.
+    """
+    everyone = [True] * len(private)
+    if not any(private):
+        return [(int(max_rounds), everyone, True)]
+    t_private = int(min(private_train_rounds))
+    return [(int(max_rounds), [not p for p in private], True), (t_private, everyone, False)]
 
 
 class VerticalADMM:
@@ -82,6 +103,10 @@ class VerticalADMM:
         :class:`flower_vfl.privacy.PrivacyConfig` (then penalty must be 'l2'; rows are
         normalized, x is kept in its ball, releases are noisy and ledgered, and every
         call to :meth:`decision_function` is an evaluation release that is counted).
+        With private parties ``max_rounds`` and ``tol`` govern the warm-start phase of the
+        non-private parties; each private party then takes part in ``train_rounds`` rounds
+        (the smallest over private parties) and makes one final unreleased x-update
+        (:func:`private_schedule`).
     verbose : bool, default=False
         Show a progress bar.
     callback : callable(round, engine) or None
@@ -166,43 +191,62 @@ class VerticalADMM:
         return parties
 
     def fit(self, X_blocks, y):
-        """Run ADMM sharing until the residual rule holds or ``max_rounds`` are done."""
+        """Run ADMM sharing until the residual rule holds or ``max_rounds`` are done.
+
+        With private parties the run has the phases of :func:`private_schedule`: the
+        non-private parties (and the intercept) first, then the private parties' budgeted
+        rounds, then one unreleased x-update of each private party, used by its evaluation
+        releases.
+        """
         loss, blocks, t, parties, central = self._setup(X_blocks, y)
         self._parties, self._central, self._eval_round = parties, central, 0
         self.loss_, self.n_features_in_ = loss, [D.shape[1] for D in blocks]
         self.classes_ = getattr(loss, "classes_", None)
         self.history_ = []
         self.converged_ = False
+        private = [hasattr(p, "ledger") for p in parties]
+        phases = private_schedule(private, self.max_rounds,
+                                  [p.config.train_rounds for p, pr in zip(parties, private) if pr])
         start = time.perf_counter()
         bar = None
         if self.verbose:
             from tqdm.auto import tqdm
-            bar = tqdm(total=self.max_rounds, desc="ADMM rounds", unit="round")
-        for k in range(1, self.max_rounds + 1):
-            s_sum = 0.0
-            for p in parties:
-                s_sum = s_sum + p.train_release(k, central.q, central.y, central.rho,
-                                                central.alpha, central.theta)
-            r, d = central.step(s_sum)
-            obj = self._objective(loss, t, parties, central)
-            eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)
-            self.history_.append({"round": k, "objective": obj, "primal_residual": r,
-                                  "dual_residual": d, "rho": central.rho,
-                                  "elapsed_s": time.perf_counter() - start})
+            bar = tqdm(total=sum(r for r, _, _ in phases), desc="ADMM rounds", unit="round")
+        k = 0
+        for n_rounds, active, use_tol in phases:
+            for _ in range(n_rounds):
+                k += 1
+                s_sum = 0.0
+                for m, p in enumerate(parties):
+                    s = p.train_release(k, central.q, central.y, central.rho, central.alpha,
+                                        central.theta) if active[m] else p.s
+                    s_sum = s_sum + s
+                r, d = central.step(s_sum)
+                obj = self._objective(loss, t, parties, central)
+                eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)
+                self.history_.append({"round": k, "objective": obj, "primal_residual": r,
+                                      "dual_residual": d, "rho": central.rho,
+                                      "parties": int(sum(active)),
+                                      "elapsed_s": time.perf_counter() - start})
+                self.coef_ = [p.x.copy() for p in parties]
+                self.intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
+                self.n_rounds_ = k
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(objective=f"{obj:.6g}", r=f"{r:.2e}")
+                if self.callback is not None:
+                    self.callback(k, self)
+                if use_tol and self.tol > 0 and r <= eps_pri and d <= eps_dual:
+                    self.converged_ = True
+                    break
+                if self.adaptive_rho:
+                    new_rho = central.rho * 2 if r > 10 * d else central.rho / 2 if d > 10 * r else central.rho
+                    central.set_rho(new_rho)
+        for p, pr in zip(parties, private):
+            if pr:   # internal, never released: costs no privacy
+                p.final_update(central.q, central.y, central.rho, central.alpha, central.theta)
+        if any(private):
             self.coef_ = [p.x.copy() for p in parties]
-            self.intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
-            self.n_rounds_ = k
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(objective=f"{obj:.6g}", r=f"{r:.2e}")
-            if self.callback is not None:
-                self.callback(k, self)
-            if self.tol > 0 and r <= eps_pri and d <= eps_dual:
-                self.converged_ = True
-                break
-            if self.adaptive_rho:
-                new_rho = central.rho * 2 if r > 10 * d else central.rho / 2 if d > 10 * r else central.rho
-                central.set_rho(new_rho)
         if bar is not None:
             bar.close()
         return self
@@ -226,10 +270,12 @@ class VerticalADMM:
                              f"on widths {self.n_features_in_}")
         if self.privacy is None or all(c is None for c in self.privacy):
             return sum(D @ x for D, x in zip(blocks, self.coef_)) + self.intercept_
-        # private parties answer with a (ledgered) evaluation release
+        # private parties answer with a (ledgered) evaluation release, numbered from the last
+        # training round as the Flower strategy numbers its final evaluation
         self._eval_round = getattr(self, "_eval_round", 0) + 1
         c = self._central
-        return sum(p.eval_release(self._eval_round, c.rho, c.theta, D_eval=D)
+        rnd = self.n_rounds_ + self._eval_round - 1
+        return sum(p.eval_release(rnd, c.rho, c.theta, D_eval=D)
                    for p, D in zip(self._parties, blocks)) + self.intercept_
 
     def predict(self, X_blocks):

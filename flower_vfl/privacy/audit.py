@@ -134,11 +134,15 @@ def audit_private_run(X_blocks, y, party, lam, privacy, rounds=5, relation="stri
     targets = []
 
     def record(k, model):
-        targets.append(model._parties[party].update.last_target.copy())
+        # the private party is idle during the warm start (no x-update, no target)
+        t = getattr(model._parties[party].update, "last_target", None)
+        if t is not None and (not targets or t is not targets[-1]):
+            targets.append(t)
 
     model = VerticalADMM(lam=lam, max_rounds=rounds, tol=0, privacy=privacy, callback=record,
                          **engine_kw).fit(X_blocks, y)
     p = model._parties[party]
+    record(None, model)               # the final, unreleased x-update (evaluation releases use it)
     c, rho = p.config, model._central.rho
     rho_x = rho / model._central.theta
     return audit_targets(p.D, targets, lam, rho_x, c.b1, c.c_v, c.c_s, relation=relation,

@@ -37,10 +37,13 @@ class PrivacyConfig:
 
     epsilon, delta : the party's total budget over all its releases.
     train_rounds, eval_rounds : planned releases; sigma is calibrated so that exactly
-        these spend the budget under ``accountant``.
+        these spend the budget under ``accountant``. ``train_rounds=0`` is allowed: the
+        party then releases only for evaluation (see docs/privacy.md, "Protocol").
     calibration : 'strict' (sample-level, docs/privacy.md) or 'paper' (Lemma 1).
     noise_form : 'output' (Gaussian mechanism on s) or 'paper' (eq. 16, not DP by itself).
     b1, c_v, c_s : ball radius of x_m, clip of the x-update target, clip of released values.
+    lam : the party's own L2 coefficient for its block (None: the run's lam). A larger lam
+        lowers the sensitivity of x_m (C_x = 2 rho_x (b1 + c_v) / lam) at the cost of bias.
     """
 
     epsilon: float = 1.0
@@ -54,6 +57,7 @@ class PrivacyConfig:
     c_v: float = 5.0
     c_s: float = 5.0
     seed: int | None = None
+    lam: float | None = None
 
     def validate(self):
         if self.calibration not in ("strict", "paper"):
@@ -67,8 +71,15 @@ class PrivacyConfig:
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1); got delta={self.delta!r}")
         for k in ("train_rounds", "eval_rounds"):
-            if int(getattr(self, k)) < (1 if k == "train_rounds" else 0):
-                raise ValueError(f"{k} must be >= {1 if k == 'train_rounds' else 0}; got {getattr(self, k)!r}")
+            if int(getattr(self, k)) < 0:
+                raise ValueError(f"{k} must be >= 0; got {k}={getattr(self, k)!r}")
+        if int(self.train_rounds) + int(self.eval_rounds) < 1:
+            raise ValueError("train_rounds + eval_rounds must be >= 1 (a party that never releases "
+                             f"needs no budget); got train_rounds={self.train_rounds!r}, "
+                             f"eval_rounds={self.eval_rounds!r}")
+        if self.lam is not None and not (isinstance(self.lam, (int, float)) and np.isfinite(self.lam)
+                                         and self.lam > 0):
+            raise ValueError(f"lam must be a finite number > 0 or None; got lam={self.lam!r}")
         return self
 
 
@@ -101,6 +112,7 @@ class PrivateParty:
 
     def __init__(self, D, D_test, lam, config: PrivacyConfig, party_id=0, n_parties=2):
         self.config = config.validate()
+        lam = lam if config.lam is None else config.lam
         if not lam > 0:
             raise ValueError(f"a private party needs lam > 0 (strong convexity of its x-update); got lam={lam!r}")
         self.party_id = party_id
@@ -162,10 +174,20 @@ class PrivateParty:
         self.answered[key] = out
         return out
 
+    def final_update(self, q, y, rho, alpha=1.0, theta=1.0):
+        """The x-update from the last message, kept inside the party (never released on
+        training rows, so it costs nothing); later evaluation releases perturb this x."""
+        self.update.step(q, y, rho, alpha, theta)
+
     # same read-only view as PartyUpdate, for the engine's objective
     @property
     def x(self):
         return self.update.x
+
+    @property
+    def s(self):
+        """The last released training vector (zeros before the first release)."""
+        return self.update.s
 
     @property
     def solver(self):

@@ -21,7 +21,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from ..core.central import CentralUpdate, residuals
-from ..core.engine import default_rho
+from ..core.engine import default_rho, private_schedule
 from ..core.losses import get_loss
 from ..core.validation import check_params
 
@@ -74,6 +74,8 @@ class VerticalADMMStrategy(Strategy):
         self.max_rounds, self.tol, self.tol_abs = max_rounds, tol, tol_abs
         self.eval_every, self.timeout = eval_every, timeout
         self.node_to_party: dict[int, int] = {}
+        #: party -> planned training releases, for the parties that declared themselves private
+        self.private_parties: dict[int, int] = {}
         self.history_: list[dict] = []
         self.privacy_: dict[int, dict] = {}
         self.final_: dict = {}
@@ -106,6 +108,8 @@ class VerticalADMMStrategy(Strategy):
                                  f"{self.central.n}; the parties' samples are not aligned")
             seen[party] = nid
             mapping[nid] = party
+            if bool(info.get("private", False)):
+                self.private_parties[party] = int(info.get("train_rounds", 0))
         missing = sorted(set(range(self.num_parties)) - set(seen))
         if missing:
             raise RuntimeError(f"parties {missing} did not answer the identify query "
@@ -114,21 +118,24 @@ class VerticalADMMStrategy(Strategy):
         return mapping
 
     # ------------------------------------------------------------ the 4 hooks
-    def _messages(self, content: RecordDict, message_type: str) -> list[Message]:
+    def _messages(self, content: RecordDict, message_type: str, parties=None) -> list[Message]:
         order = sorted(self.node_to_party, key=self.node_to_party.get)
-        return [Message(content, dst_node_id=nid, message_type=message_type) for nid in order]
+        return [Message(content, dst_node_id=nid, message_type=message_type) for nid in order
+                if parties is None or self.node_to_party[nid] in parties]
 
-    def configure_train(self, server_round, arrays, config, grid) -> Iterable[Message]:
-        """Alg. 1 line 12: every party gets q = a_hat - z, y and the scalars."""
+    def _round_content(self, server_round, **extra) -> RecordDict:
         c = self.central
-        content = RecordDict({
+        return RecordDict({
             "vectors": ArrayRecord({"q": Array(np.asarray(c.q)), "y": Array(np.asarray(c.y))}),
             "config": ConfigRecord({"round": int(server_round), "rho": float(c.rho),
-                                    "alpha": float(c.alpha), "theta": float(c.theta)}),
+                                    "alpha": float(c.alpha), "theta": float(c.theta), **extra}),
         })
-        return self._messages(content, "train")
 
-    def _collect(self, replies, key):
+    def configure_train(self, server_round, arrays, config, grid, parties=None) -> Iterable[Message]:
+        """Alg. 1 line 12: every (active) party gets q = a_hat - z, y and the scalars."""
+        return self._messages(self._round_content(server_round), "train", parties)
+
+    def _collect(self, replies, key, parties=None):
         """Replies keyed by party, in party order; errors and refusals stop the run."""
         by_party = {}
         for rep in replies:
@@ -144,16 +151,19 @@ class VerticalADMMStrategy(Strategy):
             if "refusal" in rep.content:
                 raise PartyRefused(f"party {party} refused: {rep.content['refusal']['reason']}")
             by_party[party] = rep.content["release"][key].numpy()
-        missing = sorted(set(range(self.num_parties)) - set(by_party))
+        expected = range(self.num_parties) if parties is None else parties
+        missing = sorted(set(expected) - set(by_party))
         if missing:
             raise RuntimeError(f"no reply from parties {missing} within {self.timeout} s")
-        return [by_party[m] for m in range(self.num_parties)]
+        return by_party
 
-    def aggregate_train(self, server_round, replies):
-        """Alg. 1 lines 9-11: sum the s_m, then the z- and y-updates."""
+    def aggregate_train(self, server_round, replies, parties=None):
+        """Alg. 1 lines 9-11: sum the s_m (an idle party counts with its last release, zero
+        before its first), then the z- and y-updates."""
+        self._last_s.update(self._collect(replies, "s", parties))
         s_sum = 0.0
-        for s in self._collect(replies, "s"):
-            s_sum = s_sum + s
+        for m in range(self.num_parties):
+            s_sum = s_sum + self._last_s.get(m, 0.0)
         c = self.central
         r, d = c.step(s_sum)
         self._last = (r, d, s_sum)
@@ -162,15 +172,22 @@ class VerticalADMMStrategy(Strategy):
         self.history_.append(row)
         return None, MetricRecord({k: float(v) for k, v in row.items()})
 
-    def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
+    def configure_evaluate(self, server_round, arrays, config, grid, final=False) -> Iterable[Message]:
+        """Ask for D_test x_m. In the final evaluation private parties also get the last
+        q, y: they make their unreleased final x-update first (:func:`private_schedule`)."""
         c = self.central
-        content = RecordDict({"config": ConfigRecord({
-            "round": int(server_round), "rho": float(c.rho), "theta": float(c.theta),
-            "n_outputs": int(self.loss.n_outputs)})})
-        return self._messages(content, "evaluate")
+        cfg = {"round": int(server_round), "rho": float(c.rho), "theta": float(c.theta),
+               "n_outputs": int(self.loss.n_outputs)}
+        msgs = self._messages(RecordDict({"config": ConfigRecord(cfg)}), "evaluate",
+                              set(range(self.num_parties)) - set(self.private_parties))
+        if self.private_parties:
+            content = RecordDict({"config": ConfigRecord(cfg)}) if not final else \
+                self._round_content(server_round, n_outputs=int(self.loss.n_outputs), final_update=True)
+            msgs += self._messages(content, "evaluate", set(self.private_parties))
+        return msgs
 
     def aggregate_evaluate(self, server_round, replies):
-        f = sum(self._collect(replies, "s_test")) + self.central.b
+        f = sum(self._collect(replies, "s_test").values()) + self.central.b
         self.decision_test_ = f
         out = {"test_loss": self.loss.mean(f, self.t_test)}
         if self.loss.name != "squared":
@@ -179,6 +196,11 @@ class VerticalADMMStrategy(Strategy):
             out["test_accuracy"] = float(np.mean(pred == truth))
         self.history_[-1].update(out)
         return MetricRecord({k: float(v) for k, v in out.items()})
+
+    def _evaluate(self, grid, k, final=False):
+        replies = grid.send_and_receive(self.configure_evaluate(k, None, None, grid, final=final),
+                                        timeout=self.timeout)
+        self.aggregate_evaluate(k, replies)
 
     # ------------------------------------------------------------------- loop
     def start(self, grid: Grid, timeout: float | None = None, progress=None):
@@ -192,25 +214,37 @@ class VerticalADMMStrategy(Strategy):
         t0 = time.perf_counter()
         self.summary()
         self.identify(grid)
+        self._last_s: dict[int, np.ndarray] = {}
+        private = [m in self.private_parties for m in range(self.num_parties)]
+        phases = private_schedule(private, self.max_rounds, list(self.private_parties.values()))
+        k = 0
         try:
-            for k in range(1, self.max_rounds + 1):
-                replies = grid.send_and_receive(self.configure_train(k, None, None, grid), timeout=self.timeout)
-                self.aggregate_train(k, replies)
-                self.history_[-1]["elapsed_s"] = time.perf_counter() - t0
-                r, d, s_sum = self._last
-                eps_pri, eps_dual = residuals(r, d, s_sum, self.central.z, self.central.y, self.tol, self.tol_abs)
-                done = k == self.max_rounds or (self.tol > 0 and r <= eps_pri and d <= eps_dual)
-                if self.t_test is not None and (done or (self.eval_every and k % self.eval_every == 0)):
-                    replies = grid.send_and_receive(self.configure_evaluate(k, None, None, grid), timeout=self.timeout)
-                    self.aggregate_evaluate(k, replies)
-                if progress is not None:
-                    progress(k, self.history_[-1])
-                if done:
-                    break
+            for i_phase, (n_rounds, active, use_tol) in enumerate(phases):
+                parties = {m for m in range(self.num_parties) if active[m]}
+                last_phase = i_phase == len(phases) - 1
+                for j in range(1, n_rounds + 1):
+                    k += 1
+                    msgs = self.configure_train(k, None, None, grid, parties)
+                    self.aggregate_train(k, grid.send_and_receive(msgs, timeout=self.timeout), parties)
+                    self.history_[-1].update(parties=len(parties), elapsed_s=time.perf_counter() - t0)
+                    r, d, s_sum = self._last
+                    eps_pri, eps_dual = residuals(r, d, s_sum, self.central.z, self.central.y, self.tol,
+                                                  self.tol_abs)
+                    stop = use_tol and self.tol > 0 and r <= eps_pri and d <= eps_dual
+                    done = last_phase and (j == n_rounds or stop)
+                    if self.t_test is not None and not done and self.eval_every and k % self.eval_every == 0:
+                        self._evaluate(grid, k)
+                    if progress is not None:
+                        progress(k, self.history_[-1])
+                    if stop:
+                        break
+            if self.t_test is not None:
+                self._evaluate(grid, k, final=True)
         except PartyRefused as exc:
             self.stopped_reason_ = str(exc)
             log(WARNING, "stopping: %s", exc)
         self.final_ = dict(self.history_[-1]) if self.history_ else {}
+        self.final_["rounds"] = k
         self.final_["wall_time_s"] = time.perf_counter() - t0
         self.final_["intercept"] = np.asarray(self.central.b).tolist()
         if self.stopped_reason_:
