@@ -49,8 +49,11 @@ class CentralUpdate:
         b = mean(w(b)) - mean(a_hat) - sum(y)/(rho N), monotone in b: safeguarded Newton.
         This is Boyd's sharing ADMM with g(u) = min_b l(u + b), so it stays a two-block
         ADMM whose fixed point is the centralized optimum with an unpenalized intercept.
+        That holds for convex l only; a nonconvex l goes to :meth:`_intercept_then_z`.
         """
         loss, y, t, rho, n = self.loss, self.y, self.t, self.rho, self.n
+        if not loss.convex:
+            return self._intercept_then_z(a_hat)
         if loss.convex and loss.n_outputs == 1 and loss.curvature is not None:
             return self._joint_newton(a_hat)
         c = a_hat.mean(axis=0) + y.sum(axis=0) / (rho * n)
@@ -75,6 +78,27 @@ class CentralUpdate:
                 b = b - np.linalg.lstsq(J, h, rcond=1e-10)[0]
         self.b = b
         return loss.z_update(a_hat + b, y, t, rho, n, z0=w) - b
+
+    def _intercept_then_z(self, a_hat):
+        """Nonconvex l: one Gauss-Seidel sweep, the intercept block first, then z (eq. 7).
+
+        For nonconvex l the joint (z, b) problem is not convex in b for any rho (its Schur
+        complement rho * sum_i (l_i''/N) / (l_i''/N + rho) is negative once the samples with
+        l'' < 0 dominate), and for
+        a bounded l (sigmoid) its infimum can lie at b = +-inf: minimizing it jointly sent b to
+        ~28 in round 1 on breast cancer and ADMM stalled on the saturated plateau (every
+        l' ~ 0, objective = the minority-class fraction). Here b is its own block, a column of
+        ones with no penalty: b = argmin_b b * sum(y) + rho/2 ||a_hat + b - w||^2 with w the
+        last z + b (closed form, strongly convex), then the strongly convex z-update at
+        a_hat + b. At a fixed point a_hat + b = w, so sum(y) = 0 and y = l'(w)/N: the
+        stationary point of the centralized objective with an unpenalized intercept.
+        """
+        loss, y, t, rho, n = self.loss, self.y, self.t, self.rho, self.n
+        w_old = self.z + self.b
+        b = np.mean(w_old - a_hat, axis=0) - y.sum(axis=0) / (rho * n)
+        w = loss.z_update(a_hat + b, y, t, rho, n, z0=w_old)
+        self.b = np.float64(b) if np.ndim(b) == 0 else b
+        return w - b
 
     def _joint_newton(self, a_hat, max_iter=50):
         """Damped Newton on F(w, b) = (1/N) sum l(w) - <y, w> + b sum(y) + rho/2 ||a + b - w||^2.

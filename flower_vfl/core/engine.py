@@ -24,12 +24,15 @@ def default_rho(loss, n_samples: int) -> float:
     """Default penalty: the loss is averaged over N, so its curvature is ~c/N; rho is
     set to that scale (c = the loss's curvature bound, 1 for non-smooth losses).
 
-    Measured on a9a (N=32561) and breast cancer: see docs/benchmarks.md.
+    Convex l: 0.2 c/N (measured on a9a (N=32561) and breast cancer: see docs/benchmarks.md).
+    Nonconvex l: with L = c/N the Lipschitz constant of grad l, Assumption 1.2 of the paper
+    needs gamma(rho) = rho - L > 0 (strongly convex z-update) and rho * gamma(rho) > 2 L^2,
+    i.e. rho > 2L strictly (at rho = 2L the descent constant gamma/2 - L^2/rho of Lemma 4 is
+    0). The default 3 c/N = 3L gives gamma/2 - L^2/rho = 2L/3 > 0. See docs/math.md.
     """
     c = loss.curvature if loss.curvature is not None else 1.0
     if not loss.convex:
-        # a nonconvex l needs rho > c/N for a strongly convex z-update (Assumption 1.2a)
-        return 2.0 * c / n_samples
+        return 3.0 * c / n_samples
     return 0.2 * c / n_samples
 
 

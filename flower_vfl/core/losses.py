@@ -144,7 +144,10 @@ class SigmoidLoss(Loss):
     """Smooth nonconvex loss l(z) = 1 / (1 + exp(t z)) = sigmoid(-t z) (a smoothed 0-1 loss).
 
     |l''| <= 1/(6*sqrt(3)) < 0.0963, so the z-subproblem is strongly convex once
-    rho > 0.0963 / N (Assumption 1.2a); the constructor of the engine checks it.
+    rho > 0.0963 / N (Assumption 1.2a); :meth:`z_update` checks it. The convergence theory
+    (Assumption 1.2c) needs rho > 2 * 0.0963 / N; the default is 3 * 0.0963 / N.
+    With an intercept the central node updates it as its own block before z (see
+    ``CentralUpdate._intercept_then_z``).
     """
 
     name = "sigmoid"
