@@ -44,6 +44,9 @@ class PartyUpdate:
         self.x = np.zeros(shape_x)
         self.s = np.zeros(shape_s)
         self.z_loc = np.zeros(shape_s)
+        #: rho / theta of the x-update that produced ``x`` (None before the first one); the
+        #: sensitivity of anything released from x must use this value, not a later message's
+        self.rho_x = None
 
     def step(self, q, y, rho, alpha=1.0, theta=1.0):
         """One x-update (eq. 6); returns the exact ``D_m x_m`` (before any privacy noise).
@@ -58,6 +61,7 @@ class PartyUpdate:
             v = np.clip(v, -self.v_clip, self.v_clip)
         self.last_target = v          # kept for the privacy audit (never sent)
         self.x = self.solver.solve(v, rho_x, x0=self.x)
+        self.rho_x = float(rho_x)
         return self.D @ self.x
 
     def commit(self, s_released):
@@ -79,9 +83,14 @@ class PartyUpdate:
 
     # -- state for Flower's context.state (every message is a fresh process on real nodes)
     def get_state(self) -> dict:
-        return {"x": self.x, "s": self.s, "z_loc": self.z_loc}
+        state = {"x": self.x, "s": self.s, "z_loc": self.z_loc}
+        if self.rho_x is not None:
+            state["rho_x"] = np.array([self.rho_x])
+        return state
 
     def set_state(self, state: dict):
         for k in ("x", "s", "z_loc"):
             if k in state:
                 setattr(self, k, np.asarray(state[k], dtype=float).reshape(getattr(self, k).shape))
+        if "rho_x" in state:
+            self.rho_x = float(np.asarray(state["rho_x"]).ravel()[0])

@@ -166,7 +166,10 @@ class PrivateParty:
         if key in self.answered:
             return self.answered[key]
         D_eval = self.D_test if D_eval is None else normalize_rows(D_eval)
-        C = self.sensitivity(rho, theta, "eval")
+        # C_x depends on the rho_x that produced x, whatever rho this request carries: a
+        # server sending a smaller rho now must not shrink the noise
+        rho_x = self.update.rho_x if self.update.rho_x is not None else rho / theta
+        C = self.sensitivity(rho_x, 1.0, "eval")
         sigma = self.z * C
         self.ledger.record(round, "eval", sigma=sigma, sensitivity=C)
         xi = self.mechanism.rng(round, "eval").standard_normal(self.update.x.shape)
