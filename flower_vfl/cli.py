@@ -1,7 +1,7 @@
 """``flower-vfl``: run the in-process engine or the Flower simulation, account and audit privacy.
 
     flower-vfl fit --dataset breast_cancer --num-parties 3 --out-dir runs/demo
-    flower-vfl fit --dataset a9a --num-parties 2 --dp --dp-epsilon 8 --dp-parties 1 --max-rounds 4
+    flower-vfl fit --dataset a9a --num-parties 2 --dp --dp-epsilon 1 --dp-parties 1 --dp-lam 3e-3
     flower-vfl simulate --dataset a9a --num-parties 2 --max-rounds 20 --out-dir runs/flwr
     flower-vfl epsilon --noise-multiplier 10 --rounds 20 --delta 1e-5
     flower-vfl audit --dataset a9a --party 1 --rounds 3
@@ -47,8 +47,16 @@ def _add_run_args(p):
     p.add_argument("--dp-delta", type=float, default=1e-5)
     p.add_argument("--dp-calibration", default="strict", choices=["strict", "paper"])
     p.add_argument("--dp-accountant", default="exact")
-    p.add_argument("--dp-b1", type=float, default=10.0)
-    p.add_argument("--dp-clip", type=float, default=5.0)
+    p.add_argument("--dp-train-rounds", type=int, default=0,
+                   help="released training rounds per private party after the warm start (0: only "
+                        "the evaluation release; see docs/privacy.md)")
+    p.add_argument("--dp-eval-rounds", type=int, default=1)
+    p.add_argument("--dp-lam", type=float, default=0.0,
+                   help="the private party's own L2 coefficient (0: --lam); larger = less noise, more bias")
+    p.add_argument("--dp-b1", type=float, default=2.0, help="ball radius of x_m (rows are normalized)")
+    p.add_argument("--dp-clip", type=float, default=10.0,
+                   help="clip of the x-update target and of released values")
+    p.add_argument("--dp-seed", type=int, default=-1, help="noise seed (-1: fresh OS entropy)")
 
 
 def cmd_fit(args):

@@ -11,7 +11,7 @@ RUN_DEFAULTS = {
     # privacy (a party's node config overrides the run config: the budget is the party's)
     "dp": False, "dp-epsilon": 1.0, "dp-delta": 1e-5, "dp-train-rounds": 0, "dp-eval-rounds": 1,
     "dp-calibration": "strict", "dp-noise": "output", "dp-accountant": "exact",
-    "dp-b1": 10.0, "dp-clip": 5.0, "dp-parties": "", "dp-lam": 0.0,
+    "dp-b1": 2.0, "dp-clip": 10.0, "dp-parties": "", "dp-lam": 0.0,
     "dp-seed": -1,
 }
 
