@@ -63,3 +63,18 @@ def test_a9a_targets_in_process():
     assert ok and ok[0][0] <= 30
     assert all(abs(r[2] - 0.3238) <= 0.001 and r[3] >= 0.849 for r in rows[29:])
     assert min(r[0] for r in rows if r[1] <= 1e-4) <= 100
+
+
+def test_residual_balancing_rule_and_nonconvex_floor():
+    """Boyd 3.4.1 (mu=10, tau=2); for the nonconvex sigmoid loss rho stops at default_rho."""
+    from flower_vfl.core.engine import balance_rho, default_rho
+    from flower_vfl.core.losses import get_loss
+
+    logistic, sigmoid = get_loss("logistic"), get_loss("sigmoid")
+    assert balance_rho(1e-3, r=11.0, d=1.0, loss=logistic, n_samples=100) == 2e-3
+    assert balance_rho(1e-3, r=1.0, d=11.0, loss=logistic, n_samples=100) == 5e-4
+    assert balance_rho(1e-3, r=1.0, d=5.0, loss=logistic, n_samples=100) == 1e-3
+    floor = default_rho(sigmoid, 100)
+    assert floor > 2 * sigmoid.curvature / 100
+    assert balance_rho(1.5 * floor, r=1.0, d=11.0, loss=sigmoid, n_samples=100) == floor
+    assert balance_rho(4 * floor, r=1.0, d=11.0, loss=sigmoid, n_samples=100) == 2 * floor

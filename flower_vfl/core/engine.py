@@ -36,6 +36,14 @@ def default_rho(loss, n_samples: int) -> float:
     return 0.2 * c / n_samples
 
 
+def balance_rho(rho, r, d, loss, n_samples, mu=10.0, tau=2.0):
+    """Residual balancing (Boyd et al. 2011, Sec. 3.4.1): rho * tau when the primal residual r
+    exceeds mu * d, rho / tau when d exceeds mu * r. For a nonconvex loss rho never drops below
+    :func:`default_rho` (> 2c/N, where the z-update stays strongly convex)."""
+    new = rho * tau if r > mu * d else rho / tau if d > mu * r else rho
+    return new if loss.convex else max(new, default_rho(loss, n_samples))
+
+
 def make_constraint(constraint):
     """None, ('ball', r), ('box', lo, hi), or a Ball/Box instance."""
     if constraint is None or isinstance(constraint, (Ball, Box)):
@@ -243,8 +251,7 @@ class VerticalADMM:
                     self.converged_ = True
                     break
                 if self.adaptive_rho:
-                    new_rho = central.rho * 2 if r > 10 * d else central.rho / 2 if d > 10 * r else central.rho
-                    central.set_rho(new_rho)
+                    central.set_rho(balance_rho(central.rho, r, d, loss, t.shape[0]))
         for p, pr in zip(parties, private):
             if pr:   # internal, never released: costs no privacy
                 p.final_update(central.q, central.y, central.rho, central.alpha, central.theta)
