@@ -8,9 +8,12 @@ share z_loc, and when private its ledger, seed and last answers) lives in
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import OrderedDict
 
 import numpy as np
+import scipy.sparse as sp
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from ..core.engine import make_constraint
@@ -22,6 +25,32 @@ __all__ = ["VerticalPartyClient"]
 STATE_ARRAYS = "vfl.party"
 STATE_PRIVACY = "vfl.privacy"
 STATE_ANSWERS = "vfl.answers"
+
+
+#: x-update solvers (they hold the factorization of lam I + rho D^T D) kept across messages
+#: while the process lives, keyed by a hash of the block and the solver parameters. A
+#: simulation actor or an in-process grid serves many messages from one process: without
+#: this cache every message re-factorized (about 60% of a non-private a9a party's handler
+#: time, benchmarks/bench_flower.py). On real SuperNodes each message is a fresh process
+#: and the cache is simply empty.
+_SOLVERS: OrderedDict = OrderedDict()
+_SOLVERS_MAX = 8
+
+
+def _fingerprint(D) -> tuple:
+    """Type, shape and a SHA-256 of the block's content."""
+    kind, shape = type(D).__name__, tuple(D.shape)
+    if sp.issparse(D):
+        D = D.tocsr()                 # no copy when already CSR
+        parts = (D.indptr, D.indices, D.data)
+    else:
+        parts = (np.asarray(D),)
+    h = hashlib.sha256()
+    for a in parts:
+        a = np.ascontiguousarray(a)
+        h.update(str(a.dtype).encode())
+        h.update(memoryview(a).cast("B"))
+    return kind, shape, h.hexdigest()
 
 
 def _vec(record: ArrayRecord, key: str) -> np.ndarray:
@@ -61,8 +90,17 @@ class VerticalPartyClient:
         if self.privacy is not None:
             from ..privacy.party import PrivateParty
             return PrivateParty(self.D, self.D_test, self.lam, self.privacy, self.party_id, self.n_parties)
-        return PartyUpdate(self.D, get_penalty(self.penalty, self.l1_ratio), self.lam,
-                           make_constraint(self.constraint), n_outputs=n_outputs)
+        party = PartyUpdate(self.D, get_penalty(self.penalty, self.l1_ratio), self.lam,
+                            make_constraint(self.constraint), n_outputs=n_outputs)
+        key = (_fingerprint(self.D), str(self.penalty), float(self.l1_ratio), float(self.lam), repr(self.constraint))
+        if key in _SOLVERS:
+            party.solver = _SOLVERS[key]       # same block and parameters: reuse its factorization
+            _SOLVERS.move_to_end(key)
+        else:
+            _SOLVERS[key] = party.solver
+            while len(_SOLVERS) > _SOLVERS_MAX:
+                _SOLVERS.popitem(last=False)
+        return party
 
     def _load(self, context: Context, n_outputs: int = 1):
         self.party = self._build(n_outputs)
