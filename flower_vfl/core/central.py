@@ -114,9 +114,10 @@ class CentralUpdate:
         and |e_w,i| <= |R_i|/rho + |e_b|, so with m = max|dw| the error in z = w - b is at most
         c3/(2N) m^2 (1 + 4N/S)/rho, S = schur/rho (a factor 2 of slack for the Hessian moving
         along the step). The iteration stops when that bound is below ``tol``: no confirming
-        extra iteration, no evaluation of F. If it has not stopped after 12 steps (Newton on
-        a far-away start can oscillate) or produced a non-finite value, the damped Newton below
-        runs from the same start.
+        extra iteration, no evaluation of F. If a step fails to halve the previous one (Newton
+        oscillates from far-away starts on this sigmoid-shaped gradient), it has not stopped
+        after 12 steps, or a value is not finite, the damped Newton below runs from the same
+        start.
 
         Damped path (every other convex scalar loss, and the fallback): backtracking on F
         keeps it globally convergent.
@@ -139,6 +140,7 @@ class CentralUpdate:
             np.add(c1, np.multiply(y, n, out=G), out=c1)     # c1 = N y + N rho a
             sa, sw = float(a_hat.sum()), float(w.sum())
             k2 = c3 / (2.0 * n * rho)
+            m_prev = np.inf
             for _ in range(12):
                 loss.grad_hess(w, t, out=(gl, h))
                 np.multiply(w, nrho, out=G)
@@ -163,11 +165,12 @@ class CentralUpdate:
                 b += db
                 sw = float(w.sum())
                 m = max(float(G.max()), -float(G.min()))
-                if not (np.isfinite(m) and np.isfinite(b)):
-                    break
+                if not (m <= 0.5 * m_prev and np.isfinite(b)):
+                    break       # steps not shrinking (oscillation far from the root) or NaN
                 if k2 * m * m * (1.0 + 4.0 * n / s) <= tol:
                     self.b = np.float64(b)
                     return w - b
+                m_prev = m
         w, b = self.z + self.b, float(self.b)
 
         def F(w, b):

@@ -171,22 +171,29 @@ class LogisticLoss(Loss):
         state.pop("_ws", None)
         return state
 
-    def z_update(self, a, y, t, rho, n, z0=None, max_iter=10, tol=1e-13):
-        """Eq. (7) for all samples by plain Newton in the margin u = t z, one exp per iteration.
+    def z_update(self, a, y, t, rho, n, z0=None, max_iter=50, tol=1e-13):
+        """Eq. (7) for all samples by Newton in the margin u = t z, one exp per iteration.
 
         n t phi'(z) = G(u) = n rho u - K - p with K = n t (y + rho a) and p = sigmoid(-u):
-        increasing, G' = n rho + e^u p^2 in [n rho, n rho + 1/4], |G''| <= curvature3, and the
-        root lies in [K, K + 1] / (n rho). After a Newton step of size s the remaining error is
-        at most curvature3 / (2 n rho) * s^2 (Taylor), so the iteration stops as soon as that
-        bound is below ``tol`` for every entry, without a further confirming iteration. Warm-
-        started (z0 = last round's z) it takes 3-4 iterations. Newton can 2-cycle on this
-        sigmoid-shaped G from far away: entries not certified after ``max_iter`` iterations are
-        finished by the bracketed :func:`_newton_1d` (never needed on a9a).
+        increasing, G' = n rho + e^u p^2 in [n rho, n rho + 1/4], |G''| <= c3 = curvature3,
+        G convex for u < 0 and concave for u > 0, and the root lies in [K, K + 1] / (n rho).
+
+        Convergence: from the warm start (z0 = last round's z) an entry is kept if Newton is
+        certain to converge from it, i.e. c3 |s| <= G'/2 for its first step s (Kantorovich), or
+        it lies on the side where Newton is monotone (G > 0 with u <= 0, G < 0 with u >= 0);
+        any other entry restarts at the inflection point u = 0 (clipped into the bracket), from
+        where Newton is monotone. So Newton converges for every entry (no 2-cycles).
+        Stop: after a Newton step s the remaining error is at most c3 / (2 n rho) s^2 (Taylor),
+        so the iteration stops as soon as that bound is below ``tol`` for every entry, without
+        a further confirming iteration; warm-started on a9a this takes 3-4 iterations. Entries
+        not certified after ``max_iter`` iterations (or NaN) go to the bracketed
+        :func:`_newton_1d`.
         """
         a = np.asarray(a, dtype=float)
         size = a.shape[0]
         u, E, p, G, K = self._buffers(size, 5)
         nrho = n * rho
+        c3 = self.curvature3
         np.multiply(a, nrho, out=K)
         np.add(K, np.multiply(y, n, out=G), out=K)
         np.multiply(K, t, out=K)                              # K = n t (y + rho a)
@@ -200,8 +207,8 @@ class LogisticLoss(Loss):
         np.maximum(u, E, out=u)
         np.add(E, 1.0 / nrho, out=E)
         np.minimum(u, E, out=u)                               # start inside the root's bracket
-        smax = np.sqrt(tol * 2.0 * nrho / self.curvature3)    # |step| <= smax: error <= tol
-        for _ in range(max_iter):
+        smax = np.sqrt(tol * 2.0 * nrho / c3)                 # |step| <= smax: error <= tol
+        for it in range(max_iter):
             if u.max() > 700.0:
                 np.minimum(u, 700.0, out=E)
                 np.exp(E, out=E)
@@ -216,15 +223,31 @@ class LogisticLoss(Loss):
             np.multiply(E, p, out=E)
             np.add(E, nrho, out=E)                            # G'(u)
             np.divide(G, E, out=G)                            # Newton step
+            restart = None
+            if it == 0:
+                np.abs(G, out=p)
+                np.multiply(E, 0.5 / c3, out=E)
+                np.subtract(p, E, out=p)                      # > 0: Kantorovich test fails
+                if p.max() > 0.0:
+                    far = np.flatnonzero(p > 0.0)
+                    sf, uf = G[far], u[far]
+                    restart = far[~(((sf > 0) & (uf <= 0)) | ((sf < 0) & (uf >= 0)))]
             np.subtract(u, G, out=u)
-            if max(G.max(), -G.min()) <= smax:
+            if restart is not None and restart.size:
+                lo = K[restart] / nrho
+                u[restart] = np.clip(0.0, lo, lo + 1.0 / nrho)
+                G[restart] = np.inf                           # not certified by this step
+            m = max(G.max(), -G.min())
+            if m <= smax:
                 return t * u
+            if m != m:
+                break
         z = t * u
         bad = np.flatnonzero(~(np.abs(G) <= smax))
         tb = t[bad]
-        zb0 = a[bad] + y[bad] / rho if z0 is None else np.asarray(z0)[bad]
+        zb = np.where(np.isfinite(z[bad]), z[bad], a[bad] + y[bad] / rho)
         z[bad] = _newton_1d(a[bad], y[bad], rho, n, lambda v: self.grad(v, tb),
-                            lambda v: self.hess(v, tb), zb0, tol=tol)
+                            lambda v: self.hess(v, tb), zb, tol=tol)
         return z
 
     def predict(self, f):
