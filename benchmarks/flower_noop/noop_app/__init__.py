@@ -1,0 +1,1 @@
+"""Flower round-trip benchmark app (see benchmarks/bench_flower.py)."""

@@ -1,0 +1,83 @@
+"""ServerApp: time ``grid.send_and_receive`` of one message to every SuperNode, many times.
+
+Modes (run config ``modes``, interleaved so that a slow stretch of a noisy machine hits
+all of them alike):
+  tiny           a scalar each way;
+  payload        what flower-vfl's central node sends each ADMM round (two float64
+                 N-vectors q and y per party) and one N-vector back per party;
+  payload-state  payload, and the party keeps two N-vectors in ``context.state``;
+  payload-busy   payload-state, and the party spins ``busy-s`` seconds (a stand-in for
+                 the x-update compute) before replying.
+Each reply carries the party's wall-clock handler entry/exit, so the round trip splits into
+delivery (push -> first handler entry), handling (first entry -> last exit) and return
+(last exit -> send_and_receive returns).
+"""
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+app = ServerApp()
+
+
+def _content(mode, n, k, busy):
+    cfg = ConfigRecord({"mode": "payload-state" if mode == "payload-busy" else mode, "round": k,
+                        "busy_s": busy if mode == "payload-busy" else 0.0})
+    if mode == "tiny":
+        return RecordDict({"config": cfg})
+    rng = np.random.default_rng(k)
+    return RecordDict({"config": cfg, "vectors": ArrayRecord({"q": Array(rng.standard_normal(n)),
+                                                               "y": Array(rng.standard_normal(n))})})
+
+
+def _round_trip(grid, nodes, mode, n, k, busy):
+    msgs = [Message(_content(mode, n, k, busy), dst_node_id=nid, message_type="train") for nid in nodes]
+    t_push = time.time()
+    replies = list(grid.send_and_receive(msgs, timeout=600))
+    t_back = time.time()
+    if len(replies) != len(nodes) or any(r.has_error() for r in replies):
+        raise RuntimeError(f"{mode}: {len(replies)}/{len(nodes)} replies, "
+                           f"errors: {[r.error.reason for r in replies if r.has_error()]}")
+    if mode != "tiny":
+        assert all(r.content["release"]["s"].numpy().shape == (n,) for r in replies)
+    t_in = min(float(r.content["config"]["t_in"]) for r in replies)
+    t_out = max(float(r.content["config"]["t_out"]) for r in replies)
+    return {"total": t_back - t_push, "delivery": t_in - t_push, "handling": t_out - t_in,
+            "return": t_back - t_out}
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
+    repeats, warmup, n = int(rc["repeats"]), int(rc["warmup"]), int(rc["n"])
+    busy = float(rc["busy-s"])
+    modes = [m.strip() for m in str(rc["modes"]).split(",") if m.strip()]
+    deadline = time.time() + 120          # the SuperNodes may register after the ServerApp starts
+    while len(nodes := sorted(grid.get_node_ids())) < int(rc["num-nodes"]):
+        if time.time() > deadline:
+            raise RuntimeError(f"only {len(nodes)} of {rc['num-nodes']} SuperNodes registered")
+        time.sleep(0.1)
+    for k in range(warmup):
+        for mode in modes:
+            _round_trip(grid, nodes, mode, n, 10**6 + k, busy)
+    times = {m: [] for m in modes}
+    for k in range(repeats):
+        for mode in modes:
+            times[mode].append(_round_trip(grid, nodes, mode, n, k, busy))
+    summary = {m: {part: {"mean": float(np.mean([t[part] for t in v])),
+                          "median": float(np.median([t[part] for t in v]))}
+                   for part in ("total", "delivery", "handling", "return")}
+               for m, v in times.items()}
+    out = {"nodes": len(nodes), "n": n, "repeats": repeats, "warmup": warmup, "busy_s": busy,
+           "bytes_to_each_node": {"tiny": 0, "payload": 16 * n, "payload-state": 16 * n, "payload-busy": 16 * n},
+           "bytes_from_each_node": {"tiny": 0, "payload": 8 * n, "payload-state": 8 * n, "payload-busy": 8 * n},
+           "summary_s": summary, "round_trips_s": times}
+    print(json.dumps({m: s["total"] for m, s in summary.items()}))
+    path = str(rc["out-file"])
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=1))
