@@ -118,23 +118,40 @@ def test_private_flower_path_equals_in_process_engine(train_rounds):
     assert ledger == m.privacy_report()[0]["ledger"]["entries"]
 
 
-@pytest.mark.slow
-def test_flwr_run_simulation_matches_in_process_on_a9a(tmp_path):
-    """`flwr run .` in Flower's simulation engine gives the in-process iterates (1e-9)."""
-    if shutil.which("flwr") is None:
-        pytest.skip("flwr CLI not on PATH")
+def test_every_run_config_key_is_declared_for_flwr_run():
+    """`flwr run --run-config` rejects keys missing from [tool.flwr.app.config]; the declared
+    defaults must be the code's defaults."""
+    import tomllib
+
+    from flower_vfl.config import RUN_DEFAULTS
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert declared == RUN_DEFAULTS
+
+
+def _flwr_run(tmp_path, run_config: str):
+    """`flwr run .` in Flower's simulation engine; returns the output folder."""
     home = tmp_path / "flwr_home"
     home.mkdir()
     (home / "config.toml").write_text('[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
     env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
     out = tmp_path / "out"
     cmd = ["flwr", "run", ".", "local", "--stream", "--federation-config", "num-supernodes=2",
-           "--run-config", f"dataset='a9a' num-parties=2 max-rounds=20 out-dir='{out}'"]
+           "--run-config", f"{run_config} out-dir='{out}'"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     finally:   # the local SuperLink is detached and keeps running: stop it
         subprocess.run(["pkill", "-f", "flower-superlink"], check=False)
     assert (out / "decision_test.npy").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_flwr_run_simulation_matches_in_process_on_a9a(tmp_path):
+    """`flwr run .` in Flower's simulation engine gives the in-process iterates (1e-9)."""
+    if shutil.which("flwr") is None:
+        pytest.skip("flwr CLI not on PATH")
+    out = _flwr_run(tmp_path, "dataset='a9a' num-parties=2 max-rounds=20")
     f_flower = np.load(out / "decision_test.npy")
     blocks = [party_block("a9a", i, 2) for i in range(2)]
     y, yt = labels("a9a")
@@ -142,3 +159,31 @@ def test_flwr_run_simulation_matches_in_process_on_a9a(tmp_path):
     assert np.max(np.abs(m.decision_function([b[1] for b in blocks]) - f_flower)) <= 1e-9
     acc = np.mean(np.where(f_flower >= 0, 1, -1) == yt)
     assert acc >= 0.849
+
+
+@pytest.mark.slow
+def test_flwr_run_private_party_on_a9a(tmp_path):
+    """A private run through `flwr run .` (party 2 private at eps = 1, sample-level DP): the same
+    decision values as the in-process engine with the same seed, the party's ledger in
+    report.json with the accountant's total, and better than party 1 alone (0.8376)."""
+    import json
+
+    from flower_vfl.config import privacy_from_config
+
+    if shutil.which("flwr") is None:
+        pytest.skip("flwr CLI not on PATH")
+    rc = {"dataset": "a9a", "num-parties": 2, "max-rounds": 20, "dp": True, "dp-parties": "1",
+          "dp-epsilon": 1.0, "dp-lam": 3e-3, "dp-seed": 3}
+    out = _flwr_run(tmp_path, "dataset='a9a' num-parties=2 max-rounds=20 dp=true dp-parties='1' "
+                              "dp-epsilon=1.0 dp-lam=0.003 dp-seed=3")
+    f_flower = np.load(out / "decision_test.npy")
+    blocks = [party_block("a9a", i, 2) for i in range(2)]
+    y, yt = labels("a9a")
+    m = VerticalADMM(lam=1e-4, max_rounds=20, tol=0, privacy=[privacy_from_config(i, rc) for i in range(2)])
+    m.fit([b[0] for b in blocks], y)
+    assert np.max(np.abs(m.decision_function([b[1] for b in blocks]) - f_flower)) <= 1e-9
+    report = json.loads((out / "report.json").read_text())
+    party = report["privacy"]["1"]
+    assert party["totals"]["exact"] == pytest.approx(1.0, rel=1e-6)
+    assert [e["kind"] for e in party["ledger"]["entries"]] == ["eval"]
+    assert np.mean(np.where(f_flower >= 0, 1, -1) == yt) > 0.8376
