@@ -80,9 +80,17 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--select-seeds", type=int, default=2)
     ap.add_argument("--test-seeds", type=int, default=5)
+    ap.add_argument("--epsilons", type=float, nargs="+", default=EPSILONS,
+                    help="total budgets (inf: the non-private row)")
+    ap.add_argument("--lam-grid", type=float, nargs="+", default=None,
+                    help="candidate lam of the private party (default: the built-in grid)")
+    ap.add_argument("--settings", nargs="+", default=["p2", "both"], choices=["p2", "both"])
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the CSV and summary")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.plot_only:
+        return replot(out)
     B, y, Bt, yt = load()
     N = y.size
     perm = np.random.default_rng(args.seed).permutation(N)
@@ -92,12 +100,14 @@ def main(argv=None):
     # reference lines (non-private, scikit-learn, same objective: lam/2 ||w||^2, free intercept)
     p1 = LogisticRegression(C=1 / (N * LAM), tol=1e-10, max_iter=5000).fit(B[0], y)
     p1_acc, p1_ll = metrics(p1.decision_function(Bt[0]), yt)
-    grid = QUICK_GRID if args.quick else GRID
+    grid = dict(QUICK_GRID if args.quick else GRID)
+    if args.lam_grid:
+        grid["lam_p"] = list(args.lam_grid)
     combos = list(itertools.product(*grid.values()))
     rows, selection = [], []
     t0 = time.time()
-    for setting in ("p2", "both"):
-        for eps in EPSILONS:
+    for setting in args.settings:
+        for eps in args.epsilons:
             if np.isinf(eps):
                 choice = (0, LAM, 0.05, float("inf"))
             else:
@@ -144,8 +154,17 @@ def _write_csv(path, rows):
         w.writerows(rows)
 
 
+def replot(out):
+    with open(out / "privacy_utility.csv") as fh:
+        rows = [{k: (v if k == "setting" else float(v)) for k, v in r.items()} for r in csv.DictReader(fh)]
+    p1 = json.loads((out / "summary.json").read_text())["party1_alone"]
+    plot(rows, p1["acc"], p1["logloss"], out / "privacy_utility.png")
+    return 0
+
+
 def plot(rows, p1_acc, p1_ll, path):
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -160,6 +179,10 @@ def plot(rows, p1_acc, p1_ll, path):
         ax.axhline(p1v, color="C3", ls=":", label=f"party 1 alone ({p1v:.4f})")
         ax.axhline(cv, color="k", ls="-.", label=f"centralized ({cv:.4f})")
         ax.set_xscale("log")
+        budgets = sorted({x["epsilon_spent_exact"] for x in rows if np.isfinite(x["epsilon"])})
+        ax.set_xticks(budgets)
+        ax.set_xticklabels([f"{e:.3g}" for e in budgets])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("total ε spent (δ=1e-5, exact accountant, from the parties' ledgers)")
         ax.set_ylabel(lab)
         ax.legend(fontsize=8)
