@@ -206,6 +206,11 @@ class VerticalADMMStrategy(Strategy):
     def start(self, grid: Grid, timeout: float | None = None, progress=None):
         """Identify the parties, then run rounds until the stopping rule or ``max_rounds``.
 
+        With private parties the rounds follow :func:`~flower_vfl.core.engine.private_schedule`
+        (as the in-process engine does): the non-private parties first, then the private
+        parties' declared number of training rounds, then the final evaluation, in which the
+        private parties make their last, unreleased x-update.
+
         A party's refusal (budget spent) stops the run cleanly: ``stopped_reason_`` says why
         and the rounds done so far are kept.
         """
