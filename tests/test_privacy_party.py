@@ -230,3 +230,19 @@ def test_private_party2_beats_party1_alone_on_a9a(a9a, eps):
     assert p1_acc == pytest.approx(0.8376, abs=5e-4) and p1_ll == pytest.approx(0.3493, abs=5e-4)
     assert np.mean(accs) >= p1_acc + 0.004
     assert np.mean(lls) <= p1_ll - 0.01
+
+
+def test_evaluation_noise_is_gaussian_in_parameter_space(block):
+    """With the identity as evaluation block the release is x~ = x + N(0, sigma_e^2 I): 200
+    releases x 6 coordinates, standardized, pass a KS test against N(0, 1) at significance
+    0.001, and consecutive releases are uncorrelated (|r| < 4/sqrt(n), ~4 sd)."""
+    D, rng = block
+    p = _party(D, train_rounds=0, eval_rounds=200)
+    p.final_update(np.zeros(2000), rng.normal(size=2000) * 1e-4, rho=1e-3, theta=0.5)
+    releases = np.array([p.eval_release(k, rho=1e-3, theta=0.5, D_eval=np.eye(6)) for k in range(1, 201)])
+    sigma = p.ledger.entries[0].sigma
+    z = (releases - p.x) / sigma
+    assert stats.kstest(z.ravel(), "norm").pvalue > 1e-3
+    r = np.corrcoef(z[:-1].ravel(), z[1:].ravel())[0, 1]
+    assert abs(r) < 4 / np.sqrt(z[1:].size)
+    assert p.ledger.totals()["exact"] == pytest.approx(2.0, rel=1e-6)   # the whole budget, no more
