@@ -138,7 +138,9 @@ class CentralUpdate:
             np.add(self.z, b, out=w)
             np.multiply(a_hat, nrho, out=c1)
             np.add(c1, np.multiply(y, n, out=G), out=c1)     # c1 = N y + N rho a
-            sa, sw = float(a_hat.sum()), float(w.sum())
+            # dF/db at the start; after a full Newton step it is 0 (F is quadratic in b and
+            # the step solves the bordered system), so it is not recomputed
+            gb = sy + rho * (float(a_hat.sum()) + n * b - float(w.sum()))
             k2 = c3 / (2.0 * n * rho)
             m_prev = np.inf
             for _ in range(12):
@@ -155,7 +157,6 @@ class CentralUpdate:
                     s = float(h.sum())
                 np.multiply(G, gl, out=h)
                 sg = float(h.sum())
-                gb = sy + rho * (sa + n * b - sw)            # dF/db
                 if not s > 0.0:
                     break
                 db = -(gb + rho * sg) / (rho * s)
@@ -163,7 +164,7 @@ class CentralUpdate:
                 np.multiply(G, gl, out=G)                    # dw
                 np.add(w, G, out=w)
                 b += db
-                sw = float(w.sum())
+                gb = 0.0
                 m = max(float(G.max()), -float(G.min()))
                 if not (m <= 0.5 * m_prev and np.isfinite(b)):
                     break       # steps not shrinking (oscillation far from the root) or NaN
