@@ -159,7 +159,8 @@ class LogisticLoss(Loss):
 
     def _buffers(self, size, count):
         """Scratch N-vectors reused across calls (allocating fresh ones every round is what
-        costs: each new ~N*8-byte array is page-faulted in again)."""
+        costs: each new ~N*8-byte array is page-faulted in again). Not re-entrant: one loss
+        instance serves one sequential ADMM run (engine / ServerApp)."""
         ws = self.__dict__.get("_ws")
         if ws is None or ws[0].shape != (size,) or len(ws) < count:
             ws = [np.empty(size) for _ in range(count)]
