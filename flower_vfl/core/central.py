@@ -212,16 +212,21 @@ class CentralUpdate:
 
         Returns (primal residual norm, dual residual norm) at the new iterate.
         """
-        a_hat = self.alpha * s_sum + (1.0 - self.alpha) * self.z
+        # few N-vector temporaries: at a9a's N each one costs an mmap and page faults
+        # (benchmarks/bench_round.py); the arithmetic is the same as the textbook form
+        relaxed = self.alpha != 1.0
+        a_hat = self.alpha * s_sum + (1.0 - self.alpha) * self.z if relaxed else s_sum
         z_old = self.z
         if self.fit_intercept:
             self.z = self._z_and_intercept(a_hat)
         else:
             self.z = self.loss.z_update(a_hat, self.y, self.t, self.rho, self.n, z0=self.z)
-        self.y = self.y + self.rho * (a_hat - self.z)
-        self.q = a_hat - self.z
-        r = float(np.linalg.norm(s_sum - self.z))
-        d = float(self.rho * np.linalg.norm(self.z - z_old))
+        q = a_hat - self.z
+        y = np.multiply(q, self.rho)
+        y += self.y
+        self.y, self.q = y, q
+        r = _norm(s_sum - self.z) if relaxed else _norm(q)
+        d = self.rho * _norm(self.z - z_old)
         return r, d
 
     def set_rho(self, rho):
@@ -232,9 +237,17 @@ class CentralUpdate:
         return {"z": self.z, "y": self.y, "q": self.q, "b": np.atleast_1d(self.b)}
 
 
+def _norm(v) -> float:
+    """Euclidean norm without BLAS: with 2 OpenBLAS threads on a loaded 2-core machine a dot on
+    an N-vector stalled for ~8 ms (benchmarks/results/bench_round_loaded.json); einsum does not
+    call BLAS for this reduction."""
+    v = np.ravel(v)
+    return float(np.sqrt(np.einsum("i,i->", v, v)))
+
+
 def residuals(r, d, s_sum, z, y, tol, tol_abs):
     """Boyd et al. (2011) Sec. 3.3.1 stopping rule; returns (eps_pri, eps_dual)."""
     sqrt_n = np.sqrt(z.size)
-    eps_pri = sqrt_n * tol_abs + tol * max(np.linalg.norm(s_sum), np.linalg.norm(z))
-    eps_dual = sqrt_n * tol_abs + tol * np.linalg.norm(y)
+    eps_pri = sqrt_n * tol_abs + tol * max(_norm(s_sum), _norm(z))
+    eps_dual = sqrt_n * tol_abs + tol * _norm(y)
     return eps_pri, eps_dual
