@@ -63,8 +63,11 @@ def load_all(name: str, data_dir: str | None = None):
     return X.tocsc(), y, Xt.tocsc(), yt
 
 
+@lru_cache(maxsize=8)
 def party_block(name, party: int, num_parties: int, data_dir=None):
-    """(D_train, D_test) of one party: only its columns."""
+    """(D_train, D_test) of one party: only its columns. Cached: a simulation actor serves many
+    messages from one process and re-slicing was ~25 % of a party's handler time
+    (docs/benchmarks.md). The blocks are shared; callers must not modify them in place."""
     X, _, Xt, _ = load_all(name, None if data_dir in (None, "") else str(data_dir))
     ranges = column_ranges(name, X.shape[1], num_parties)
     if not 0 <= party < num_parties:
