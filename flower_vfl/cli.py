@@ -32,7 +32,7 @@ def _run_config(args) -> dict:
 
 def _add_run_args(p):
     p.add_argument("--dataset", default="breast_cancer", choices=["breast_cancer", "a9a"])
-    p.add_argument("--num-parties", type=int, default=3)
+    p.add_argument("--num-parties", type=int, default=2)
     p.add_argument("--loss", default="logistic")
     p.add_argument("--penalty", default="l2")
     p.add_argument("--lam", type=float, default=1e-4)

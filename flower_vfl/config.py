@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ["RUN_DEFAULTS", "run_setting", "privacy_from_config"]
 
 RUN_DEFAULTS = {
-    "dataset": "breast_cancer", "num-parties": 3, "loss": "logistic", "penalty": "l2",
+    "dataset": "breast_cancer", "num-parties": 2, "loss": "logistic", "penalty": "l2",
     "lam": 1e-4, "rho": 0.0, "alpha": 1.0, "fit-intercept": True, "max-rounds": 50, "tol": 0.0,
     "eval-every": 0, "out-dir": "", "data-dir": "",
     # privacy (a party's node config overrides the run config: the budget is the party's)

@@ -1,6 +1,9 @@
 """Flower ServerApp: the central node (label owner) of vertical ADMM sharing."""
 
+from logging import INFO, WARNING
+
 from flwr.app import Context
+from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from .config import run_setting
@@ -21,9 +24,34 @@ def make_strategy(run_config) -> VerticalADMMStrategy:
                                 tol=float(get("tol")), eval_every=int(get("eval-every")))
 
 
+def log_round(k: int, row: dict) -> None:
+    """One line per round in the ServerApp's log (what `flwr run --stream` shows)."""
+    extra = "".join(f", {key}={row[key]:.4f}" for key in ("test_loss", "test_accuracy") if key in row)
+    log(INFO, "round %d: train_loss=%.6f, primal_residual=%.3g, dual_residual=%.3g, parties=%d%s",
+        k, row["train_loss"], row["primal_residual"], row["dual_residual"], row.get("parties", 0), extra)
+
+
+def log_final(strategy: VerticalADMMStrategy) -> None:
+    f = strategy.final_
+    if "test_loss" in f:
+        log(INFO, "final (round %d): test_loss=%.4f, test_accuracy=%.4f, %.1f s",
+            f.get("rounds", f.get("round", 0)), f["test_loss"], f.get("test_accuracy", float("nan")),
+            f["wall_time_s"])
+    for party, rep in sorted(strategy.privacy_.items()):
+        c = rep["config"]
+        # the party's own ledger, accounted by the party (never a constant of this code)
+        log(INFO, "party %s privacy: budget (eps=%g, delta=%g), spent %s, %d releases",
+            party, c["epsilon"], c["delta"],
+            ", ".join(f"{m}={v:.4g}" if isinstance(v, float) else f"{m}={v}" for m, v in rep["totals"].items()),
+            len(rep["ledger"]["entries"]))
+    if strategy.stopped_reason_:
+        log(WARNING, "stopped early: %s", strategy.stopped_reason_)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    strategy = make_strategy(context.run_config).start(grid)
+    strategy = make_strategy(context.run_config).start(grid, progress=log_round)
+    log_final(strategy)
     out = str(run_setting("out-dir", context.run_config))
     if out:
         import numpy as np

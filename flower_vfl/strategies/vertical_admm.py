@@ -112,8 +112,10 @@ class VerticalADMMStrategy(Strategy):
                 self.private_parties[party] = int(info.get("train_rounds", 0))
         missing = sorted(set(range(self.num_parties)) - set(seen))
         if missing:
-            raise RuntimeError(f"parties {missing} did not answer the identify query "
-                               f"(nodes seen: {sorted(nodes)}); check that num-parties matches the SuperNodes")
+            raise RuntimeError(f"parties {missing} did not answer the identify query (nodes seen: "
+                               f"{sorted(nodes)}): num-parties={self.num_parties} but {len(nodes)} SuperNodes "
+                               "answered. Start one SuperNode per party (simulation: --federation-config "
+                               f"\"num-supernodes={self.num_parties}\") or set num-parties={len(nodes)}")
         self.node_to_party = mapping
         return mapping
 
