@@ -187,3 +187,29 @@ def test_flwr_run_private_party_on_a9a(tmp_path):
     assert party["totals"]["exact"] == pytest.approx(1.0, rel=1e-6)
     assert [e["kind"] for e in party["ledger"]["entries"]] == ["eval"]
     assert np.mean(np.where(f_flower >= 0, 1, -1) == yt) > 0.8376
+
+
+@pytest.mark.slow
+def test_readme_main_command_runs_and_reports(tmp_path):
+    """The README's `flwr run . --stream`, as written (fresh FLWR_HOME, Flower installs the app's
+    dependencies itself): the streamed final line reports the in-process engine's test accuracy."""
+    import re
+
+    if shutil.which("flwr") is None:
+        pytest.skip("flwr CLI not on PATH")
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"}
+    env["FLWR_HOME"] = str(tmp_path / "flwr_home")
+    try:
+        proc = subprocess.run(["flwr", "run", ".", "--stream"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=900)
+    finally:
+        subprocess.run(["pkill", "-f", "flower-superlink"], check=False)
+    log = proc.stdout + proc.stderr
+    found = re.search(r"final \(round 50\): test_loss=([0-9.]+), test_accuracy=([0-9.]+)", log)
+    assert found, log[-3000:]
+    blocks = [party_block("breast_cancer", i, 2) for i in range(2)]
+    y, yt = labels("breast_cancer")
+    m = VerticalADMM(lam=1e-4, max_rounds=50, tol=0).fit([b[0] for b in blocks], y)
+    f = m.decision_function([b[1] for b in blocks])
+    assert float(found.group(2)) == pytest.approx(np.mean(np.sign(f) == yt), abs=1e-4)
+    assert len(re.findall(r"round \d+: train_loss=", log)) == 50
