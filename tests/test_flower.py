@@ -213,3 +213,74 @@ def test_readme_main_command_runs_and_reports(tmp_path):
     f = m.decision_function([b[1] for b in blocks])
     assert float(found.group(2)) == pytest.approx(np.mean(np.sign(f) == yt), abs=1e-4)
     assert len(re.findall(r"round \d+: train_loss=", log)) == 50
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_real_superlink_and_supernodes_on_loopback(tmp_path):
+    """Deployment as the institutions would run it: a SuperLink, one SuperNode per party with its
+    own node config (party 1 brings its own privacy budget), and `flwr run` over the network API.
+    Same decision values as the in-process engine (1e-9); the party's ledger spends its budget."""
+    import json
+    import time
+
+    from flower_vfl.config import privacy_from_config
+
+    if shutil.which("flower-superlink") is None:
+        pytest.skip("Flower's server binaries are not on PATH")
+    link, p0, p1 = _free_port(), _free_port(), _free_port()
+    home = tmp_path / "flwr_home"
+    home.mkdir()
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "deploy"\n\n[superlink.deploy]\n'
+                                      f'address = "127.0.0.1:{link}"\ninsecure = true\n')
+    env = dict(os.environ, FLWR_HOME=str(home))
+    data = str(ROOT.parent / "shared" / "data" / "a9a")
+    party1 = f"partition-id=1 data-dir='{data}' dp=true dp-epsilon=1.0 dp-lam=0.003 dp-seed=5"
+    logs = [open(tmp_path / f"{name}.log", "w") for name in ("superlink", "node0", "node1")]
+    procs = [subprocess.Popen(["flower-superlink", "--insecure", "--port", str(link),
+                               "--disable-runtime-dependency-installation"], env=env, cwd=tmp_path,
+                              stdout=logs[0], stderr=subprocess.STDOUT)]
+    try:
+        time.sleep(4)
+        for port, cfg, log in ((p0, f"partition-id=0 data-dir='{data}'", logs[1]), (p1, party1, logs[2])):
+            procs.append(subprocess.Popen(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}",
+                                           "--port", str(port), "--node-config", cfg], env=env, cwd=tmp_path,
+                                          stdout=log, stderr=subprocess.STDOUT))
+        time.sleep(4)
+        out = tmp_path / "out"
+        proc = subprocess.run(["flwr", "run", ".", "deploy", "--stream", "--run-config",
+                               f"dataset='a9a' max-rounds=3 data-dir='{data}' out-dir='{out}'"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+        (tmp_path / "flwr_run.log").write_text(proc.stdout + proc.stderr)
+        tb = proc.stdout.find("Traceback")
+        assert (out / "decision_test.npy").exists(), proc.stdout[tb:tb + 3000] + proc.stderr[-2000:]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in logs:
+            f.close()
+    f_flower = np.load(out / "decision_test.npy")
+    node_cfg = dict(kv.split("=", 1) for kv in party1.split())
+    node_cfg = {k: (v.strip("'") if k == "data-dir" else json.loads(v)) for k, v in node_cfg.items()}
+    rc = {"dataset": "a9a", "num-parties": 2}
+    blocks = [party_block("a9a", i, 2) for i in range(2)]
+    y, _ = labels("a9a")
+    m = VerticalADMM(lam=1e-4, max_rounds=3, tol=0,
+                     privacy=[privacy_from_config(0, rc), privacy_from_config(1, rc, node_cfg)])
+    m.fit([b[0] for b in blocks], y)
+    assert np.max(np.abs(m.decision_function([b[1] for b in blocks]) - f_flower)) <= 1e-9
+    party = json.loads((out / "report.json").read_text())["privacy"]["1"]
+    assert party["totals"]["exact"] == pytest.approx(1.0, rel=1e-6)
+    assert party["config"]["lam"] == 0.003
