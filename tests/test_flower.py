@@ -284,3 +284,32 @@ def test_real_superlink_and_supernodes_on_loopback(tmp_path):
     party = json.loads((out / "report.json").read_text())["privacy"]["1"]
     assert party["totals"]["exact"] == pytest.approx(1.0, rel=1e-6)
     assert party["config"]["lam"] == 0.003
+
+
+def test_private_party_messages_under_the_warm_started_protocol():
+    """Every reply of a private party with train_rounds=0: it is asked only to identify and,
+    at the end, to evaluate; it never sends a vector over the training rows; its privacy report
+    holds only scalars and strings (σ, C, ε, config), never data."""
+    import json
+
+    X, y, Xt, yt = load_all("breast_cancer")
+    seen = []
+    run_local({"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 5, "dp": True,
+               "dp-parties": "2", "dp-epsilon": 1.0},
+              on_reply=lambda msg, rep: seen.append((msg, rep)))
+    node_of_party2 = 102
+    mine = [(m, r) for m, r in seen if m.metadata.dst_node_id == node_of_party2]
+    assert [m.metadata.message_type for m, _ in mine] == ["query.identify", "evaluate"]
+    for _, rep in mine:
+        assert set(rep.content.keys()) <= {"identity", "release", "meta", "privacy"}
+        for rec in rep.content.array_records.values():
+            for key in rec:
+                assert rec[key].numpy().shape == (Xt.shape[0],)      # test rows only
+        if "privacy" in rep.content:
+            def scalars_only(obj):     # records of scalars; lists only of such records (ledger rows)
+                if isinstance(obj, dict):
+                    return all(scalars_only(v) for v in obj.values())
+                if isinstance(obj, list):
+                    return all(isinstance(v, dict) and scalars_only(v) for v in obj)
+                return isinstance(obj, (int, float, str, bool)) or obj is None
+            assert scalars_only(json.loads(str(rep.content["privacy"]["report"])))
