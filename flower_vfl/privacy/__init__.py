@@ -15,6 +15,7 @@ from .accounting import (
 )
 from .ledger import BudgetExceeded, LedgerEntry, PrivacyLedger, calibrate_sigma
 from .mechanism import FORMS, GaussianOutputMechanism, ReplayMismatch, release_hash
+from .party import PrivacyConfig, PrivateParty
 
 __all__ = [
     "METHODS",
@@ -22,6 +23,8 @@ __all__ = [
     "BudgetExceeded",
     "GaussianOutputMechanism",
     "LedgerEntry",
+    "PrivacyConfig",
+    "PrivateParty",
     "PrivacyLedger",
     "ReplayMismatch",
     "available_methods",

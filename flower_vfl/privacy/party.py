@@ -42,20 +42,23 @@ class PrivacyConfig:
     calibration : 'strict' (sample-level, docs/privacy.md) or 'paper' (Lemma 1).
     noise_form : 'output' (Gaussian mechanism on s) or 'paper' (eq. 16, not DP by itself).
     b1, c_v, c_s : ball radius of x_m, clip of the x-update target, clip of released values.
+        The defaults match the run-config defaults (``dp-*`` keys) and what the a9a validation
+        selects (docs/privacy.md); c_v = 10 is the bound 1/(N rho_x) of the warm-started
+        target at the default rho with 2 parties.
     lam : the party's own L2 coefficient for its block (None: the run's lam). A larger lam
         lowers the sensitivity of x_m (C_x = 2 rho_x (b1 + c_v) / lam) at the cost of bias.
     """
 
     epsilon: float = 1.0
     delta: float = 1e-5
-    train_rounds: int = 10
+    train_rounds: int = 0
     eval_rounds: int = 1
     calibration: str = "strict"
     noise_form: str = "output"
     accountant: str = "exact"
-    b1: float = 10.0
-    c_v: float = 5.0
-    c_s: float = 5.0
+    b1: float = 2.0
+    c_v: float = 10.0
+    c_s: float = 10.0
     seed: int | None = None
     lam: float | None = None
 
