@@ -35,7 +35,7 @@ def log_final(strategy: VerticalADMMStrategy) -> None:
     f = strategy.final_
     if "test_loss" in f:
         log(INFO, "final (round %d): test_loss=%.4f, test_accuracy=%.4f, %.1f s",
-            f.get("rounds", f.get("round", 0)), f["test_loss"], f.get("test_accuracy", float("nan")),
+            f["rounds"], f["test_loss"], f.get("test_accuracy", float("nan")),
             f["wall_time_s"])
     for party, rep in sorted(strategy.privacy_.items()):
         c = rep["config"]

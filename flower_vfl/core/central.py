@@ -54,7 +54,7 @@ class CentralUpdate:
         loss, y, t, rho, n = self.loss, self.y, self.t, self.rho, self.n
         if not loss.convex:
             return self._intercept_then_z(a_hat)
-        if loss.convex and loss.n_outputs == 1 and loss.curvature is not None:
+        if loss.n_outputs == 1 and loss.curvature is not None:
             return self._joint_newton(a_hat)
         c = a_hat.mean(axis=0) + y.sum(axis=0) / (rho * n)
         b = self.b.copy()
