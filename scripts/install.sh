@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Fresh-machine install: the Debian data package (Fashion-MNIST) when missing, then the
+# Python package with its dev and opacus extras (torch pinned to the CPU build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq dataset-fashion-mnist
+  else
+    echo "warning: no apt-get; Fashion-MNIST experiments need the IDX files (data_dir=...)" >&2
+  fi
+fi
+pip install -e ".[dev,opacus]" -c constraints.txt
