@@ -1,13 +1,15 @@
 """Flower ClientApp: one vertical party per SuperNode.
 
-Node config: ``partition-id`` (the party), ``num-partitions``, ``data-dir``, and
-optionally the party's own privacy budget (``dp-epsilon`` ...), which wins over the run
-config.
+Node config: ``partition-id`` (the party, required), ``num-partitions``, ``data-dir``,
+``state-dir`` (the party's own folder for its ledger and answers), ``max-answers``, and the
+party's own privacy settings (``dp``, ``dp-epsilon`` ...): the only source of them, since
+the run config is written by the server side (docs/privacy.md, "Trust model").
 """
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from .clients import psi_party
 from .clients.vertical_party import VerticalPartyClient
 from .config import privacy_from_config, run_setting
 from .data import party_block
@@ -17,13 +19,22 @@ app = ClientApp()
 
 def make_client(context: Context) -> VerticalPartyClient:
     rc, nc = context.run_config, context.node_config
-    party = int(nc.get("partition-id", 0))
+    if "partition-id" not in nc:
+        from .schema import ConfigError
+        raise ConfigError("this SuperNode's node config has no partition-id: start it with "
+                          "--node-config \"partition-id=<m> ...\" (the party it serves, 0..num-parties-1)")
+    party = int(run_setting("partition-id", rc, nc))
     num_parties = int(run_setting("num-parties", rc, nc))
-    D, D_test = party_block(str(run_setting("dataset", rc, nc)), party, num_parties,
-                            run_setting("data-dir", rc, nc) or None)
+    if psi_party.uses_own_data(context):      # the party's own export, PSI-aligned (docs/own-data.md)
+        D, D_test = psi_party.own_blocks(context)[:2]
+    else:
+        D, D_test = party_block(str(run_setting("dataset", rc, nc)), party, num_parties,
+                                run_setting("data-dir", rc, nc) or None)
     return VerticalPartyClient(party, D, D_test, penalty=str(run_setting("penalty", rc, nc)),
                                lam=float(run_setting("lam", rc, nc)),
-                               privacy=privacy_from_config(party, rc, nc), n_parties=num_parties)
+                               privacy=privacy_from_config(party, rc, nc), n_parties=num_parties,
+                               state_dir=nc.get("state-dir") or None,
+                               max_answers=int(nc.get("max-answers", 0)))
 
 
 @app.query("identify")
@@ -39,3 +50,10 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     return make_client(context).evaluate(msg, context)
+
+
+# own data (flower_vfl.clients.psi_party): PSI alignment, the saved model, prediction
+app.query("psi_answer")(psi_party.psi_answer)
+app.query("psi_order")(psi_party.psi_order)
+app.query("save_model")(psi_party.save_model)
+app.query("predict")(psi_party.predict)

@@ -2,38 +2,76 @@
 
 from __future__ import annotations
 
-__all__ = ["RUN_DEFAULTS", "run_setting", "privacy_from_config"]
+__all__ = ["PRIVACY_KEYS", "RUN_DEFAULTS", "dp_party_ids", "run_setting", "privacy_from_config"]
 
-RUN_DEFAULTS = {
-    "dataset": "breast_cancer", "num-parties": 2, "loss": "logistic", "penalty": "l2",
-    "lam": 1e-4, "rho": 0.0, "alpha": 1.0, "fit-intercept": True, "max-rounds": 50, "tol": 0.0,
-    "eval-every": 0, "out-dir": "", "data-dir": "",
-    # privacy (a party's node config overrides the run config: the budget is the party's)
-    "dp": False, "dp-epsilon": 1.0, "dp-delta": 1e-5, "dp-train-rounds": 0, "dp-eval-rounds": 1,
-    "dp-calibration": "strict", "dp-noise": "output", "dp-accountant": "exact",
-    "dp-b1": 2.0, "dp-clip": 10.0, "dp-parties": "", "dp-lam": 0.0,
-    "dp-seed": -1,
-}
+from .schema import run_defaults, setting
+
+#: every key a run config may carry, with its default (flower_vfl.schema owns types, ranges,
+#: scopes and meanings; pyproject's [tool.flwr.app.config] declares the same defaults)
+RUN_DEFAULTS = run_defaults()
 
 
 def run_setting(key, run_config, node_config=None):
-    """A value from the node config, else the run config, else the default."""
-    for src in (node_config or {}, run_config or {}):
-        if key in src:
-            return src[key]
-    if key not in RUN_DEFAULTS:
-        raise KeyError(f"unknown config key {key!r}")
-    return RUN_DEFAULTS[key]
+    """A value from the node config (when the key's scope lets a node set it), else the run
+    config, else the default; checked against :mod:`flower_vfl.schema` (a bad value raises
+    :class:`~flower_vfl.schema.ConfigError` naming the key and the allowed values)."""
+    return setting(key, run_config, node_config)
+
+
+def dp_party_ids(run_config, num_parties: int) -> set[int]:
+    """The parties the run config asks to be private (``dp-parties``; empty: all); unknown
+    ids are an error naming the key, never a silently non-private run."""
+    from .schema import ConfigError
+    raw = str((run_config or {}).get("dp-parties", "")).strip()
+    if not raw:
+        return set(range(num_parties))
+    try:
+        ids = {int(p) for p in raw.replace(",", " ").split()}
+    except ValueError:
+        raise ConfigError(f"run config dp-parties={raw!r}: give party ids 0..{num_parties - 1} separated by "
+                          "spaces or commas") from None
+    bad = sorted(i for i in ids if not 0 <= i < num_parties)
+    if bad:
+        raise ConfigError(f"run config dp-parties={raw!r} names parties {bad}, but the run has parties "
+                          f"0..{num_parties - 1} (num-parties={num_parties}); fix dp-parties")
+    return ids
+
+
+#: the node-config keys that make up a party's privacy settings (its budget is its own)
+PRIVACY_KEYS = ("dp-epsilon", "dp-delta", "dp-train-rounds", "dp-eval-rounds", "dp-lam", "dp-b1",
+                "dp-clip", "dp-calibration", "dp-noise", "dp-accountant", "dp-seed")
 
 
 def privacy_from_config(party: int, run_config, node_config=None):
-    """The party's PrivacyConfig, or None when this party releases exact values."""
-    get = lambda k: run_setting(k, run_config, node_config)  # noqa: E731
-    if not get("dp"):
+    """The party's PrivacyConfig from its own node config, or None when it releases exact values.
+
+    The run config is written by the server side, so it can only ask for *more* privacy: a
+    party is private when its node config says so (``dp=true``, or a ``dp-epsilon`` without
+    ``dp=false``) or when the run config asks (``dp=true`` and the party in ``dp-parties``).
+    Every privacy setting comes from the node config (missing keys: the defaults); a run
+    config's ``dp-*`` values are ignored. A party asked to be private without a node-level
+    budget refuses to start.
+    """
+    from .schema import SCHEMA, check_value
+    nc, rc = dict(node_config or {}), dict(run_config or {})
+    defaults = {k: spec.default for k, spec in SCHEMA.items()}
+    node_dp = check_value("dp", nc["dp"], "node config") if "dp" in nc else None
+    node_private = node_dp is True or (node_dp is None and "dp-epsilon" in nc)
+    run_wants = False
+    if bool(rc.get("dp", False)):
+        n = int(rc.get("num-parties", defaults["num-parties"]))
+        run_wants = party in dp_party_ids(rc, max(n, party + 1))
+    if not (node_private or run_wants):
         return None
-    parties = str(get("dp-parties")).strip()
-    if parties and party not in {int(p) for p in parties.replace(",", " ").split()}:
-        return None
+    if "dp-epsilon" not in nc:
+        from .schema import ConfigError
+        raise ConfigError(
+            f"party {party}: the run config asks this party to be private (dp=true, dp-parties="
+            f"{rc.get('dp-parties', '')!r}) but its node config declares no budget. A party's privacy "
+            "settings come only from its own node config: start the SuperNode with --node-config "
+            "\"... dp=true dp-epsilon=<ε> dp-delta=<δ>\" (and optionally dp-lam, dp-train-rounds, "
+            "dp-eval-rounds, dp-seed, state-dir)")
+    get = lambda k: check_value(k, nc[k], "node config") if k in nc else defaults[k]  # noqa: E731
     from .privacy.party import PrivacyConfig
     lam = float(get("dp-lam"))
     return PrivacyConfig(epsilon=float(get("dp-epsilon")), delta=float(get("dp-delta")),

@@ -83,12 +83,12 @@ def test_private_party_refuses_a_server_that_asks_past_its_budget():
             self.private_parties = {m: 5 for m in self.private_parties}   # ignore the party's plan
             return mapping
 
-    rc = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 6, "lam": 1e-2,
-          "dp": True, "dp-parties": "1", "dp-epsilon": 4.0, "dp-train-rounds": 3, "dp-eval-rounds": 0}
+    rc = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 6, "lam": 1e-2}
+    party1 = {"partition-id": 1, "dp": True, "dp-epsilon": 4.0, "dp-train-rounds": 3, "dp-eval-rounds": 0}
     y, yt = labels("breast_cancer")
     st = GreedyStrategy(y, yt, num_parties=2, max_rounds=6)
-    st.start(LocalGrid(HANDLERS, {100: {"partition-id": 0}, 101: {"partition-id": 1}}, rc))
-    assert "party 1 refused" in st.stopped_reason_ and "budget" in st.stopped_reason_
+    st.start(LocalGrid(HANDLERS, {100: {"partition-id": 0}, 101: party1}, rc))
+    assert "party 1 refused" in st.stopped_reason_ and "allows 3 train release(s) per run" in st.stopped_reason_
     assert len(st.history_) == 6 + 3                     # warm start + the three budgeted rounds
     rep = st.privacy_[1]
     assert rep["totals"]["exact"] == pytest.approx(4.0, rel=1e-3)
@@ -101,13 +101,14 @@ def test_private_flower_path_equals_in_process_engine(train_rounds):
     decision values and ledgers (warm start, budgeted rounds, final unreleased update)."""
     from flower_vfl.config import privacy_from_config
 
-    rc = {"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 15, "lam": 1e-3,
-          "dp": True, "dp-parties": "2", "dp-epsilon": 2.0, "dp-train-rounds": train_rounds,
-          "dp-b1": 2.0, "dp-clip": 4.0, "dp-seed": 7}
-    st = run_local(rc)
+    rc = {"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 15, "lam": 1e-3}
+    nodes = {100: {"partition-id": 0}, 101: {"partition-id": 1},
+             102: {"partition-id": 2, "dp": True, "dp-epsilon": 2.0, "dp-train-rounds": train_rounds,
+                   "dp-b1": 2.0, "dp-clip": 4.0, "dp-seed": 7}}
+    st = run_local(rc, nodes)
     blocks = [party_block("breast_cancer", i, 3) for i in range(3)]
     y, _ = labels("breast_cancer")
-    privacy = [privacy_from_config(i, rc) for i in range(3)]
+    privacy = [privacy_from_config(i, rc, nodes[100 + i]) for i in range(3)]
     assert privacy[0] is None and privacy[2] is not None
     m = VerticalADMM(lam=1e-3, max_rounds=15, tol=0, privacy=privacy).fit([b[0] for b in blocks], y)
     f = m.decision_function([b[1] for b in blocks])
@@ -294,8 +295,9 @@ def test_private_party_messages_under_the_warm_started_protocol():
 
     X, y, Xt, yt = load_all("breast_cancer")
     seen = []
-    run_local({"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 5, "dp": True,
-               "dp-parties": "2", "dp-epsilon": 1.0},
+    nodes = {100: {"partition-id": 0}, 101: {"partition-id": 1},
+             102: {"partition-id": 2, "dp": True, "dp-epsilon": 1.0}}
+    run_local({"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 5}, nodes,
               on_reply=lambda msg, rep: seen.append((msg, rep)))
     node_of_party2 = 102
     mine = [(m, r) for m, r in seen if m.metadata.dst_node_id == node_of_party2]

@@ -7,7 +7,7 @@ from scipy import stats
 from flower_vfl import VerticalADMM
 from flower_vfl.privacy import BudgetExceeded, epsilon_spent
 from flower_vfl.privacy.audit import audit_private_run
-from flower_vfl.privacy.party import PrivacyConfig, PrivateParty, normalize_rows
+from flower_vfl.privacy.party import PlanExceeded, PrivacyConfig, PrivateParty, ReplayRefused, normalize_rows
 from flower_vfl.privacy.sensitivity import strict_sensitivity
 
 
@@ -49,29 +49,41 @@ def test_noise_independent_across_rounds_and_parties(block):
     assert abs(np.corrcoef(n1, m1)[0, 1]) < bound
 
 
-def test_replay_returns_identical_vector_without_spending(block):
+def test_replay_identical_inputs_same_vector_other_inputs_refused(block):
     D, rng = block
     p = _party(D)
     q, y = rng.normal(size=2000), np.zeros(2000)
     first = p.train_release(1, q, y, rho=1e-3)
     spent = p.ledger.spent()
-    again = p.train_release(1, q * 5, y, rho=1e-3)        # even a different request
+    again = p.train_release(1, q, y, rho=1e-3)            # an identical re-send
     assert np.array_equal(first, again)
-    assert p.ledger.spent() == spent and len(p.ledger.entries) == 1
+    with pytest.raises(ReplayRefused, match="already answered the train request of round 1 with other inputs"):
+        p.train_release(1, q * 5, y, rho=1e-3)             # crafted inputs for an answered round
+    p.train_release(3, q, y, rho=1e-3)
+    with pytest.raises(ReplayRefused, match="round numbers must increase"):
+        p.train_release(2, q, y, rho=1e-3)                 # an older, never answered round
+    assert len(p.ledger.entries) == 2 and p.ledger.spent() > spent
 
 
 def test_party_refuses_once_budget_is_spent(block):
+    """Plan per kind within a run; the budget across runs on the same data (one store)."""
+    from flower_vfl.privacy.store import PartyStore
     D, rng = block
-    p = _party(D, train_rounds=3, eval_rounds=0)
+    store = PartyStore(":memory:")
+    p = PrivateParty(D, D[:50], 1e-2, PrivacyConfig(epsilon=2.0, train_rounds=3, eval_rounds=0, b1=3.0,
+                                                     c_v=2.0, c_s=2.0), party_id=1, store=store, run="a")
     q, y = rng.normal(size=2000), np.zeros(2000)
     for k in range(1, 4):
         p.train_release(k, q, y, rho=1e-3)
     assert p.ledger.spent() == pytest.approx(2.0, rel=1e-3)
-    with pytest.raises(BudgetExceeded, match="budget"):
+    with pytest.raises(PlanExceeded, match="allows 3 train release"):
         p.train_release(4, q, y, rho=1e-3)                 # the server asks anyway
-    with pytest.raises(BudgetExceeded):
-        p.eval_release(5, rho=1e-3)
-    assert len(p.ledger.entries) == 3
+    with pytest.raises(PlanExceeded, match="allows 0 eval release"):
+        p.eval_release(5, rho=1e-3)                        # an evaluation allowance is not a training one
+    p2 = PrivateParty(D, D[:50], 1e-2, p.config, party_id=1, store=store, run="b")   # a new run
+    with pytest.raises(BudgetExceeded, match="budget"):
+        p2.train_release(1, q, y, rho=1e-3)
+    assert len(p2.ledger.entries) == 3
 
 
 def test_reported_epsilon_comes_from_the_accountant(block):
@@ -181,7 +193,8 @@ def test_eval_sensitivity_uses_the_rho_that_produced_x(block):
     e = p.ledger.entries[0]
     assert e.kind == "eval"
     assert e.sensitivity == pytest.approx(strict_param_sensitivity(2e-3, 1e-2, 3.0, 2.0), rel=1e-12)
-    assert p.answered[(1, "eval")].shape == (50,)
+    assert p.x_released.shape == (6,) and p.eval_release(2).shape == (50,)
+    assert len(p.ledger.entries) == 1                      # later scoring is free
 
 
 def test_party_lam_overrides_the_run_lam(block):
@@ -233,15 +246,22 @@ def test_private_party2_beats_party1_alone_on_a9a(a9a, eps):
 
 
 def test_evaluation_noise_is_gaussian_in_parameter_space(block):
-    """With the identity as evaluation block the release is x~ = x + N(0, sigma_e^2 I): 200
-    releases x 6 coordinates, standardized, pass a KS test against N(0, 1) at significance
-    0.001, and consecutive releases are uncorrelated (|r| < 4/sqrt(n), ~4 sd)."""
+    """x~ = x + N(0, sigma_e^2 I), drawn once per model: 200 models (fresh OS entropy each) x 6
+    coordinates, standardized, pass a KS test against N(0, 1) at significance 0.001, and
+    consecutive models are uncorrelated (|r| < 4/sqrt(n), ~4 sd). Each model costs exactly
+    its budget once, however many predictions follow."""
     D, rng = block
-    p = _party(D, train_rounds=0, eval_rounds=200)
-    p.final_update(np.zeros(2000), rng.normal(size=2000) * 1e-4, rho=1e-3, theta=0.5)
-    releases = np.array([p.eval_release(k, rho=1e-3, theta=0.5, D_eval=np.eye(6)) for k in range(1, 201)])
-    sigma = p.ledger.entries[0].sigma
-    z = (releases - p.x) / sigma
+    y = rng.normal(size=2000) * 1e-4
+    zs = []
+    for _ in range(200):
+        p = _party(D, train_rounds=0, eval_rounds=1, seed=None)
+        p.final_update(np.zeros(2000), y, rho=1e-3, theta=0.5)
+        first = p.eval_release(1, rho=1e-3, theta=0.5, D_eval=np.eye(6))
+        again = [p.predict(np.eye(6)) for _ in range(3)] + [p.eval_release(2, D_eval=np.eye(6))]
+        assert all(np.array_equal(first, a) for a in again)
+        zs.append((p.x_released - p.x) / p.ledger.entries[0].sigma)
+        assert len(p.ledger.entries) == 1
+    z = np.array(zs)
     assert stats.kstest(z.ravel(), "norm").pvalue > 1e-3
     r = np.corrcoef(z[:-1].ravel(), z[1:].ravel())[0, 1]
     assert abs(r) < 4 / np.sqrt(z[1:].size)

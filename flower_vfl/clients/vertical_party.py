@@ -1,9 +1,13 @@
 """The vertical party as Flower message handlers (glue only: the math is in flower_vfl.core).
 
-A party owns its column block D_m and x_m. On real SuperNodes every message runs in a
-fresh process, so everything the party must remember (x_m, its last release s_m, its
-share z_loc, and when private its ledger, seed and last answers) lives in
-``context.state``. Replies carry only N-vectors and scalar metadata.
+A party owns its column block D_m and x_m. Every message first passes the party's trust
+boundary (:mod:`flower_vfl.privacy.boundary`): fields, dtypes, shapes, finiteness, scalar
+ranges and round order are checked before anything touches state or budget, and a bad
+message gets a refusal naming the field. A private party's ledger and every answer it gave
+live in its :class:`~flower_vfl.privacy.store.PartyStore` on its own disk (``state-dir``),
+shared by every run on the same data; its iterate is kept there too, so a restarted node
+resumes. A non-private party keeps x_m, s_m and z_loc in ``context.state``. Replies carry
+only N-vectors and scalar metadata: never x_m, never the noise seed.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from ..core.engine import make_constraint
 from ..core.party import PartyUpdate
 from ..core.penalties import get_penalty
+from ..privacy.boundary import InvalidMessage, Refused, inputs_hash, parse_round
+from ..privacy.ledger import BudgetExceeded
+from ..privacy.party import data_fingerprint
 
 __all__ = ["VerticalPartyClient"]
 
 STATE_ARRAYS = "vfl.party"
-STATE_PRIVACY = "vfl.privacy"
-STATE_ANSWERS = "vfl.answers"
+STATE_META = "vfl.meta"
+STATE_LAST = "vfl.last"
 
 
 #: x-update solvers (they hold the factorization of lam I + rho D^T D) kept across messages
@@ -35,26 +42,13 @@ STATE_ANSWERS = "vfl.answers"
 #: and the cache is simply empty.
 _SOLVERS: OrderedDict = OrderedDict()
 _SOLVERS_MAX = 8
+#: open party stores by state-dir (one SQLite connection per process)
+_STORES: dict = {}
 
 
 def _fingerprint(D) -> tuple:
     """Type, shape and a SHA-256 of the block's content."""
-    kind, shape = type(D).__name__, tuple(D.shape)
-    if sp.issparse(D):
-        D = D.tocsr()                 # no copy when already CSR
-        parts = (D.indptr, D.indices, D.data)
-    else:
-        parts = (np.asarray(D),)
-    h = hashlib.sha256()
-    for a in parts:
-        a = np.ascontiguousarray(a)
-        h.update(str(a.dtype).encode())
-        h.update(memoryview(a).cast("B"))
-    return kind, shape, h.hexdigest()
-
-
-def _vec(record: ArrayRecord, key: str) -> np.ndarray:
-    return record[key].numpy()
+    return type(D).__name__, tuple(D.shape), data_fingerprint(D)
 
 
 class VerticalPartyClient:
@@ -77,19 +71,31 @@ class VerticalPartyClient:
     """
 
     def __init__(self, party_id, D, D_test, penalty="l2", lam=1e-4, constraint=None, l1_ratio=0.5,
-                 privacy=None, n_parties=2):
+                 privacy=None, n_parties=2, state_dir=None, max_answers=0):
         self.party_id = int(party_id)
         self.D, self.D_test = D, D_test
         self.penalty, self.lam, self.constraint, self.l1_ratio = penalty, lam, constraint, l1_ratio
         self.privacy = privacy
         self.n_parties = n_parties
+        self.state_dir = state_dir
+        self.max_answers = int(max_answers or 0)
         self.party = None
 
     # ----------------------------------------------------------------- state
-    def _build(self, n_outputs: int):
+    def _store(self):
+        from ..privacy.store import PartyStore, default_state_dir
+        key = str(self.state_dir or default_state_dir())
+        if key not in _STORES:
+            _STORES[key] = PartyStore(key)
+        return _STORES[key]
+
+    def _build(self, context: Context, n_outputs: int):
         if self.privacy is not None:
             from ..privacy.party import PrivateParty
-            return PrivateParty(self.D, self.D_test, self.lam, self.privacy, self.party_id, self.n_parties)
+            party = PrivateParty(self.D, self.D_test, self.lam, self.privacy, self.party_id, self.n_parties,
+                                 store=self._store(), run=str(context.run_id), fingerprint=_fingerprint(self.D)[2])
+            party.restore()                # the iterate is in the store (a restarted node resumes)
+            return party
         party = PartyUpdate(self.D, get_penalty(self.penalty, self.l1_ratio), self.lam,
                             make_constraint(self.constraint), n_outputs=n_outputs)
         key = (_fingerprint(self.D), str(self.penalty), float(self.l1_ratio), float(self.lam), repr(self.constraint))
@@ -100,91 +106,108 @@ class VerticalPartyClient:
             _SOLVERS[key] = party.solver
             while len(_SOLVERS) > _SOLVERS_MAX:
                 _SOLVERS.popitem(last=False)
-        return party
-
-    def _load(self, context: Context, n_outputs: int = 1):
-        self.party = self._build(n_outputs)
-        update = self.party.update if self.privacy is not None else self.party
         if STATE_ARRAYS in context.state:
             rec = context.state[STATE_ARRAYS]
-            update.set_state({k: rec[k].numpy() for k in rec})
-        if self.privacy is not None and STATE_PRIVACY in context.state:
-            from ..privacy.ledger import PrivacyLedger
-            from ..privacy.mechanism import GaussianOutputMechanism
-            cfg = context.state[STATE_PRIVACY]
-            self.party.ledger = PrivacyLedger.from_json(str(cfg["ledger"]))
-            self.party.mechanism = GaussianOutputMechanism.from_dict(json.loads(str(cfg["mechanism"])))
-            if STATE_ANSWERS in context.state:
-                ans = context.state[STATE_ANSWERS]
-                for key in ans:
-                    rnd, kind = key.split(":")
-                    self.party.answered[(int(rnd), kind)] = ans[key].numpy()
+            party.set_state({k: rec[k].numpy() for k in rec})
+        return party
 
-    def _save(self, context: Context):
-        update = self.party.update if self.privacy is not None else self.party
-        context.state[STATE_ARRAYS] = ArrayRecord({k: Array(np.asarray(v)) for k, v in update.get_state().items()})
-        if self.privacy is not None:
-            context.state[STATE_PRIVACY] = ConfigRecord({
-                "ledger": self.party.ledger.to_json(),
-                "mechanism": json.dumps(self.party.mechanism.to_dict())})
-            # keep the latest answer of each kind: a re-sent request gets the same vector
-            latest = {}
-            for (rnd, kind), vec in self.party.answered.items():
-                if kind not in latest or rnd > latest[kind][0]:
-                    latest[kind] = (rnd, vec)
-            context.state[STATE_ANSWERS] = ArrayRecord(
-                {f"{rnd}:{kind}": Array(np.asarray(vec)) for kind, (rnd, vec) in latest.items()})
+    def _meta(self, context: Context) -> dict:
+        if STATE_META in context.state:
+            return dict(context.state[STATE_META])
+        return {"n_outputs": 0, "last_train": -1, "answers": 0, "last_hash": ""}
+
+    def _n_outputs(self, msg, meta) -> int:
+        """Pinned by the first training message of the run; a later change of shape is refused."""
+        if meta["n_outputs"]:
+            return int(meta["n_outputs"])
+        try:
+            shape = msg.content["vectors"]["q"].shape
+        except Exception:
+            raise InvalidMessage(f"party {self.party_id}: message field vectors['q'] is missing",
+                                 field="vectors.q") from None
+        k = 1 if len(shape) == 1 else int(shape[1]) if len(shape) == 2 else -1
+        if not (k == 1 or 2 <= k <= 1000) or (self.privacy is not None and k != 1):
+            raise InvalidMessage(f"party {self.party_id}: vectors['q'] has shape {tuple(shape)}; expected "
+                                 f"({self.D.shape[0]},){'' if self.privacy else ' or (N, K) with 2 <= K <= 1000'}",
+                                 field="vectors.q")
+        return k
 
     # -------------------------------------------------------------- handlers
     def identify(self, msg: Message, context: Context) -> Message:
-        """Tell the central node which party this node is, and the row counts to align."""
-        info = ConfigRecord({"party": self.party_id, "n_rows": int(self.D.shape[0]),
-                             "n_test": int(self.D_test.shape[0]) if self.D_test is not None else 0,
-                             "private": self.privacy is not None,
-                             "train_rounds": int(self.privacy.train_rounds) if self.privacy is not None else 0})
-        return Message(RecordDict({"identity": info}), reply_to=msg)
+        """Tell the central node which party this node is, the row counts to align, and (a
+        private party) whether its remaining budget covers its plan."""
+        info = {"party": self.party_id, "n_rows": int(self.D.shape[0]),
+                "n_test": int(self.D_test.shape[0]) if self.D_test is not None else 0,
+                "private": self.privacy is not None,
+                "train_rounds": int(self.privacy.train_rounds) if self.privacy is not None else 0}
+        if self.privacy is not None:
+            party = self._build(context, 1)
+            info.update(_affordability(party))
+        return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
 
     def train(self, msg: Message, context: Context) -> Message:
         """One x-update (eq. 6); replies with s_m = D_m x_m (noisy when private)."""
-        vec, cfg = msg.content["vectors"], msg.content["config"]
-        q, y = _vec(vec, "q"), _vec(vec, "y")
-        if q.shape[0] != self.D.shape[0]:
-            raise ValueError(f"party {self.party_id}: the server sent vectors of {q.shape[0]} rows but this "
-                             f"party holds {self.D.shape[0]} rows; the parties' samples are not aligned")
-        self._load(context, n_outputs=1 if q.ndim == 1 else q.shape[1])
-        rnd = int(cfg["round"])
+        meta = self._meta(context)
         try:
-            s = self.party.train_release(rnd, q, y, float(cfg["rho"]), float(cfg["alpha"]), float(cfg["theta"]))
-        except Exception as exc:  # a refusal is an answer, not a crash
-            from ..privacy.ledger import BudgetExceeded
-            if isinstance(exc, BudgetExceeded):
-                return self._refusal(msg, str(exc))
-            raise
-        self._save(context)
-        return self._reply(msg, {"s": s}, rnd)
+            n_out = self._n_outputs(msg, meta)
+            inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
+                                 needs_vectors=True, n_outputs=n_out)
+            self.party = self._build(context, n_out)
+            if self.privacy is not None:
+                s = self.party.train_release(inputs.round, None, None, inputs.rho, inputs=inputs)
+            else:
+                s = self._public_train(inputs, meta, context)
+        except (Refused, BudgetExceeded) as exc:
+            return self._refusal(msg, exc)
+        meta["n_outputs"] = n_out
+        if self.privacy is None:
+            context.state[STATE_ARRAYS] = ArrayRecord(
+                {k: Array(np.asarray(v)) for k, v in self.party.get_state().items()})
+        context.state[STATE_META] = ConfigRecord(meta)
+        return self._reply(msg, {"s": s}, inputs.round)
+
+    def _public_train(self, inputs, meta, context):
+        """A non-private release: rounds must increase, an identical re-send gets the same
+        vector, and the party's own cap on answers per run (node config max-answers) holds."""
+        h = inputs_hash(context.run_id, "train", inputs)
+        if inputs.round == meta["last_train"] and h == meta["last_hash"] and STATE_LAST in context.state:
+            return context.state[STATE_LAST]["s"].numpy()
+        if inputs.round <= meta["last_train"]:
+            raise Refused(f"party {self.party_id}: train round {inputs.round} is not after the last answered "
+                          f"round {meta['last_train']}; round numbers must increase", field="config.round")
+        if self.max_answers and meta["answers"] >= self.max_answers:
+            raise Refused(f"party {self.party_id} has given the {self.max_answers} answers its node config "
+                          "allows per run (max-answers); refused", field="config.round")
+        s = self.party.train_release(inputs.round, inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
+        meta.update(last_train=inputs.round, answers=meta["answers"] + 1, last_hash=h)
+        context.state[STATE_LAST] = ArrayRecord({"s": Array(np.asarray(s, dtype=float))})
+        return s
 
     def evaluate(self, msg: Message, context: Context) -> Message:
-        """Held-out release D_test x_m (for private parties: a ledgered evaluation release).
-
-        The final evaluation carries q, y: a private party first makes its last x-update
-        (kept inside the party, never released on training rows)."""
-        cfg = msg.content["config"]
-        self._load(context, n_outputs=int(cfg.get("n_outputs", 1)))
-        rnd = int(cfg["round"])
-        final = self.privacy is not None and bool(cfg.get("final_update", False))
-        if final and (rnd, "eval") not in self.party.answered:   # a re-sent request is a replay
-            vec = msg.content["vectors"]
-            self.party.final_update(_vec(vec, "q"), _vec(vec, "y"), float(cfg["rho"]),
-                                    float(cfg["alpha"]), float(cfg["theta"]))
+        """Held-out scores D_test x_m. A private party scores from its released x~: the first
+        request carrying ``final_update`` makes its last x-update (kept inside the party) and
+        draws x~ once (charged once); every later request is post-processing, free."""
+        meta = self._meta(context)
         try:
-            s_test = self.party.eval_release(rnd, float(cfg["rho"]), float(cfg["theta"]), D_eval=self.D_test)
-        except Exception as exc:
-            from ..privacy.ledger import BudgetExceeded
-            if isinstance(exc, BudgetExceeded):
-                return self._refusal(msg, str(exc))
-            raise
-        self._save(context)
-        return self._reply(msg, {"s_test": s_test}, rnd)
+            cfg = msg.content["config"] if "config" in msg.content else {}
+            final = self.privacy is not None and bool(cfg.get("final_update", False))
+            n_out = meta["n_outputs"] or int(cfg.get("n_outputs", 1))
+            inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
+                                 needs_vectors=final, n_outputs=n_out)
+            self.party = self._build(context, n_out)
+            if self.privacy is None:
+                s_test = self.D_test @ self.party.x
+            else:
+                if self.party.x_released is None:
+                    if not final:
+                        raise Refused(f"party {self.party_id} is private and releases its model once, after its "
+                                      "final update; evaluation before that is refused (no budget spent)")
+                    self.party.final_update(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
+                    self.party.release_model(inputs.round, inputs_hash(context.run_id, "eval", inputs))
+                s_test = self.party.eval_release(inputs.round)
+        except (Refused, BudgetExceeded) as exc:
+            return self._refusal(msg, exc)
+        return self._reply(msg, {"s_test": s_test}, inputs.round)
 
     def _reply(self, msg, vectors, rnd):
         content = RecordDict({
@@ -192,17 +215,33 @@ class VerticalPartyClient:
             "meta": MetricRecord({"party": self.party_id, "round": rnd}),
         })
         if self.privacy is not None:
-            rep = self.party.report()
-            content["privacy"] = ConfigRecord({"report": json.dumps(_jsonable(rep))})
+            content["privacy"] = ConfigRecord({"report": json.dumps(_jsonable(self.party.report()))})
         else:
             content["meta"]["penalty"] = float(self.lam * self.party.penalty_value())
         return Message(content, reply_to=msg)
 
-    def _refusal(self, msg, reason):
-        content = RecordDict({"refusal": ConfigRecord({"party": self.party_id, "reason": reason})})
-        if self.privacy is not None:
+    def _refusal(self, msg, exc):
+        code = "budget" if isinstance(exc, BudgetExceeded) else getattr(exc, "code", "refused")
+        info = {"party": self.party_id, "reason": str(exc), "code": code}
+        if getattr(exc, "field", None):
+            info["field"] = exc.field
+        content = RecordDict({"refusal": ConfigRecord(info)})
+        if self.privacy is not None and self.party is not None:
             content["privacy"] = ConfigRecord({"report": json.dumps(_jsonable(self.party.report()))})
         return Message(content, reply_to=msg)
+
+
+def _affordability(party) -> dict:
+    """Whether the party's remaining budget covers its plan (every planned release at z)."""
+    from ..privacy.accounting import epsilon_for_releases
+    c = party.config
+    spent = [e.noise_multiplier for e in party.store.entries(party.fingerprint, party.unit)
+             if e.run != party.run]
+    plan = [party.z] * (c.train_rounds + c.eval_rounds)
+    after = epsilon_for_releases(spent + plan, c.delta, c.accountant)
+    return {"epsilon": float(c.epsilon), "spent_before_run": float(epsilon_for_releases(spent, c.delta,
+                                                                                       c.accountant)),
+            "affordable": bool(after <= c.epsilon * (1 + 1e-9))}
 
 
 def _jsonable(obj):

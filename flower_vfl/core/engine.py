@@ -77,6 +77,12 @@ def private_schedule(private, max_rounds, private_train_rounds):
     return [(int(max_rounds), [not p for p in private], True), (t_private, everyone, False)]
 
 
+def _public_coef(parties):
+    """Model blocks a user may see: x_m of a non-private party, the released x~ of a private
+    one (None before its release); the exact private x never leaves the party object."""
+    return [p.x_released if hasattr(p, "ledger") else p.x.copy() for p in parties]
+
+
 class VerticalADMM:
     """Vertical ADMM sharing (Hu et al., "Learning Privately over Distributed Features").
 
@@ -122,6 +128,9 @@ class VerticalADMM:
         Show a progress bar.
     callback : callable(round, engine) or None
         Called after every round (e.g. to record test metrics).
+    x_solver : {'auto', 'gram', 'cg', 'dual', 'chol'}, default='auto'
+        The parties' x-update method (:mod:`flower_vfl.core.xsolve`); 'auto' chooses by the
+        block's shape and logs the choice (logger ``flower_vfl.core``).
 
     Attributes
     ----------
@@ -136,7 +145,7 @@ class VerticalADMM:
     def __init__(self, loss="logistic", penalty="l2", lam=1e-4, rho="auto", fit_intercept=True,
                  max_rounds=100, tol=1e-6, tol_abs=1e-9, alpha=1.0, variant="sharing",
                  adaptive_rho=False, l1_ratio=0.5, constraint=None, random_state=None,
-                 privacy=None, verbose=False, callback=None):
+                 privacy=None, verbose=False, callback=None, x_solver="auto"):
         self.loss = loss
         self.penalty = penalty
         self.lam = lam
@@ -154,6 +163,7 @@ class VerticalADMM:
         self.privacy = privacy
         self.verbose = verbose
         self.callback = callback
+        self.x_solver = x_solver
 
     # ------------------------------------------------------------------ fit
     def _setup(self, X_blocks, y):
@@ -189,7 +199,8 @@ class VerticalADMM:
         parties = []
         for m, (D, cfg) in enumerate(zip(blocks, privacy)):
             if cfg is None:
-                parties.append(PartyUpdate(D, penalty, self.lam, constraint, n_outputs=loss.n_outputs))
+                parties.append(PartyUpdate(D, penalty, self.lam, constraint, n_outputs=loss.n_outputs,
+                                           x_solver=getattr(self, "x_solver", "auto")))
                 continue
             from ..privacy.party import PrivateParty
             if penalty.name != "l2" or loss.n_outputs != 1:
@@ -233,13 +244,13 @@ class VerticalADMM:
                                         central.theta) if active[m] else p.s
                     s_sum = s_sum + s
                 r, d = central.step(s_sum)
-                obj = self._objective(loss, t, parties, central)
+                obj = self._objective(loss, t, parties, central, None if any(private) else s_sum)
                 eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)
                 self.history_.append({"round": k, "objective": obj, "primal_residual": r,
                                       "dual_residual": d, "rho": central.rho,
                                       "parties": int(sum(active)),
                                       "elapsed_s": time.perf_counter() - start})
-                self.coef_ = [p.x.copy() for p in parties]
+                self.coef_ = _public_coef(parties)
                 self.intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
                 self.n_rounds_ = k
                 if bar is not None:
@@ -256,7 +267,10 @@ class VerticalADMM:
             if pr:   # internal, never released: costs no privacy
                 p.final_update(central.q, central.y, central.rho, central.alpha, central.theta)
         if any(private):
-            self.coef_ = [p.x.copy() for p in parties]
+            for p, pr in zip(parties, private):
+                if pr and p.config.eval_rounds > 0:
+                    p.release_model(k)   # x~ drawn and charged once (numbered as the Flower path does)
+            self.coef_ = _public_coef(parties)
         if bar is not None:
             bar.close()
         return self
@@ -266,8 +280,9 @@ class VerticalADMM:
         return [p.report() for p in getattr(self, "_parties", []) if hasattr(p, "report")]
 
     @staticmethod
-    def _objective(loss, t, parties, central):
-        f = sum(p.D @ p.x for p in parties) + central.b
+    def _objective(loss, t, parties, central, s_sum=None):
+        # from the released s_m (exactly D_m x_m for non-private parties): no pass over the data
+        f = (sum(p.D @ p.x for p in parties) if s_sum is None else s_sum) + central.b
         return loss.mean(f, t) + sum(p.solver.lam * p.penalty_value() for p in parties)
 
     # ------------------------------------------------------------- predict
@@ -280,12 +295,8 @@ class VerticalADMM:
                              f"on widths {self.n_features_in_}")
         if self.privacy is None or all(c is None for c in self.privacy):
             return sum(D @ x for D, x in zip(blocks, self.coef_)) + self.intercept_
-        # private parties answer with a (ledgered) evaluation release, numbered from the last
-        # training round as the Flower strategy numbers its final evaluation
-        self._eval_round = getattr(self, "_eval_round", 0) + 1
-        c = self._central
-        rnd = self.n_rounds_ + self._eval_round - 1
-        return sum(p.eval_release(rnd, c.rho, c.theta, D_eval=D)
+        # a private party scores from its released x~ (post-processing: no further privacy cost)
+        return sum(p.predict(D) if hasattr(p, "ledger") else D @ p.x
                    for p, D in zip(self._parties, blocks)) + self.intercept_
 
     def predict(self, X_blocks):

@@ -13,11 +13,13 @@ Two forms:
     and the release is **not (ε, δ)-DP for any δ < 1** by itself. Kept, labelled,
     only to reproduce the paper's figures.
 
-Randomness never touches global numpy state. Each (party, round, kind) has its own
-stream ``SeedSequence(entropy=seed, spawn_key=(party, round, kind_code))``, so a
-re-sent request for the same round gets the identical vector, never a fresh draw.
-A replay with *different* inputs would, with the same noise, reveal ``s - s'``
-exactly; the mechanism keeps the hash of every release and refuses such a replay.
+Randomness never touches global numpy state. By default (``seed=None``) every draw takes
+fresh entropy from the OS CSPRNG (``os.urandom`` via ``SeedSequence()``) that is used once
+and never stored, so nobody, the party included, can re-derive a noise vector; replays
+are answered from the party's store (:mod:`flower_vfl.privacy.store`), never redrawn.
+With an explicit ``seed`` (a party's own node config, to reproduce a run) each
+(party, round, kind) has the stream ``SeedSequence(entropy=seed, spawn_key=(party, round,
+kind_code))``; whoever knows that seed knows the noise, so it never leaves the party.
 """
 
 from __future__ import annotations
@@ -68,8 +70,7 @@ class GaussianOutputMechanism:
     party_id : int or str
         The party; strings are hashed to an integer stream key.
     seed : int or None, default=None
-        Entropy of the party's private seed. None draws fresh OS entropy and stores it
-        in ``self.seed``; persist it (``to_dict``) or replays after a restart differ.
+        The party's private seed (reproducible streams); None: fresh OS entropy per draw.
     form : {"output", "paper"}, default="output"
         See the module docstring; only ``"output"`` is differentially private.
     jitter : float, default=1e-10
@@ -88,7 +89,7 @@ class GaussianOutputMechanism:
         self.sigma = float(sigma)
         self.party_id = party_id
         self._party_key = _party_key(party_id)
-        self.seed = int(np.random.SeedSequence().entropy if seed is None else seed)
+        self.seed = None if seed is None else int(seed)
         self.form = form
         self.jitter = float(jitter)
         self.cache_size = int(cache_size)
@@ -98,11 +99,13 @@ class GaussianOutputMechanism:
     # ------------------------------------------------------------------ randomness
 
     def rng(self, round: int, kind: str = "train") -> np.random.Generator:
-        """The independent, reproducible stream for (party, round, kind)."""
+        """The stream for (party, round, kind): fresh OS entropy, or the party's seed's stream."""
         if kind not in KIND_CODES:
             raise ValueError(f"kind={kind!r} is not supported; accepted values: {tuple(KIND_CODES)}")
         if isinstance(round, bool) or not isinstance(round, numbers.Integral) or round < 0:
             raise ValueError(f"round={round!r} must be an integer >= 0")
+        if self.seed is None:
+            return np.random.default_rng(np.random.SeedSequence())     # os.urandom, used once
         seq = np.random.SeedSequence(
             entropy=self.seed, spawn_key=(self._party_key, int(round), KIND_CODES[kind])
         )
@@ -195,7 +198,8 @@ class GaussianOutputMechanism:
     # ------------------------------------------------------------------ persistence
 
     def to_dict(self) -> dict:
-        """JSON-serialisable state: parameters, seed and release hashes (not the vectors)."""
+        """JSON-serialisable party-side state: parameters, seed and release hashes (not the
+        vectors). Never put this in a reply or a report: it holds the seed."""
         return {
             "sigma": self.sigma,
             "party_id": self.party_id,

@@ -8,9 +8,14 @@ rows of D_m (train and test) normalized to unit norm; x_m constrained to the bal
 clipped to [-c_s, c_s]. Training release: s~ = clip(D x) + N(0, sigma_t^2 I) with
 sigma_t = z * C (C from the chosen calibration). Evaluation release: x~ = x + N(0,
 sigma_e^2 I) with sigma_e = z * C_x and D_test x~ released (post-processing of x~).
-Every release is recorded in the party's own ledger first; a release that would exceed
-its budget raises :class:`~flower_vfl.privacy.ledger.BudgetExceeded`. A repeated
-request for an answered (round, kind) returns the identical vector.
+Every release is charged in the party's own ledger, which lives in its
+:class:`~flower_vfl.privacy.store.PartyStore` (on its disk, shared by every run on the
+same data): a release that would exceed the budget raises
+:class:`~flower_vfl.privacy.ledger.BudgetExceeded`; a release is durable in the store before
+it is returned. A re-sent request for an answered (round, kind) with identical inputs gets
+the stored vector; with different inputs, or an older round, it is refused
+(:class:`ReplayRefused`). The evaluation release is the model itself: x~ is drawn once,
+charged once, and every later prediction is ``D_eval @ x~`` (post-processing, free).
 """
 
 from __future__ import annotations
@@ -22,13 +27,16 @@ import scipy.sparse as sp
 
 from ..core.party import PartyUpdate
 from ..core.penalties import Ball, get_penalty
-from .ledger import PrivacyLedger
-from .accounting import noise_multiplier_for
+from .accounting import epsilon_for_releases, noise_multiplier_for
+from .boundary import Refused, RoundInputs, inputs_hash
+from .ledger import _RTOL, BudgetExceeded, LedgerEntry, PrivacyLedger
+from .store import PartyStore
 from .mechanism import GaussianOutputMechanism
 from .sensitivity import (NEIGHBOURING_RELATIONS, paper_sensitivity, strict_param_sensitivity,
                           strict_sensitivity)
 
-__all__ = ["PrivacyConfig", "PrivateParty", "normalize_rows"]
+__all__ = ["PrivacyConfig", "PrivateParty", "ReplayRefused", "PlanExceeded", "data_fingerprint",
+           "normalize_rows"]
 
 
 @dataclass
@@ -86,6 +94,34 @@ class PrivacyConfig:
         return self
 
 
+class ReplayRefused(Refused):
+    """A request for an answered round with other inputs, or for an older round."""
+
+    code = "replay"
+
+
+class PlanExceeded(Refused):
+    """More releases of one kind than the party's plan (train_rounds / eval_rounds) allows."""
+
+    code = "plan"
+
+
+def data_fingerprint(D) -> str:
+    """SHA-256 of a block's type, shape and content: what a party's budget is keyed by."""
+    import hashlib
+    h = hashlib.sha256(f"{type(D).__name__}|{tuple(D.shape)}|".encode())
+    if sp.issparse(D):
+        D = D.tocsr()
+        parts = (D.indptr, D.indices, D.data)
+    else:
+        parts = (np.asarray(D),)
+    for a in parts:
+        a = np.ascontiguousarray(a)
+        h.update(str(a.dtype).encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
 def normalize_rows(D):
     """Scale every non-zero row to unit L2 norm (Assumption 2.3)."""
     if sp.issparse(D):
@@ -100,7 +136,7 @@ def normalize_rows(D):
 
 
 class PrivateParty:
-    """One party's private x-update and releases.
+    """One party's private x-update and releases, charged in its own store.
 
     Parameters
     ----------
@@ -111,9 +147,15 @@ class PrivateParty:
     party_id : int
     n_parties : int
         M, for the paper's Lemma 1.
+    store : PartyStore, str or None
+        Where the ledger and every answer live (a party's ``state-dir``); None keeps them
+        in memory (the in-process engine).
+    run : str
+        The run these releases belong to (Flower's run id); the budget spans all runs.
     """
 
-    def __init__(self, D, D_test, lam, config: PrivacyConfig, party_id=0, n_parties=2):
+    def __init__(self, D, D_test, lam, config: PrivacyConfig, party_id=0, n_parties=2, store=None,
+                 run="local", fingerprint=None):
         self.config = config.validate()
         lam = lam if config.lam is None else config.lam
         if not lam > 0:
@@ -121,17 +163,66 @@ class PrivateParty:
         self.party_id = party_id
         self.n_parties = n_parties
         self.lam = float(lam)
+        self.fingerprint = fingerprint or data_fingerprint(D)
         self.D = normalize_rows(D)
         self.D_test = None if D_test is None else normalize_rows(D_test)
         self.update = PartyUpdate(self.D, get_penalty("l2"), lam, Ball(config.b1), v_clip=config.c_v)
         releases = config.train_rounds + config.eval_rounds
         #: one noise multiplier for every planned release, from the party's accountant
         self.z = noise_multiplier_for(config.epsilon, config.delta, releases, config.accountant)
-        self.ledger = PrivacyLedger(party_id, config.epsilon, config.delta, releases,
-                                    method=config.accountant, sensitivity=1.0, sigma=self.z)
         self.mechanism = GaussianOutputMechanism(1.0, party_id, seed=config.seed,
                                                  form=config.noise_form)
-        self.answered: dict[tuple[int, str], np.ndarray] = {}
+        self.store = store if isinstance(store, PartyStore) else PartyStore(store or ":memory:")
+        self.run = str(run)
+        #: the privacy unit the budget is keyed by (with the data fingerprint)
+        self.unit = f"{config.calibration}:{'row' if config.calibration == 'strict' else 'feature'}"
+        self.store.note_budget(self.fingerprint, self.unit, {
+            "epsilon": config.epsilon, "delta": config.delta, "accountant": config.accountant,
+            "party_id": party_id})
+        self._x_tilde = None
+
+    # --------------------------------------------------------------- the ledger
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """The party's ledger over every release on this data (all runs), from its store."""
+        c = self.config
+        led = PrivacyLedger(self.party_id, c.epsilon, c.delta, c.train_rounds + c.eval_rounds,
+                            method=c.accountant, sensitivity=1.0, sigma=self.z)
+        led.entries = [LedgerEntry(e.round, e.kind, e.sigma, e.sensitivity, e.noise_multiplier, None, None)
+                       for e in self.store.entries(self.fingerprint, self.unit)]
+        return led
+
+    def _check_budget(self, round, kind, z):
+        c = self.config
+
+        def check(zs):
+            after = epsilon_for_releases(list(zs) + [z], c.delta, c.accountant)
+            if not after <= c.epsilon * (1.0 + _RTOL):
+                raise BudgetExceeded(self.party_id, round=round, kind=kind, noise_multiplier=z,
+                                     requested=after, spent=epsilon_for_releases(zs, c.delta, c.accountant),
+                                     budget=c.epsilon, delta=c.delta, method=c.accountant, releases=len(zs))
+        return check
+
+    def _check_request(self, kind, inputs: RoundInputs, h):
+        """Stored answer for an identical re-send; refuse other inputs, old rounds, over-plan."""
+        prior = self.store.answer(self.fingerprint, self.unit, self.run, inputs.round, kind)
+        if prior is not None:
+            if prior.inputs_hash != h:
+                raise ReplayRefused(f"party {self.party_id} already answered the {kind} request of round "
+                                    f"{inputs.round} with other inputs; a second answer would reveal the "
+                                    "noise, so it is refused")
+            return prior
+        last = self.store.last_round(self.fingerprint, self.unit, self.run, kind)
+        if last is not None and inputs.round <= last:
+            raise ReplayRefused(f"party {self.party_id}: {kind} round {inputs.round} is not after the last "
+                                f"answered round {last}; round numbers must increase")
+        planned = self.config.train_rounds if kind == "train" else self.config.eval_rounds
+        done = sum(e.run == self.run and e.kind == kind for e in self.store.entries(self.fingerprint, self.unit))
+        if done >= planned:
+            raise PlanExceeded(f"party {self.party_id} refuses a {kind} release: its plan allows "
+                               f"{planned} {kind} release(s) per run (node config dp-{kind}-rounds) and "
+                               f"{done} were made in this run")
+        return None
 
     # --------------------------------------------------------------- calibration
     def sensitivity(self, rho, theta, kind="train"):
@@ -144,48 +235,93 @@ class PrivateParty:
         return strict_sensitivity(rho_x, self.lam, c.b1, c.c_v, c.c_s)
 
     # ------------------------------------------------------------------ releases
-    def train_release(self, round, q, y, rho, alpha=1.0, theta=1.0):
-        """x-update (eq. 6) then the noisy release s~ (eq. 16 with output noise)."""
-        key = (int(round), "train")
-        if key in self.answered:                       # replay: same vector, no new draw
-            return self.answered[key]
-        C = self.sensitivity(rho, theta, "train")
+    def train_release(self, round, q, y, rho, alpha=1.0, theta=1.0, inputs: RoundInputs | None = None):
+        """x-update (eq. 6) then the noisy release s~, durable in the store before it returns."""
+        inputs = inputs or RoundInputs(int(round), float(rho), float(alpha), float(theta),
+                                       np.asarray(q, float), np.asarray(y, float), False)
+        h = inputs_hash(self.run, "train", inputs)
+        prior = self._check_request("train", inputs, h)
+        if prior is not None:                          # identical re-send: same vector, no draw
+            return prior.payload["s"]
+        C = self.sensitivity(inputs.rho, inputs.theta, "train")
         sigma = self.z * C
-        self.ledger.record(round, "train", sigma=sigma, sensitivity=C)   # refuses over budget
-        s = self.update.step(q, y, rho, alpha, theta)
+        self._check_budget(inputs.round, "train", self.z)(
+            [e.noise_multiplier for e in self.store.entries(self.fingerprint, self.unit)])
+        s = self.update.step(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
         if self.config.noise_form == "paper":
-            s_tilde = self.mechanism.release(round=round, kind="train", D=self.D, x=self.update.x)
+            s_tilde = self.mechanism.release(round=inputs.round, kind="train", D=self.D, x=self.update.x)
             s_tilde = s + sigma * (s_tilde - s)        # mechanism drew at sigma=1: rescale
         else:
             s_tilde = np.clip(s, -self.config.c_s, self.config.c_s) + \
-                sigma * self.mechanism.output_noise(round, "train", s.shape)
+                sigma * self.mechanism.output_noise(inputs.round, "train", s.shape)
         self.update.commit(s_tilde)
-        self.answered[key] = s_tilde
+        self.store.commit_release(self.fingerprint, self.unit, self.run, inputs.round, "train", h,
+                                  noise_multiplier=self.z, sigma=sigma, sensitivity=C,
+                                  payload={"s": s_tilde}, check=self._check_budget(inputs.round, "train", self.z),
+                                  state=self.update.get_state())
         return s_tilde
-
-    def eval_release(self, round, rho, theta=1.0, D_eval=None):
-        """D_test x~ with x~ = x + N(0, sigma_e^2 I): a post-processing of the private x~."""
-        key = (int(round), "eval")
-        if key in self.answered:
-            return self.answered[key]
-        D_eval = self.D_test if D_eval is None else normalize_rows(D_eval)
-        # C_x depends on the rho_x that produced x, whatever rho this request carries: a
-        # server sending a smaller rho now must not shrink the noise
-        rho_x = self.update.rho_x if self.update.rho_x is not None else rho / theta
-        C = self.sensitivity(rho_x, 1.0, "eval")
-        sigma = self.z * C
-        self.ledger.record(round, "eval", sigma=sigma, sensitivity=C)
-        xi = self.mechanism.rng(round, "eval").standard_normal(self.update.x.shape)
-        out = D_eval @ (self.update.x + sigma * xi)
-        self.answered[key] = out
-        return out
 
     def final_update(self, q, y, rho, alpha=1.0, theta=1.0):
         """The x-update from the last message, kept inside the party (never released on
-        training rows, so it costs nothing); later evaluation releases perturb this x."""
+        training rows, so it costs nothing); the model release perturbs this x."""
+        if self.x_released is not None:
+            return                                     # the model is already out: x stays as released
         self.update.step(q, y, rho, alpha, theta)
+        self.store.put_state(self.fingerprint, self.unit, self.run, self.update.get_state())
 
-    # same read-only view as PartyUpdate, for the engine's objective
+    def release_model(self, round, inputs_digest="model"):
+        """Draw x~ = x + N(0, sigma_e^2 I) once, charge it, store it; later calls return it."""
+        if self.x_released is not None:
+            return self.x_released
+        if self.update.rho_x is None:
+            raise Refused(f"party {self.party_id} has made no x-update in this run; there is no model to "
+                          "release")
+        inputs = RoundInputs(int(round), self.update.rho_x, 1.0, 1.0, None, None, True)
+        prior = self._check_request("eval", inputs, inputs_digest)
+        if prior is not None:
+            self._x_tilde = prior.payload["x_tilde"]
+            return self._x_tilde
+        # C_x depends on the rho_x that produced x, whatever rho a later request carries
+        C = self.sensitivity(self.update.rho_x, 1.0, "eval")
+        sigma = self.z * C
+        check = self._check_budget(int(round), "eval", self.z)
+        check([e.noise_multiplier for e in self.store.entries(self.fingerprint, self.unit)])
+        xi = self.mechanism.rng(int(round), "eval").standard_normal(self.update.x.shape)
+        x_tilde = self.update.x + sigma * xi
+        self.store.commit_release(self.fingerprint, self.unit, self.run, int(round), "eval", inputs_digest,
+                                  noise_multiplier=self.z, sigma=sigma, sensitivity=C,
+                                  payload={"x_tilde": x_tilde}, check=check, state=self.update.get_state())
+        self._x_tilde = x_tilde
+        return x_tilde
+
+    @property
+    def x_released(self):
+        """The released model x~ of this run (None before the release): the only model
+        block a private party ever shows; predictions are post-processing of it."""
+        if self._x_tilde is None:
+            ans = self.store.last_answer(self.fingerprint, self.unit, self.run, "eval")
+            if ans is not None:
+                self._x_tilde = ans.payload["x_tilde"]
+        return self._x_tilde
+
+    def predict(self, D_eval):
+        """D_eval x~ (rows normalized as in training): free once x~ is released."""
+        if self.x_released is None:
+            raise Refused(f"party {self.party_id} has not released its model yet")
+        return normalize_rows(D_eval) @ self.x_released
+
+    def eval_release(self, round, rho=None, theta=1.0, D_eval=None):
+        """Scores of ``D_eval`` (default the party's held-out block) from x~, released once."""
+        self.release_model(round)
+        return self.D_test @ self.x_released if D_eval is None else self.predict(D_eval)
+
+    def restore(self, state: dict | None = None):
+        """Resume this run's iterate from the store (a restarted node) or from ``state``."""
+        state = state if state is not None else self.store.get_state(self.fingerprint, self.unit, self.run)
+        if state:
+            self.update.set_state(state)
+
+    # same read-only view as PartyUpdate, for the engine (internal: never a public attribute)
     @property
     def x(self):
         return self.update.x
@@ -204,11 +340,25 @@ class PrivateParty:
 
     # ------------------------------------------------------------------ reporting
     def report(self) -> dict:
+        """What the party tells the server and the run report: no seed, no data, no x."""
+        cfg = {k: v for k, v in asdict(self.config).items() if k != "seed"}
+        cfg["noise_source"] = "os-entropy" if self.config.seed is None else "party-seed (kept on the party)"
+        ledger = self.ledger
+        this_run = [e for e in self.store.entries(self.fingerprint, self.unit) if e.run == self.run]
         return {
             "party_id": self.party_id,
-            "config": asdict(self.config),
+            "config": cfg,
             "neighbouring_relation": NEIGHBOURING_RELATIONS[self.config.calibration],
+            "protects": "features of each training row of this party (row-level DP)"
+                        if self.config.calibration == "strict" and self.config.noise_form == "output"
+                        else "NOT differentially private as configured (paper noise form or calibration)",
+            "does_not_protect": "labels (unless the label owner uses label DP); the scores of rows "
+                                "that are scored (test/prediction rows) as functions of those rows",
             "noise_multiplier": self.z,
-            "ledger": self.ledger.to_dict(),
-            "totals": self.ledger.totals(),
+            "ledger": {"entries": [{"round": e.round, "kind": e.kind, "sigma": e.sigma,
+                                    "sensitivity": e.sensitivity, "noise_multiplier": e.noise_multiplier}
+                                   for e in this_run],
+                       "releases_all_runs": len(ledger.entries)},
+            "totals": ledger.totals(),
+            "remaining_epsilon": max(0.0, self.config.epsilon - ledger.spent()),
         }

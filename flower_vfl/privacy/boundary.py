@@ -1,0 +1,135 @@
+"""What a party accepts from the network: the trust boundary, in one file.
+
+The central node may be curious or malicious: it may send any message, any round number,
+any scalar, replay old rounds, start new runs and write any run-config key. Everything a
+party reads from a message passes through :func:`parse_round` before it touches the party's
+state or its budget; a message that fails is refused with an error naming the field, and
+nothing is charged or changed. The party's own node config and disk are the only things it
+trusts (its privacy settings: :func:`party_privacy_settings`).
+
+No Flower imports: ``content`` is any mapping of records (Flower's ``RecordDict`` is one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["InvalidMessage", "Refused", "RoundInputs", "inputs_hash", "parse_round",
+           "PROTOCOL_RANGES"]
+
+#: scalars the protocol uses (docs/privacy.md, "Trust model"): rho > 0 finite; theta is the
+#: sharing damping 1/M .. 1; alpha is Boyd's over-relaxation in (0, 2)
+PROTOCOL_RANGES = {"rho": (0.0, math.inf), "theta": (0.0, 1.0), "alpha": (0.0, 2.0)}
+
+
+class Refused(RuntimeError):
+    """A request the party will not answer; ``code`` says why (sent back to the server)."""
+
+    code = "refused"
+
+    def __init__(self, message, field=None):
+        super().__init__(message)
+        self.field = field
+
+
+class InvalidMessage(Refused, ValueError):
+    """A malformed message: a field missing, of the wrong type or shape, or out of range."""
+
+    code = "invalid"
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """A validated request: round number, scalars and (when present) q, y."""
+
+    round: int
+    rho: float
+    alpha: float
+    theta: float
+    q: np.ndarray | None
+    y: np.ndarray | None
+    final_update: bool
+
+
+def _field(record, key, where):
+    try:
+        return record[key]
+    except (KeyError, TypeError):
+        raise InvalidMessage(f"message field {where}[{key!r}] is missing", field=f"{where}.{key}") from None
+
+
+def _scalar(cfg, key, lo, hi, party, *, open_hi=False):
+    v = _field(cfg, key, "config")
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise InvalidMessage(f"party {party}: config[{key!r}]={v!r} is not a number", field=f"config.{key}")
+    v = float(v)
+    ok = math.isfinite(v) and lo < v and (v < hi if open_hi else v <= hi)
+    if not ok:
+        raise InvalidMessage(f"party {party}: config[{key!r}]={v!r} is outside the protocol's range "
+                             f"({lo:g}, {hi:g}{')' if open_hi else ']'}); refused, nothing charged",
+                             field=f"config.{key}")
+    return v
+
+
+def _vector(vectors, key, n_rows, n_outputs, party):
+    rec = _field(vectors, key, "vectors")
+    try:
+        a = rec.numpy() if hasattr(rec, "numpy") else np.asarray(rec)
+    except Exception as exc:  # an Array that does not decode
+        raise InvalidMessage(f"party {party}: vectors[{key!r}] does not decode: {exc}", field=f"vectors.{key}") from None
+    if a.dtype.kind not in "fiu":
+        raise InvalidMessage(f"party {party}: vectors[{key!r}] has dtype {a.dtype}; expected float64",
+                             field=f"vectors.{key}")
+    want = (n_rows,) if n_outputs == 1 else (n_rows, n_outputs)
+    if a.shape != want:
+        raise InvalidMessage(f"party {party}: vectors[{key!r}] has shape {a.shape}; this party holds "
+                             f"{n_rows} aligned rows, so the shape must be {want}", field=f"vectors.{key}")
+    a = np.asarray(a, dtype=np.float64)
+    if not np.isfinite(a).all():
+        raise InvalidMessage(f"party {party}: vectors[{key!r}] holds {int((~np.isfinite(a)).sum())} NaN/inf "
+                             "entries; refused, nothing charged", field=f"vectors.{key}")
+    return a
+
+
+def parse_round(content, *, n_rows: int, party, needs_vectors: bool, n_outputs: int = 1,
+                rho_range=None, max_round: int = 10**9) -> RoundInputs:
+    """Validate a train/evaluate request; raise :class:`InvalidMessage` naming the field.
+
+    ``rho_range`` (from the party's node config: ``min-rho``/``max-rho``) narrows rho.
+    """
+    cfg = _field(content, "config", "message")
+    rnd = _field(cfg, "round", "config")
+    if isinstance(rnd, bool) or not isinstance(rnd, numbers.Integral) or not 0 <= int(rnd) <= max_round:
+        raise InvalidMessage(f"party {party}: config['round']={rnd!r} must be an integer in 0..{max_round}",
+                             field="config.round")
+    lo, hi = PROTOCOL_RANGES["rho"]
+    if rho_range is not None:
+        lo, hi = max(lo, rho_range[0]), min(hi, rho_range[1])
+    rho = _scalar(cfg, "rho", lo, hi, party)
+    theta = _scalar(cfg, "theta", *PROTOCOL_RANGES["theta"], party)
+    alpha = _scalar(cfg, "alpha", *PROTOCOL_RANGES["alpha"], party, open_hi=True)
+    final = bool(cfg.get("final_update", False)) if hasattr(cfg, "get") else False
+    q = y = None
+    if needs_vectors:
+        vectors = _field(content, "vectors", "message")
+        q = _vector(vectors, "q", n_rows, n_outputs, party)
+        y = _vector(vectors, "y", n_rows, n_outputs, party)
+    return RoundInputs(int(rnd), rho, alpha, theta, q, y, final)
+
+
+def inputs_hash(run, kind: str, inputs: RoundInputs) -> str:
+    """SHA-256 of everything a release depends on that came from the server."""
+    h = hashlib.sha256()
+    h.update(f"{run}|{kind}|{inputs.round}|{inputs.rho!r}|{inputs.alpha!r}|{inputs.theta!r}|"
+             f"{inputs.final_update}".encode())
+    for a in (inputs.q, inputs.y):
+        if a is not None:
+            a = np.ascontiguousarray(a, dtype=np.float64)
+            h.update(f"{a.shape}".encode())
+            h.update(a.tobytes())
+    return h.hexdigest()
