@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -52,11 +53,13 @@ class LocalGrid(Grid):
         replies = []
         for msg in messages:
             nid = msg.metadata.dst_node_id
+            msg.metadata.__dict__["_message_id"] = msg.object_id   # as Flower's push does
             TaskIdentity.node_id = nid
             try:
                 reply = self.handlers[msg.metadata.message_type](msg, self.contexts[nid])
             except Exception as exc:   # as Flower does: the ServerApp receives an error reply
-                reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                      reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
             finally:
                 TaskIdentity.node_id = 0
             if self.on_reply is not None:

@@ -1,27 +1,52 @@
 """Flower ServerApp: the central node (label owner) of vertical ADMM sharing."""
 
 from logging import INFO, WARNING
+from pathlib import Path
+
+import numpy as np
 
 from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from .config import run_setting
+from .schema import parse_run_config
 from .data import labels
 from .report import write_report
+from .strategies import own_data
 from .strategies.vertical_admm import VerticalADMMStrategy
 
 app = ServerApp()
 
 
-def make_strategy(run_config) -> VerticalADMMStrategy:
-    get = lambda k: run_setting(k, run_config)  # noqa: E731
-    y, y_test = labels(str(get("dataset")), get("data-dir") or None)
+def make_strategy(run_config, y=None, y_test=None) -> VerticalADMMStrategy:
+    """The strategy for the bundled dataset, or for labels ``y`` already aligned (own data)."""
+    cfg = parse_run_config(run_config)        # every key checked before any data is read
+    get = cfg.__getitem__
+    if y is None:
+        y, y_test = labels(str(get("dataset")), get("data-dir") or None)
     rho = float(get("rho"))
+    out, state = get("out-dir"), get("state-dir")
     return VerticalADMMStrategy(y, y_test, num_parties=int(get("num-parties")), loss=str(get("loss")),
                                 rho=rho if rho > 0 else "auto", alpha=float(get("alpha")),
                                 fit_intercept=bool(get("fit-intercept")), max_rounds=int(get("max-rounds")),
-                                tol=float(get("tol")), eval_every=int(get("eval-every")))
+                                tol=float(get("tol")), eval_every=int(get("eval-every")),
+                                timeout=get("round-timeout"), party_wait=get("party-wait"),
+                                stragglers=get("stragglers"), max_staleness=get("max-staleness"),
+                                state_dir=state or (str(Path(out) / "state") if out else None),
+                                resume=get("resume") or None, party_keys=get("party-keys") or None)
+
+
+def write_outputs(strategy: VerticalADMMStrategy, run_config, final: dict | None = None) -> None:
+    """report.json and metrics.csv in out-dir (rewritten every round, and when a run fails, so
+    a failed run leaves what it did), decision_test.npy once there is one."""
+    out = str(run_setting("out-dir", run_config))
+    if not out:
+        return
+    write_report(out, dict(run_config), strategy.history_, strategy.final_ if final is None else final,
+                 extra={"engine": "flower", "privacy": strategy.privacy_})
+    if hasattr(strategy, "decision_test_"):
+        np.save(Path(out) / "decision_test.npy", strategy.decision_test_)
 
 
 def log_round(k: int, row: dict) -> None:
@@ -50,13 +75,24 @@ def log_final(strategy: VerticalADMMStrategy) -> None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    strategy = make_strategy(context.run_config).start(grid, progress=log_round)
+    if own_data.enabled(context.run_config):   # the label owner's own files, PSI-aligned (docs/own-data.md)
+        if str(context.run_config.get("mode", "train")) == "predict":
+            own_data.predict(grid, context.run_config)
+            return
+        strategy = own_data.train(grid, context.run_config, make_strategy, progress=log_round)
+    else:
+        strategy = make_strategy(context.run_config)
+
+        def progress(k, row):
+            log_round(k, row)
+            write_outputs(strategy, context.run_config, {"rounds": k, "running": True})
+
+        try:
+            strategy.start(grid, progress=progress)
+        except Exception as exc:      # keep what was done, then fail the run (non-zero status)
+            write_outputs(strategy, context.run_config,
+                          dict(strategy.final_ or {"rounds": len(strategy.history_)}, failed=True,
+                               error=f"{type(exc).__name__}: {exc}"))
+            raise
     log_final(strategy)
-    out = str(run_setting("out-dir", context.run_config))
-    if out:
-        import numpy as np
-        from pathlib import Path
-        write_report(out, dict(context.run_config), strategy.history_, strategy.final_,
-                     extra={"engine": "flower", "privacy": strategy.privacy_})
-        if hasattr(strategy, "decision_test_"):
-            np.save(Path(out) / "decision_test.npy", strategy.decision_test_)
+    write_outputs(strategy, context.run_config)

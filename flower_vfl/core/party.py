@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .penalties import XSolver
+from .xsolve import XSolver, _norm
 
 __all__ = ["PartyUpdate"]
 
@@ -32,13 +32,14 @@ class PartyUpdate:
     """
 
     def __init__(self, D, penalty, lam, constraint=None, n_outputs=1, inner_tol=1e-12,
-                 v_clip=None):
+                 v_clip=None, x_solver="auto"):
         self.D = D
         #: entry-wise bound on the x-update target, enforced here on the party side so that
         #: whatever the central node sends, the sensitivity bound of the release holds
         self.v_clip = v_clip
         self.n, self.d = D.shape
-        self.solver = XSolver(D, penalty, lam, constraint=constraint, inner_tol=inner_tol)
+        self.solver = XSolver(D, penalty, lam, constraint=constraint, inner_tol=inner_tol,
+                              method=x_solver)
         shape_x = (self.d,) if n_outputs == 1 else (self.d, n_outputs)
         shape_s = (self.n,) if n_outputs == 1 else (self.n, n_outputs)
         self.x = np.zeros(shape_x)
@@ -65,7 +66,9 @@ class PartyUpdate:
         if self.v_clip is not None:
             np.clip(v, -self.v_clip, self.v_clip, out=v)
         self.last_target = v          # kept for the privacy audit (never sent)
-        self.x = self.solver.solve(v, rho_x, x0=self.x)
+        # inexact (CG / FISTA-on-D) solvers tie their tolerance to the residual received
+        outer = theta * _norm(q) if self.solver.inexact else None
+        self.x = self.solver.solve(v, rho_x, x0=self.x, outer=outer)
         self.rho_x = float(rho_x)
         return self.D @ self.x
 

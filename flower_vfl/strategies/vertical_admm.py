@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -24,15 +24,19 @@ from ..core.central import CentralUpdate, residuals
 from ..core.engine import default_rho, private_schedule
 from ..core.losses import get_loss
 from ..core.validation import check_params
+from ..checkpoint import load_checkpoint, save_checkpoint
+from ..report import to_jsonable
+from .replies import PartyFailed, PartyLost, ReplyError, check_release
+from .resilience import ResilientRounds, load_party_keys
 
-__all__ = ["VerticalADMMStrategy", "PartyRefused"]
+__all__ = ["VerticalADMMStrategy", "PartyRefused", "PartyFailed", "PartyLost", "ReplyError"]
 
 
 class PartyRefused(RuntimeError):
     """A party refused to release (its privacy budget is spent)."""
 
 
-class VerticalADMMStrategy(Strategy):
+class VerticalADMMStrategy(ResilientRounds, Strategy):
     """Central node (label owner) of vertical ADMM sharing.
 
     Parameters
@@ -54,12 +58,27 @@ class VerticalADMMStrategy(Strategy):
     eval_every : int, default=0
         Evaluate every k rounds (0: only after the last round).
     timeout : float, default=600
-        Seconds to wait for the parties' replies in each round.
+        Seconds to wait for the parties' replies in each round (``round-timeout``).
+    party_wait : float, default=120
+        Seconds to wait for a missing party: at identify until every party has a node, and for
+        a lost SuperNode to come back (a restarted node is re-identified). 0: do not wait.
+    stragglers : {'wait', 'stale'}, default='wait'
+        'stale': a party that misses a round counts with its last release (bounded staleness).
+    max_staleness : int, default=5
+        Most consecutive rounds a party's last release may stand in for it.
+    state_dir : str or None, default=None
+        Folder of the atomic per-round checkpoint (None: no checkpoint).
+    resume : str or None, default=None
+        A state folder of an earlier run to continue (bitwise the same iterates).
+    party_keys : str, dict or None, default=None
+        Party -> SHA-256 fingerprint of the SuperNode auth key allowed to serve it (a dict or
+        the path of a JSON file); a node whose key and claimed party disagree is refused.
     """
 
     def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", rho="auto", alpha=1.0,
                  variant="sharing", fit_intercept=True, max_rounds=50, tol=0.0, tol_abs=1e-9,
-                 eval_every=0, timeout=600.0):
+                 eval_every=0, timeout=600.0, party_wait=120.0, stragglers="wait", max_staleness=5,
+                 state_dir=None, resume=None, party_keys=None):
         check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
         if variant not in ("sharing", "paper"):
             raise ValueError(f"variant={variant!r}; choose 'sharing' or 'paper'")
@@ -72,7 +91,14 @@ class VerticalADMMStrategy(Strategy):
                                      alpha=alpha, theta=1.0 if variant == "paper" else 1.0 / num_parties,
                                      fit_intercept=fit_intercept)
         self.max_rounds, self.tol, self.tol_abs = max_rounds, tol, tol_abs
-        self.eval_every, self.timeout = eval_every, timeout
+        self.eval_every, self.round_timeout = eval_every, float(timeout)
+        if stragglers not in ("wait", "stale"):
+            raise ValueError(f"stragglers={stragglers!r}; choose 'wait' or 'stale'")
+        self.party_wait, self.stragglers, self.max_staleness = float(party_wait), stragglers, int(max_staleness)
+        self.state_dir, self.resume = state_dir or None, resume or None
+        self.party_keys = load_party_keys(party_keys, self.num_parties) if isinstance(party_keys, str) and \
+            party_keys else {int(m): str(v) for m, v in (party_keys or {}).items()}
+        self.failed_ = False
         self.node_to_party: dict[int, int] = {}
         #: party -> planned training releases, for the parties that declared themselves private
         self.private_parties: dict[int, int] = {}
@@ -86,38 +112,6 @@ class VerticalADMMStrategy(Strategy):
         c = self.central
         log(INFO, "\t├── VerticalADMMStrategy: %d parties, loss=%s, N=%d", self.num_parties, self.loss.name, c.n)
         log(INFO, "\t└── rho=%.3g alpha=%g theta=%g intercept=%s", c.rho, c.alpha, c.theta, c.fit_intercept)
-
-    def identify(self, grid: Grid) -> dict[int, int]:
-        """Ask every node which party it serves; map node id -> party id."""
-        nodes = list(grid.get_node_ids())
-        msgs = [Message(RecordDict({"config": ConfigRecord({"want": "party"})}), dst_node_id=nid,
-                        message_type="query.identify") for nid in nodes]
-        replies = list(grid.send_and_receive(msgs, timeout=self.timeout))
-        mapping, seen = {}, {}
-        for rep in replies:
-            nid = rep.metadata.src_node_id
-            if rep.has_error():
-                raise RuntimeError(f"node {nid} failed to identify itself: {rep.error.reason}")
-            info = rep.content["identity"]
-            party, n_rows = int(info["party"]), int(info["n_rows"])
-            if party in seen:
-                raise ValueError(f"nodes {seen[party]} and {nid} both claim party {party}; give each "
-                                 "SuperNode a distinct partition-id in its node config")
-            if n_rows != self.central.n:
-                raise ValueError(f"party {party} (node {nid}) holds {n_rows} rows but the labels have "
-                                 f"{self.central.n}; the parties' samples are not aligned")
-            seen[party] = nid
-            mapping[nid] = party
-            if bool(info.get("private", False)):
-                self.private_parties[party] = int(info.get("train_rounds", 0))
-        missing = sorted(set(range(self.num_parties)) - set(seen))
-        if missing:
-            raise RuntimeError(f"parties {missing} did not answer the identify query (nodes seen: "
-                               f"{sorted(nodes)}): num-parties={self.num_parties} but {len(nodes)} SuperNodes "
-                               "answered. Start one SuperNode per party (simulation: --federation-config "
-                               f"\"num-supernodes={self.num_parties}\") or set num-parties={len(nodes)}")
-        self.node_to_party = mapping
-        return mapping
 
     # ------------------------------------------------------------ the 4 hooks
     def _messages(self, content: RecordDict, message_type: str, parties=None) -> list[Message]:
@@ -137,32 +131,46 @@ class VerticalADMMStrategy(Strategy):
         """Alg. 1 line 12: every (active) party gets q = a_hat - z, y and the scalars."""
         return self._messages(self._round_content(server_round), "train", parties)
 
-    def _collect(self, replies, key, parties=None):
-        """Replies keyed by party, in party order; errors and refusals stop the run."""
-        by_party = {}
-        for rep in replies:
-            nid = rep.metadata.src_node_id
-            party = self.node_to_party.get(nid)
-            if party is None:
-                log(WARNING, "ignoring a reply from unknown node %s", nid)
-                continue
-            if rep.has_error():
-                raise RuntimeError(f"party {party} (node {nid}) failed: {rep.error.reason}")
-            if "privacy" in rep.content:
-                self.privacy_[party] = json.loads(str(rep.content["privacy"]["report"]))
-            if "refusal" in rep.content:
-                raise PartyRefused(f"party {party} refused: {rep.content['refusal']['reason']}")
-            by_party[party] = rep.content["release"][key].numpy()
-        expected = range(self.num_parties) if parties is None else parties
-        missing = sorted(set(expected) - set(by_party))
-        if missing:
-            raise RuntimeError(f"no reply from parties {missing} within {self.timeout} s")
-        return by_party
+    def _release(self, rep, party, key, shape, what) -> np.ndarray:
+        """A reply's checked release; a refusal stops the run (:class:`PartyRefused`)."""
+        records = rep.content.config_records
+        if "privacy" in records:
+            try:
+                self.privacy_[party] = json.loads(str(records["privacy"]["report"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ReplyError(f"party {party}, {what}: unreadable privacy report ({exc})") from None
+        if "refusal" in records:
+            raise PartyRefused(f"party {party} refused: {records['refusal'].get('reason', '')}")
+        return check_release(rep, party, key, shape, what)
+
+    def _train_round(self, grid, k, parties):
+        """Send round k to ``parties``, check the replies, aggregate (Alg. 1 lines 9-12).
+
+        ``stragglers='stale'``: a party that misses the round counts with its last release
+        (bounded staleness: at most ``max_staleness`` rounds in a row, then it is waited for)."""
+        content = self._round_content(k)
+        build = lambda p, nid: Message(content, dst_node_id=nid, message_type="train")  # noqa: E731
+        what = f"round {k} (train)"
+        if self.stragglers == "stale":
+            got, lost = self._exchange(grid, build, parties, what, stale_ok=True)
+            over = {p for p in lost if self._stale.get(p, 0) + 1 > self.max_staleness}
+            if over:
+                log(WARNING, "parties %s missed %d rounds in a row (max-staleness): waiting", sorted(over),
+                    self.max_staleness)
+                got.update(self._exchange(grid, build, over, what))
+        else:
+            got = self._exchange(grid, build, parties, what)
+        shape = self.central.z.shape
+        fresh = {p: self._release(rep, p, "s", shape, what) for p, rep in sorted(got.items())}
+        for p in parties:
+            self._stale[p] = 0 if p in fresh else self._stale.get(p, 0) + 1
+        self.aggregate_train(k, fresh, parties)
+        self.history_[-1]["stale"] = len(set(parties) - set(fresh))
 
     def aggregate_train(self, server_round, replies, parties=None):
-        """Alg. 1 lines 9-11: sum the s_m (an idle party counts with its last release, zero
-        before its first), then the z- and y-updates."""
-        self._last_s.update(self._collect(replies, "s", parties))
+        """Alg. 1 lines 9-11: sum the s_m (an idle or stale party counts with its last release,
+        zero before its first), then the z- and y-updates. ``replies``: party -> checked s_m."""
+        self._last_s.update(replies)
         s_sum = 0.0
         for m in range(self.num_parties):
             s_sum = s_sum + self._last_s.get(m, 0.0)
@@ -174,22 +182,23 @@ class VerticalADMMStrategy(Strategy):
         self.history_.append(row)
         return None, MetricRecord({k: float(v) for k, v in row.items()})
 
-    def configure_evaluate(self, server_round, arrays, config, grid, final=False) -> Iterable[Message]:
+    def _eval_content(self, server_round, party, final=False) -> RecordDict:
         """Ask for D_test x_m. In the final evaluation private parties also get the last
         q, y: they make their unreleased final x-update first (:func:`private_schedule`)."""
         c = self.central
-        cfg = {"round": int(server_round), "rho": float(c.rho), "theta": float(c.theta),
-               "n_outputs": int(self.loss.n_outputs)}
-        msgs = self._messages(RecordDict({"config": ConfigRecord(cfg)}), "evaluate",
-                              set(range(self.num_parties)) - set(self.private_parties))
-        if self.private_parties:
-            content = RecordDict({"config": ConfigRecord(cfg)}) if not final else \
-                self._round_content(server_round, n_outputs=int(self.loss.n_outputs), final_update=True)
-            msgs += self._messages(content, "evaluate", set(self.private_parties))
-        return msgs
+        cfg = {"round": int(server_round), "rho": float(c.rho), "alpha": float(c.alpha),
+               "theta": float(c.theta), "n_outputs": int(self.loss.n_outputs)}
+        if final and party in self.private_parties:
+            return self._round_content(server_round, n_outputs=int(self.loss.n_outputs), final_update=True)
+        return RecordDict({"config": ConfigRecord(cfg)})
+
+    def configure_evaluate(self, server_round, arrays, config, grid, final=False) -> Iterable[Message]:
+        return [Message(self._eval_content(server_round, p, final), dst_node_id=nid, message_type="evaluate")
+                for nid, p in sorted(self.node_to_party.items(), key=lambda t: t[1])]
 
     def aggregate_evaluate(self, server_round, replies):
-        f = sum(self._collect(replies, "s_test").values()) + self.central.b
+        """``replies``: party -> checked D_test x_m."""
+        f = sum(replies[m] for m in sorted(replies)) + self.central.b
         self.decision_test_ = f
         out = {"test_loss": self.loss.mean(f, self.t_test)}
         if self.loss.name != "squared":
@@ -200,9 +209,49 @@ class VerticalADMMStrategy(Strategy):
         return MetricRecord({k: float(v) for k, v in out.items()})
 
     def _evaluate(self, grid, k, final=False):
-        replies = grid.send_and_receive(self.configure_evaluate(k, None, None, grid, final=final),
-                                        timeout=self.timeout)
-        self.aggregate_evaluate(k, replies)
+        what = f"round {k} ({'final ' if final else ''}evaluate)"
+        build = lambda p, nid: Message(self._eval_content(k, p, final), dst_node_id=nid,  # noqa: E731
+                                       message_type="evaluate")
+        got = self._exchange(grid, build, set(range(self.num_parties)), what)
+        shape = self.t_test.shape[:1] + self.central.z.shape[1:]
+        self.aggregate_evaluate(k, {p: self._release(rep, p, "s_test", shape, what) for p, rep in got.items()})
+
+    # ------------------------------------------------------------ checkpoint
+    def _checkpoint(self, k, i_phase, j, stopped):
+        if not self.state_dir:
+            return
+        c = self.central
+        arrays = {"z": c.z, "y": c.y, "q": c.q, "b": np.asarray(c.b)}
+        arrays.update({f"s{m}": np.asarray(v) for m, v in self._last_s.items()})
+        header = {"round": k, "phase": i_phase, "j": j, "phase_stopped": bool(stopped), "rho": c.rho,
+                  "alpha": c.alpha, "theta": c.theta, "n": c.n, "num_parties": self.num_parties,
+                  "loss": self.loss.name, "fit_intercept": bool(c.fit_intercept),
+                  "private_parties": {str(m): t for m, t in self.private_parties.items()},
+                  "node_to_party": {str(n): p for n, p in self.node_to_party.items()},
+                  "stale": {str(m): v for m, v in self._stale.items()},
+                  "history": self.history_, "privacy": self.privacy_}
+        save_checkpoint(self.state_dir, arrays, to_jsonable(header))
+
+    def _restore(self, folder):
+        """Load a checkpoint; returns (round, phase, j, phase_stopped)."""
+        arrays, h = load_checkpoint(folder)
+        c = self.central
+        mine = {"n": c.n, "num_parties": self.num_parties, "loss": self.loss.name, "alpha": c.alpha,
+                "theta": c.theta, "fit_intercept": bool(c.fit_intercept),
+                "private_parties": {str(m): t for m, t in self.private_parties.items()}}
+        for key, value in mine.items():
+            if h[key] != value:
+                raise ValueError(f"resume={str(folder)!r}: the checkpoint has {key}={h[key]!r} but this run has "
+                                 f"{value!r}; resume with the run's original configuration")
+        c.z, c.y, c.q = arrays["z"], arrays["y"], arrays["q"]
+        c.b = np.float64(arrays["b"][()]) if arrays["b"].ndim == 0 else arrays["b"]
+        c.set_rho(h["rho"])
+        self._last_s = {int(k[1:]): v for k, v in arrays.items() if k[0] == "s" and k[1:].isdigit()}
+        self._stale = {int(m): v for m, v in h["stale"].items()}
+        self.history_ = h["history"]
+        self.privacy_ = {int(m): v for m, v in h["privacy"].items()}
+        log(INFO, "resuming from %s after round %d", folder, h["round"])
+        return h["round"], h["phase"], h["j"], h["phase_stopped"]
 
     # ------------------------------------------------------------------- loop
     def start(self, grid: Grid, timeout: float | None = None, progress=None):
@@ -214,25 +263,32 @@ class VerticalADMMStrategy(Strategy):
         private parties make their last, unreleased x-update.
 
         A party's refusal (budget spent) stops the run cleanly: ``stopped_reason_`` says why
-        and the rounds done so far are kept.
+        and the rounds done so far are kept. A party that fails, sends an invalid reply or does
+        not come back within ``party_wait`` stops the run with the checkpoint of the last full
+        round: ``stopped_reason_`` names the party and ``failed_`` is True; the error is raised
+        again so that the ServerApp (and the Flower run) fail.
         """
         if timeout is not None:
-            self.timeout = timeout
+            self.round_timeout = timeout
         t0 = time.perf_counter()
         self.summary()
         self.identify(grid)
         self._last_s: dict[int, np.ndarray] = {}
+        self._stale: dict[int, int] = {}
+        k, phase0, j0, stopped0 = 0, 0, 0, False
+        if self.resume:
+            k, phase0, j0, stopped0 = self._restore(self.resume)
         private = [m in self.private_parties for m in range(self.num_parties)]
         phases = private_schedule(private, self.max_rounds, list(self.private_parties.values()))
-        k = 0
         try:
             for i_phase, (n_rounds, active, use_tol) in enumerate(phases):
+                if i_phase < phase0 or (i_phase == phase0 and stopped0):
+                    continue
                 parties = {m for m in range(self.num_parties) if active[m]}
                 last_phase = i_phase == len(phases) - 1
-                for j in range(1, n_rounds + 1):
+                for j in range(j0 + 1 if i_phase == phase0 else 1, n_rounds + 1):
                     k += 1
-                    msgs = self.configure_train(k, None, None, grid, parties)
-                    self.aggregate_train(k, grid.send_and_receive(msgs, timeout=self.timeout), parties)
+                    self._train_round(grid, k, parties)
                     self.history_[-1].update(parties=len(parties), elapsed_s=time.perf_counter() - t0)
                     r, d, s_sum = self._last
                     eps_pri, eps_dual = residuals(r, d, s_sum, self.central.z, self.central.y, self.tol,
@@ -241,6 +297,7 @@ class VerticalADMMStrategy(Strategy):
                     done = last_phase and (j == n_rounds or stop)
                     if self.t_test is not None and not done and self.eval_every and k % self.eval_every == 0:
                         self._evaluate(grid, k)
+                    self._checkpoint(k, i_phase, j, stop)
                     if progress is not None:
                         progress(k, self.history_[-1])
                     if stop:
@@ -250,10 +307,21 @@ class VerticalADMMStrategy(Strategy):
         except PartyRefused as exc:
             self.stopped_reason_ = str(exc)
             log(WARNING, "stopping: %s", exc)
+        except (PartyLost, PartyFailed, ReplyError, PermissionError) as exc:
+            self.stopped_reason_, self.failed_ = str(exc), True
+            log(ERROR, "stopping after round %d (checkpoint: %s): %s", len(self.history_),
+                self.state_dir or "none, set state-dir or out-dir", exc)
+            self._finish(k, t0)
+            raise
+        return self._finish(k, t0)
+
+    def _finish(self, k, t0):
         self.final_ = dict(self.history_[-1]) if self.history_ else {}
-        self.final_["rounds"] = k
+        self.final_["rounds"] = len(self.history_)
         self.final_["wall_time_s"] = time.perf_counter() - t0
         self.final_["intercept"] = np.asarray(self.central.b).tolist()
         if self.stopped_reason_:
             self.final_["stopped_reason"] = self.stopped_reason_
+        if self.failed_:
+            self.final_["failed"] = True
         return self

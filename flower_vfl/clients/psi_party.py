@@ -1,0 +1,178 @@
+"""A party's own data in Flower: PSI alignment, its aligned blocks, its saved model, prediction.
+
+Handler functions ``fn(msg, context) -> Message`` that a ClientApp registers as query
+handlers (``client_app.py``):
+
+* ``psi_answer``  (``query.psi_answer``): step 2 of :mod:`flower_vfl.psi` on the split's IDs;
+* ``psi_order``   (``query.psi_order``): the agreed intersection; the row order is kept in
+  ``context.state`` and every later message of the run uses it;
+* ``save_model``  (``query.save_model``): x_m, preprocessing, columns, fingerprint to the
+  party's own disk (nothing of the model goes back);
+* ``predict``     (``query.predict``): D_m x_m on the aligned scoring rows from the saved model.
+
+Glue only: reading is :mod:`flower_vfl.io`, the protocol :mod:`flower_vfl.psi`, the file
+format :mod:`flower_vfl.model_io`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from .. import model_io, psi
+from ..io import DataError, Preprocessor, align_rows, read_party, source_from_config
+
+__all__ = ["psi_answer", "psi_order", "save_model", "predict", "own_blocks", "party_source", "model_path",
+           "uses_own_data"]
+
+STATE_ALIGN = "vfl.align."
+_TABLES: OrderedDict = OrderedDict()     # (source, mtime) -> PartyTable, while the process lives
+
+
+#: node-config key -> run-config key listing it per party (index = partition-id), for runs
+#: where nodes cannot be given their own config (Flower's simulation, ``flower-vfl simulate``)
+_PER_PARTY = {"data-path": "party-data-paths", "test-path": "party-test-paths",
+              "score-path": "party-score-paths", "model-dir": "party-model-dirs"}
+#: node-config keys that default to the run config's value
+_SHARED = ("id-column", "preprocess")
+
+
+def node_cfg(context: Context) -> dict:
+    """The party's data keys: its node config, else its entry in the run config's per-party lists."""
+    nc, rc = dict(context.node_config), context.run_config
+    pid = int(nc.get("partition-id", 0))
+    for key, rkey in _PER_PARTY.items():
+        vals = [v.strip() for v in str(rc.get(rkey, "") or "").split(",")]
+        if key not in nc and pid < len(vals) and vals[pid]:
+            nc[key] = vals[pid]
+    for key in _SHARED:
+        if key not in nc and rc.get(key):
+            nc[key] = rc[key]
+    if "label-column" not in nc and nc.get("data-path") and nc.get("data-path") == rc.get("labels-path"):
+        nc["label-column"] = rc.get("label-column", "label")      # the label owner's own node
+    return nc
+
+
+def uses_own_data(context: Context) -> bool:
+    return bool(node_cfg(context).get("data-path"))
+
+
+def _party_id(context: Context) -> int:
+    return int(context.node_config.get("partition-id", 0))
+
+
+def party_source(context: Context, split: str):
+    label = str(context.run_config.get("label-column", "") or "")
+    return source_from_config(node_cfg(context), split, forbidden_label=label)
+
+
+def _table(context: Context, split: str):
+    src = party_source(context, split)
+    if not Path(src.path).is_file():
+        return read_party(src)                       # raises the DataError naming the file
+    key = (src, os.stat(src.path).st_mtime_ns)
+    if key not in _TABLES:
+        _TABLES[key] = read_party(src)
+        while len(_TABLES) > 6:
+            _TABLES.popitem(last=False)
+    return _TABLES[key]
+
+
+def _aligned_idx(context: Context, split: str, table) -> np.ndarray:
+    rec = context.state.get(STATE_ALIGN + split) if hasattr(context.state, "get") else None
+    if rec is None:
+        raise DataError(f"party {_party_id(context)}: the rows of {table.path} are not aligned for split "
+                        f"{split!r}; the run must start with the PSI step (run-config psi=true)")
+    return rec["idx"].numpy().astype(np.int64)
+
+
+def own_blocks(context: Context):
+    """(D, D_test, preprocessor, columns): the party's aligned training (and held-out) rows,
+    preprocessed with statistics fitted on its aligned training rows."""
+    tr = _table(context, "train")
+    idx = _aligned_idx(context, "train", tr)
+    cat = {c: v[idx] for c, v in tr.categorical.items()}
+    pre = Preprocessor(str(party_source(context, "train").preprocess))
+    D = pre.fit_transform(tr.X[idx], tr.columns, cat)
+    D_test = None
+    if node_cfg(context).get("test-path") and (STATE_ALIGN + "test") in context.state:
+        te = _table(context, "test")
+        jdx = _aligned_idx(context, "test", te)
+        D_test = pre.transform(te.X[jdx], {c: v[jdx] for c, v in te.categorical.items()})
+    return D, D_test, pre, tr.ids[idx]
+
+
+# ------------------------------------------------------------------------ PSI handlers
+def psi_answer(msg: Message, context: Context) -> Message:
+    """Step 2 of the ECDH-PSI: (setup, response) for the label owner's request."""
+    cfg = msg.content["psi"]
+    split = str(cfg["split"])
+    table = _table(context, split)
+    setup, response = psi.party_answer(table.ids, bytes(cfg["request"]), float(cfg.get("fpr", 1e-9)),
+                                       str(cfg.get("structure", "raw")),
+                                       int(node_cfg(context).get("psi-max-request", 0) or 0))
+    return Message(RecordDict({"psi": ConfigRecord({"party": _party_id(context), "split": split,
+                                                    "setup": setup, "response": response})}), reply_to=msg)
+
+
+def psi_order(msg: Message, context: Context) -> Message:
+    """The agreed intersection (label owner's order): keep the matching row indices."""
+    cfg = msg.content["psi"]
+    split = str(cfg["split"])
+    order = psi.decode_ids(bytes(cfg["order"]))
+    if psi.ids_digest(order) != str(cfg["digest"]):
+        raise DataError(f"party {_party_id(context)}: the agreed {split} order arrived corrupted (digest mismatch)")
+    table = _table(context, split)
+    idx = align_rows(table.ids, order, where=f"party {_party_id(context)} ({table.path})")
+    context.state[STATE_ALIGN + split] = ArrayRecord({"idx": Array(idx)})
+    return Message(RecordDict({"psi": ConfigRecord({"party": _party_id(context), "split": split,
+                                                    "n_rows": int(idx.size), "digest": psi.ids_digest(order)})}),
+                   reply_to=msg)
+
+
+# ------------------------------------------------------------------------ model handlers
+def model_path(context: Context, party: int | None = None) -> Path:
+    nc = node_cfg(context)
+    base = nc.get("model-dir") or str(Path(str(nc.get("data-path", "."))).parent / "vfl-model")
+    return Path(str(base)) / f"party-{_party_id(context) if party is None else party}.npz"
+
+
+def save_model(msg: Message, context: Context) -> Message:
+    """Write x_m (x̃ for a private party), preprocessing, columns and fingerprint to disk."""
+    from .vertical_party import STATE_ARRAYS
+    if STATE_ARRAYS not in context.state:
+        raise RuntimeError(f"party {_party_id(context)} has no trained block to save (no training round ran)")
+    D, _, pre, ids = own_blocks(context)
+    private = "vfl.privacy" in context.state
+    if private:
+        # TODO(lead): a private party saves only its released x̃ (PrivateParty.x_released)
+        raise NotImplementedError(f"party {_party_id(context)} is private: saving x̃ needs "
+                                  "PrivateParty.x_released (not available yet)")
+    x = context.state[STATE_ARRAYS]["x"].numpy()
+    path = model_path(context)
+    model_io.save_party_model(path, _party_id(context), x, pre.feature_names_, pre.to_dict(),
+                              model_io.data_fingerprint(D, ids), D.shape[0], private=private,
+                              extra={"run": {k: v for k, v in dict(msg.content["config"]).items()}})
+    return Message(RecordDict({"saved": ConfigRecord({"party": _party_id(context), "version": model_io.VERSION})}),
+                   reply_to=msg)
+
+
+def predict(msg: Message, context: Context) -> Message:
+    """D_m x_m on the aligned scoring rows, from the model saved on this party's disk."""
+    path = model_path(context)
+    m = model_io.load_model(path)
+    meta = m["meta"]
+    if meta["kind"] != "party" or int(meta["party"]) != _party_id(context):
+        raise model_io.ModelFileError(f"{path} is not party {_party_id(context)}'s model (it is "
+                                      f"{meta['kind']} {meta.get('party')}); fix the node-config key model-dir")
+    table = _table(context, "score")
+    idx = _aligned_idx(context, "score", table)
+    pre = Preprocessor.from_dict(meta["preprocessing"])
+    D = pre.transform(table.X[idx], {c: v[idx] for c, v in table.categorical.items()})
+    s = np.asarray(D @ m["x"], dtype=float)
+    return Message(RecordDict({"release": ArrayRecord({"s_score": Array(s)}),
+                               "meta": ConfigRecord({"party": _party_id(context)})}), reply_to=msg)

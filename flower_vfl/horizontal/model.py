@@ -1,0 +1,98 @@
+"""Multiclass logistic regression of paper 2 (Ryu & Kim, App. A.8), vectorized over agents.
+
+Every function accepts a leading batch of agents (and of noise seeds): ``X`` is
+``(n, J)`` for one agent or ``(P, n, J)`` for all agents padded to a common ``n``
+(padding rows are all-zero and carry a zero one-hot label, so they add nothing to a
+gradient, a loss or a sensitivity); ``Z`` is ``(J, K)``, ``(P, J, K)`` or ``(S, P, J, K)``.
+The in-process engine and the Flower client call the same functions.
+
+The local objective follows eq. (2c), not App. A.8's (37): f_p(z) = (1/I) sum_i l(z; x_pi,
+y_pi) + (beta/P) ||z||^2 with I the *total* sample count, so that sum_p f_p is problem (1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["one_hot", "softmax", "xz", "local_gradient", "objective", "per_sample_l1",
+           "predict", "error_rate"]
+
+
+def one_hot(y, K: int) -> np.ndarray:
+    """Labels ``y`` (ints in [0, K)) as a one-hot float matrix; ``-1`` (padding) -> zero row."""
+    y = np.asarray(y)
+    if y.size and (y.max() >= K or y.min() < -1):
+        raise ValueError(f"labels must lie in [0, {K}) (or -1 for padding); got range "
+                         f"[{y.min()}, {y.max()}]")
+    out = np.zeros(y.shape + (K,))
+    mask = y >= 0
+    out[mask, y[mask]] = 1.0
+    return out
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """h_k(w; x) of App. A.8, stable (row max subtracted)."""
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def xz(X: np.ndarray, Z: np.ndarray) -> np.ndarray:
+    """Logits ``X @ Z`` for every agent (and seed) in one GEMM per agent.
+
+    X: (n, J) or (P, n, J); Z: (J, K), (P, J, K) or (S, P, J, K). Returns (..., n, K).
+    Seeds are folded into the columns so that each agent does one (n x J)(J x S*K) product.
+    """
+    if Z.ndim == 4:
+        S, P, J, K = Z.shape
+        Zc = Z.transpose(1, 2, 0, 3).reshape(P, J, S * K)
+        L = np.matmul(X, Zc)                                  # (P, n, S*K)
+        return L.reshape(P, -1, S, K).transpose(2, 0, 1, 3)
+    return np.matmul(X, Z)
+
+
+def xt_r(X: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """``X^T R`` per agent (and seed); the inverse of :func:`xz`'s folding."""
+    if R.ndim == 4:
+        S, P, n, K = R.shape
+        Rc = R.transpose(1, 2, 0, 3).reshape(P, n, S * K)
+        G = np.matmul(np.swapaxes(X, -1, -2), Rc)             # (P, J, S*K)
+        return G.reshape(P, -1, S, K).transpose(2, 0, 1, 3)
+    return np.matmul(np.swapaxes(X, -1, -2), R)
+
+
+def local_gradient(Z, X, Y, I: int, beta: float, P: int, return_residual: bool = False):
+    """f_p'(z_p) of eq. (37) with the 1/I of eq. (2c): (1/I) X_p^T (H - Y_p) + (2 beta / P) z_p.
+
+    Y is one-hot (padding rows zero); I is the total sample count over all agents.
+    With ``return_residual`` also returns H - Y (masked on padding rows), for eq. (20).
+    """
+    H = softmax(xz(X, Z))
+    R = H - Y
+    pad = Y.sum(axis=-1, keepdims=True) == 0                # padding rows have no label
+    if pad.any():
+        R = np.where(pad, 0.0, R)
+    G = xt_r(X, R) / I + (2.0 * beta / P) * Z
+    return (G, R) if return_residual else G
+
+
+def per_sample_l1(X, R, I: int) -> np.ndarray:
+    """||(1/I) x_i (h_i - y_i)^T||_1 = ||x_i||_1 ||h_i - y_i||_1 / I for every sample (eq. 20)."""
+    return np.abs(X).sum(axis=-1) * np.abs(R).sum(axis=-1) / I
+
+
+def objective(W, X, y, beta: float) -> float:
+    """Problem (1) at a single w: (1/I) sum_i l(w; x_i, y_i) + beta ||w||^2 (pooled data)."""
+    L = X @ W
+    m = L.max(axis=1, keepdims=True)
+    lse = (m[:, 0] + np.log(np.exp(L - m).sum(axis=1)))
+    return float(np.mean(lse - L[np.arange(len(y)), y]) + beta * np.sum(W * W))
+
+
+def predict(W, X) -> np.ndarray:
+    """Class with the largest logit; W may carry leading batch axes (then (..., n))."""
+    return np.argmax(np.matmul(X, W), axis=-1)
+
+
+def error_rate(W, X, y) -> np.ndarray:
+    """Test error in [0, 1]; batched over W's leading axes."""
+    return np.mean(predict(W, X) != np.asarray(y), axis=-1)

@@ -1,0 +1,153 @@
+"""ECDH private set intersection of sample IDs (openmined-psi), as bytes messages.
+
+No Flower imports: the Flower strategy (:mod:`flower_vfl.strategies.psi_align`) and the
+party handlers (:mod:`flower_vfl.clients.psi_party`) only carry these bytes.
+
+Roles. The label owner must learn which of its rows every party holds; in openmined-psi the
+side that learns the intersection is the PSI *client*. So the label owner is the PSI client
+(it holds the key ``a``) and each party is a PSI *server* (key ``k_m``, fresh per request):
+
+1. label owner -> party: ``request`` = {H(x)^a : x in the label owner's IDs}, in its row order.
+2. party -> label owner: ``setup`` = {H(p)^k_m : p in the party's IDs}, sorted by the library
+   (the party's row order is not revealed), and ``response`` = {H(x)^(a k_m)} for the request.
+3. the label owner removes ``a`` and matches: it learns which of its own rows the party holds.
+4. the label owner intersects over all parties (:func:`agree_order`) and sends each party the
+   agreed IDs, in the label owner's row order; the party checks it holds every one.
+
+What each side learns (semi-honest, DDH in the P-256 group; see docs/own-data.md):
+
+* label owner: |P_m| and its own IDs that are in P_m (the pairwise intersection), for every
+  party m; nothing about a party's other IDs (they reach it only as H(p)^k_m).
+* party m: |L| (the number of items in the request), then the agreed intersection
+  I = L ∩ P_1 ∩ ... ∩ P_M (which it must know to train on those rows); not L ∩ P_m \\ I,
+  not L \\ P_m, not the other parties' sets beyond what I itself implies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+
+__all__ = ["LabelOwnerPSI", "party_answer", "agree_order", "encode_ids", "decode_ids", "ids_digest",
+           "AlignmentError", "DATA_STRUCTURES"]
+
+DATA_STRUCTURES = ("raw", "gcs", "bloom")
+
+
+class AlignmentError(ValueError):
+    """The parties' IDs cannot be aligned (no or too few common IDs, a bad PSI message)."""
+
+
+def _psi():
+    import private_set_intersection.python as psi
+    return psi
+
+
+def _structure(name: str):
+    psi = _psi()
+    table = {"raw": psi.DataStructure.RAW, "gcs": psi.DataStructure.GCS,
+             "bloom": psi.DataStructure.BLOOM_FILTER}
+    if name not in table:
+        raise ValueError(f"psi-structure={name!r}; choose one of {DATA_STRUCTURES} (raw is exact; gcs and "
+                         "bloom are smaller with false-positive rate psi-fpr)")
+    return table[name]
+
+
+def _as_items(ids) -> list[str]:
+    return [str(v) for v in (ids.tolist() if isinstance(ids, np.ndarray) else ids)]
+
+
+class LabelOwnerPSI:
+    """The label owner's side: one key ``a`` for a whole alignment (all parties, one split).
+
+    Parameters
+    ----------
+    ids : sequence of str
+        The label owner's IDs in its row order (unique).
+    """
+
+    def __init__(self, ids):
+        psi = _psi()
+        self.ids = _as_items(ids)
+        self._client = psi.client.CreateWithNewKey(True)   # reveal_intersection: it learns L ∩ P_m
+        self._request = None
+
+    def request(self) -> bytes:
+        """Step 1: {H(x)^a}, the same bytes for every party."""
+        if self._request is None:
+            self._request = self._client.CreateRequest(self.ids).SerializeToString()
+        return self._request
+
+    def intersect(self, setup: bytes, response: bytes, who: str = "party") -> np.ndarray:
+        """Step 3: sorted indices of the label owner's rows that the party also holds."""
+        psi = _psi()
+        try:
+            s, r = psi.ServerSetup(), psi.Response()
+            s.ParseFromString(setup)
+            r.ParseFromString(response)
+            idx = self._client.GetIntersection(s, r)
+        except Exception as exc:   # a malformed message names the sender
+            raise AlignmentError(f"{who} sent a malformed PSI reply ({type(exc).__name__}: {exc}); check that "
+                                 "it runs the same flower-vfl / openmined-psi version") from None
+        return np.unique(np.asarray(idx, dtype=np.int64))
+
+
+def party_answer(ids, request: bytes, fpr: float = 1e-9, structure: str = "raw",
+                 max_request: int = 0) -> tuple[bytes, bytes]:
+    """Step 2, the party's side: (setup, response) for the label owner's request.
+
+    A fresh key k_m per call, so two requests cannot be linked. ``max_request`` > 0 refuses
+    requests with more items (a label owner probing many guessed IDs)."""
+    psi = _psi()
+    req = psi.Request()
+    try:
+        req.ParseFromString(request)
+    except Exception as exc:
+        raise AlignmentError(f"the label owner's PSI request is malformed ({exc})") from None
+    n_req = len(req.encrypted_elements)
+    if max_request and n_req > max_request:
+        raise AlignmentError(f"the label owner asked about {n_req} IDs, more than this party's psi-max-request="
+                             f"{max_request}; raise that node-config key if the label owner really holds "
+                             "that many rows")
+    server = psi.server.CreateWithNewKey(True)
+    items = _as_items(ids)
+    setup = server.CreateSetupMessage(float(fpr), max(n_req, 1), items, _structure(structure))
+    return setup.SerializeToString(), server.ProcessRequest(req).SerializeToString()
+
+
+def agree_order(n_owner: int, pairwise: dict, min_rows: int = 2, what: str = "training") -> np.ndarray:
+    """Label-owner rows common to every party, in the label owner's order.
+
+    ``pairwise`` maps a party to the label-owner row indices it holds (from
+    :meth:`LabelOwnerPSI.intersect`)."""
+    keep = np.ones(n_owner, dtype=bool)
+    for m, idx in sorted(pairwise.items()):
+        mask = np.zeros(n_owner, dtype=bool)
+        mask[idx] = True
+        if not mask.any():
+            raise AlignmentError(f"party {m} has no {what} ID in common with the label owner's {n_owner} rows; "
+                                 "check that both exports use the same ID column and format (e.g. "
+                                 "'00123' vs '123')")
+        keep &= mask
+    order = np.flatnonzero(keep)
+    if order.size < min_rows:
+        raise AlignmentError(f"only {order.size} {what} ID(s) are common to the label owner and all "
+                             f"{len(pairwise)} parties (pairwise: "
+                             f"{ {m: int(len(i)) for m, i in sorted(pairwise.items())} }); at least {min_rows} "
+                             "are needed: check the parties' exports cover the same samples")
+    return order
+
+
+def encode_ids(ids) -> bytes:
+    return json.dumps(_as_items(ids)).encode("utf-8")
+
+
+def decode_ids(blob: bytes) -> list[str]:
+    return json.loads(bytes(blob).decode("utf-8"))
+
+
+def ids_digest(ids) -> str:
+    """SHA-256 of the ordered ID list: both sides check they hold the same agreed order."""
+    return hashlib.sha256(encode_ids(ids)).hexdigest()

@@ -1,0 +1,289 @@
+"""One schema for every configuration key (run config, node config, command line).
+
+Each key has a type, a default, a range or a set of allowed values, a meaning and a *scope*:
+
+``run``
+    only the run config (``flwr run --run-config``, the CLI) may set it; a SuperNode's node
+    config that sets it is refused (a node overriding ``num-parties`` would train on the
+    wrong columns).
+``node``
+    only a SuperNode's node config sets it (``partition-id``: which party the node serves).
+``node-first``
+    the run config gives a default, a party's node config wins. Every ``dp-*`` key: a party's
+    privacy settings and budget are its own.
+``both``
+    read from whichever config the reader owns: ``data-dir`` and ``state-dir`` are the label
+    owner's folders in the run config and a party's own folders in its node config.
+
+Values are parsed once, at start (ServerApp start, the party's identify, the CLI), so a bad
+value stops the run before any round with an error naming the key, the bad value and what is
+allowed. No Flower imports.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from .core.losses import LOSSES
+from .core.penalties import PENALTIES
+from .data import DATASETS
+
+__all__ = ["ConfigError", "Key", "SCHEMA", "run_defaults", "check_value", "parse_run_config",
+           "parse_node_config", "setting", "markdown_table"]
+
+SCOPES = ("run", "node", "node-first", "both")
+#: dp-accountant values (flower_vfl.privacy.accounting.METHODS; rdp/prv need the opacus extra)
+ACCOUNTANTS = ("exact", "pld", "rdp", "prv", "paper")
+
+
+class ConfigError(ValueError):
+    """A configuration value that the schema refuses (names the key and what is allowed)."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: ``type`` is bool, int, float or str; ``lo``/``hi`` bound
+    numbers (``lo_open``/``hi_open`` make a bound strict); ``choices`` lists allowed strings."""
+
+    name: str
+    type: type
+    default: Any
+    scope: str
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple | None = None
+
+    def allowed(self) -> str:
+        """What the key accepts, in words (used in every error message)."""
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.type is bool:
+            return "true or false"
+        if self.type is str:
+            return "a string"
+        if self.type is object:
+            return "see its module"
+        kind = "an integer" if self.type is int else "a finite number"
+        parts = []
+        if self.lo is not None:
+            parts.append(f"{'>' if self.lo_open else '>='} {self.lo:g}")
+        if self.hi is not None:
+            parts.append(f"{'<' if self.hi_open else '<='} {self.hi:g}")
+        return kind + (" " + " and ".join(parts) if parts else "")
+
+
+def _k(name, type_, default, scope, help, **kw):
+    return name, Key(name, type_, default, scope, help, **kw)
+
+
+SCHEMA: dict[str, Key] = dict([
+    # --- the model and the protocol: the label owner's run config decides
+    _k("dataset", str, "breast_cancer", "run", "bundled dataset", choices=DATASETS),
+    _k("num-parties", int, 2, "run", "number of column blocks / parties (one SuperNode each)", lo=1, hi=1000),
+    _k("loss", str, "logistic", "run", "loss of the label owner", choices=tuple(LOSSES)),
+    _k("penalty", str, "l2", "run", "the parties' regularizer", choices=tuple(PENALTIES)),
+    _k("lam", float, 1e-4, "run", "regularization coefficient λ", lo=0.0),
+    _k("rho", float, 0.0, "run", "ADMM penalty ρ; 0 = default 0.2·c/N (3·c/N for the nonconvex sigmoid)",
+       lo=0.0),
+    _k("alpha", float, 1.0, "run", "over-relaxation (Boyd 3.4.3)", lo=0.0, hi=2.0, lo_open=True, hi_open=True),
+    _k("fit-intercept", bool, True, "run", "the label owner fits an unpenalized intercept"),
+    _k("max-rounds", int, 50, "run", "ADMM rounds", lo=1, hi=1_000_000),
+    _k("tol", float, 0.0, "run", "relative residual tolerance (Boyd 3.3.1); 0 runs every round", lo=0.0),
+    _k("eval-every", int, 0, "run", "evaluate every k rounds (0: only at the end)", lo=0),
+    _k("out-dir", str, "", "run", "where the label owner writes report.json, metrics.csv (rewritten "
+                                  "every round) and decision_test.npy"),
+    # --- faults and deployment (label owner)
+    _k("round-timeout", float, 600.0, "run", "seconds to wait for the parties' replies in one round",
+       lo=0.0, lo_open=True),
+    _k("party-wait", float, 120.0, "run", "seconds to wait for a missing party (every num-parties node "
+                                          "at identify, a lost SuperNode to come back); 0: do not wait",
+       lo=0.0),
+    _k("stragglers", str, "wait", "run", "a party that misses a round: 'wait' for it (up to party-wait) or "
+                                         "go on with its last release ('stale', bounded by max-staleness)",
+       choices=("wait", "stale")),
+    _k("max-staleness", int, 5, "run", "stragglers='stale': most consecutive rounds a party's last "
+                                       "release may stand in for it", lo=1, hi=1000),
+    _k("resume", str, "", "run", "a state folder of an earlier run: continue it from its last checkpoint"),
+    _k("party-keys", str, "", "run", "JSON file mapping party -> SHA-256 fingerprint of the SuperNode "
+                                     "auth public key allowed to serve it ('' = no binding)"),
+    # --- folders: the reader's own
+    _k("data-dir", str, "", "both", "folder holding a9a and a9a.t (default ../shared/data/a9a); the "
+                                    "label owner's labels (run config), a party's columns (node config)"),
+    _k("state-dir", str, "", "both", "checkpoint folder: the label owner's (run config; '' = "
+                                     "<out-dir>/state) or a party's own (node config)"),
+    # --- a party's privacy: its own node config wins
+    _k("dp", bool, False, "node-first", "this party releases under differential privacy"),
+    _k("dp-parties", str, "", "node-first", "which parties are private, e.g. '1' or '0,2' (empty: all)"),
+    _k("dp-epsilon", float, 1.0, "node-first", "the party's total ε", lo=0.0, hi=100.0, lo_open=True),
+    _k("dp-delta", float, 1e-5, "node-first", "the party's total δ", lo=0.0, hi=0.1, lo_open=True),
+    _k("dp-train-rounds", int, 0, "node-first", "released training rounds after the warm start", lo=0,
+       hi=10_000),
+    _k("dp-eval-rounds", int, 1, "node-first", "evaluation releases budgeted", lo=0, hi=1000),
+    _k("dp-lam", float, 0.0, "node-first", "the private party's own λ (0: lam)", lo=0.0),
+    _k("dp-b1", float, 2.0, "node-first", "ball radius of x_m", lo=0.0, lo_open=True),
+    _k("dp-clip", float, 10.0, "node-first", "clip of the x-update target and of released values",
+       lo=0.0, lo_open=True),
+    _k("dp-calibration", str, "strict", "node-first", "'strict' (sample-level) or 'paper' (Lemma 1)",
+       choices=("strict", "paper")),
+    _k("dp-noise", str, "output", "node-first", "'output' (Gaussian mechanism) or 'paper' (eq. 16)",
+       choices=("output", "paper")),
+    _k("dp-accountant", str, "exact", "node-first", "accountant of the party's ledger", choices=ACCOUNTANTS),
+    _k("dp-seed", int, -1, "node-first", "noise seed (-1: fresh OS entropy)", lo=-1, hi=2**63 - 1),
+    # --- a SuperNode's identity and guards
+    _k("partition-id", int, None, "node", "the party this SuperNode serves (required)", lo=0),
+    _k("num-partitions", int, None, "node", "set by Flower's simulation engine; informational", lo=1),
+    _k("max-answers", int, 0, "node", "most replies this party gives in one run (0: no cap)", lo=0),
+    _k("min-rho", float, None, "node", "a party's own lower bound on the ρ it accepts", lo=0.0),
+    _k("max-rho", float, None, "node", "a party's own upper bound on the ρ it accepts", lo=0.0, lo_open=True),
+    # --- own data (flower_vfl.strategies.own_data, flower_vfl.clients.psi_party; docs/own-data.md)
+    _k("mode", str, "train", "run", "own data: 'train' or 'predict'", choices=("train", "predict")),
+    _k("labels-path", str, "", "run", "own data: the label owner's labelled training file"),
+    _k("labels-test-path", str, "", "run", "own data: the label owner's labelled held-out file"),
+    _k("score-ids-path", str, "", "run", "own data, mode=predict: the file naming the rows to score"),
+    _k("id-column", str, "id", "both", "own data: the ID column"),
+    _k("label-column", str, "label", "run", "own data: the label column of the label owner's files"),
+    _k("model-dir", str, "", "both", "own data: where the model is saved"),
+    _k("predictions-path", str, "", "run", "own data, mode=predict: the CSV written"),
+    _k("psi-structure", str, "raw", "run", "own data: PSI setup structure", choices=("raw", "gcs", "bloom")),
+    _k("psi-fpr", float, 1e-9, "run", "own data: PSI false-positive rate", lo=0.0, hi=1.0, lo_open=True,
+       hi_open=True),
+    *(_k(name, object, None, "node", "own data: a party's file settings (checked by "
+                                     "flower_vfl.clients.psi_party; docs/own-data.md)")
+      for name in ("data-path", "test-path", "score-path", "id-path", "columns", "categorical", "format",
+                   "n-features", "preprocess", "sparse", "psi-max-request")),
+])
+
+
+def _suggest(key: str, pool) -> str:
+    close = difflib.get_close_matches(key, list(pool), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _where(source: str, key: str) -> str:
+    return f"--{key}" if source == "command line" else f"{source} key {key!r}"
+
+
+def check_value(key: str, value, source: str = "run config"):
+    """``value`` parsed as ``key`` says, or :class:`ConfigError` naming the key, the value and
+    what is allowed. Integers are accepted for float keys; nothing else is converted."""
+    if key not in SCHEMA:
+        raise ConfigError(f"unknown {source} key {key!r}{_suggest(key, SCHEMA)}; known keys: "
+                          f"{', '.join(sorted(SCHEMA))}")
+    spec = SCHEMA[key]
+    if spec.type is object:
+        return value
+
+    def bad(problem=""):
+        return ConfigError(f"{_where(source, key)}={value!r}{problem}: expected {spec.allowed()} "
+                           f"({spec.help})")
+
+    if spec.type is bool:
+        if not isinstance(value, bool):
+            raise bad()
+        return value
+    if spec.type is str:
+        if not isinstance(value, str):
+            raise bad()
+        if spec.choices is not None and value not in spec.choices:
+            raise ConfigError(f"{_where(source, key)}={value!r} is not allowed{_suggest(value, spec.choices)}: "
+                              f"expected {spec.allowed()} ({spec.help})")
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise bad()
+    if spec.type is int:
+        if not isinstance(value, numbers.Integral):
+            raise bad()
+        value = int(value)
+    else:
+        value = float(value)
+        if not math.isfinite(value):
+            raise bad()
+    lo, hi = spec.lo, spec.hi
+    if lo is not None and (value < lo or (spec.lo_open and value == lo)):
+        raise bad(" is out of range")
+    if hi is not None and (value > hi or (spec.hi_open and value == hi)):
+        raise bad(" is out of range")
+    return value
+
+
+def run_defaults() -> dict:
+    """Defaults of every key a run config may carry (== pyproject's [tool.flwr.app.config])."""
+    return {k: s.default for k, s in SCHEMA.items() if s.scope != "node"}
+
+
+def _dp_parties(text: str, num_parties: int, source: str) -> None:
+    items = text.replace(",", " ").split()
+    if not all(p.isdigit() and int(p) < num_parties for p in items):
+        raise ConfigError(f"{_where(source, 'dp-parties')}={text!r}: expected party ids between 0 and "
+                          f"{num_parties - 1} separated by commas or spaces (num-parties={num_parties})")
+
+
+def parse_run_config(run_config, source: str = "run config") -> dict:
+    """Every run key, typed and checked (defaults filled in). Refuses unknown keys and keys only
+    a SuperNode's node config may set."""
+    out = run_defaults()
+    for key, value in dict(run_config or {}).items():
+        if key in SCHEMA and SCHEMA[key].scope == "node":
+            raise ConfigError(f"{_where(source, key)} can only be set in a SuperNode's node config "
+                              f"(--node-config \"{key}=...\"): {SCHEMA[key].help}")
+        out[key] = check_value(key, value, source)
+    _dp_parties(out["dp-parties"], out["num-parties"], source)
+    return out
+
+
+def parse_node_config(node_config, run_config=None, source: str = "node config") -> dict:
+    """A party's settings: its node config over the run config over the defaults, typed and
+    checked. ``partition-id`` is required; run-scope keys in the node config are refused."""
+    node_config = dict(node_config or {})
+    for key, value in node_config.items():
+        if key in SCHEMA and SCHEMA[key].scope == "run":
+            raise ConfigError(f"{_where(source, key)}={value!r} is refused: only the run config may set "
+                              f"{key!r} ({SCHEMA[key].help}); remove it from --node-config")
+        check_value(key, value, source)
+    out = parse_run_config({k: v for k, v in dict(run_config or {}).items() if SCHEMA.get(k) is None
+                            or SCHEMA[k].scope != "node"})
+    out.update({k: s.default for k, s in SCHEMA.items() if s.scope == "node"})
+    for key, value in node_config.items():
+        out[key] = check_value(key, value, source)
+    if out["partition-id"] is None:
+        raise ConfigError(f"{source} key 'partition-id' is missing: every SuperNode must say which party "
+                          "it serves, e.g. --node-config \"partition-id=0\"")
+    if out["partition-id"] >= out["num-parties"]:
+        raise ConfigError(f"{source} key 'partition-id'={out['partition-id']} is out of range: expected an "
+                          f"integer between 0 and {out['num-parties'] - 1} (num-parties={out['num-parties']})")
+    _dp_parties(out["dp-parties"], out["num-parties"], source)
+    return out
+
+
+def setting(key: str, run_config=None, node_config=None):
+    """One key's value: from the node config when its scope lets a node set it, else the run
+    config, else the default; checked against the schema."""
+    if key not in SCHEMA:
+        raise KeyError(f"unknown config key {key!r}{_suggest(key, SCHEMA)}")
+    spec = SCHEMA[key]
+    node_config, run_config = node_config or {}, run_config or {}
+    if key in node_config:
+        if spec.scope == "run":
+            raise ConfigError(f"node config key {key!r}={node_config[key]!r} is refused: only the run config "
+                              f"may set {key!r} ({spec.help}); remove it from --node-config")
+        return check_value(key, node_config[key], "node config")
+    if key in run_config and spec.scope != "node":
+        return check_value(key, run_config[key], "run config")
+    return spec.default
+
+
+def markdown_table() -> str:
+    """The README's key table, generated from the schema."""
+    rows = ["| key | scope | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for k, s in SCHEMA.items():
+        d = "(required)" if k == "partition-id" else "" if s.default is None else \
+            str(s.default).lower() if s.type is bool else repr(s.default) if s.type is str else f"{s.default:g}"
+        rows.append(f"| `{k}` | {s.scope} | {d} | {s.allowed()} | {s.help} |")
+    return "\n".join(rows)

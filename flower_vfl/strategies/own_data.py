@@ -1,0 +1,158 @@
+"""The label owner's own-data runs: PSI alignment, training, saved models, prediction jobs.
+
+Called by the ServerApp when the run config names a labels file (``labels-path``); glue
+only: reading is :mod:`flower_vfl.io`, the protocol :mod:`flower_vfl.psi`, the file format
+:mod:`flower_vfl.model_io`.
+
+Run-config keys (the label owner's; a party's keys are in its node config, see
+:mod:`flower_vfl.io.sources`):
+
+====================  =======================================================================
+``mode``              ``train`` (default) or ``predict``
+``labels-path``       the label owner's training file: the ID column and the label column
+``labels-test-path``  held-out IDs and labels, scored in the evaluation rounds (optional)
+``score-ids-path``    ``mode=predict``: the file naming the rows to score by ID
+``id-column``         the ID column of the label owner's files (default ``id``)
+``label-column``      the label column (default ``label``); refused in a party's file
+``model-dir``         where the label owner keeps its model file (``label-owner.npz``)
+``predictions-path``  ``mode=predict``: the CSV written (default ``<model-dir>/predictions.csv``)
+``psi-structure``     ``raw`` (exact, default), ``gcs`` or ``bloom``
+``psi-fpr``           false-positive rate of gcs / bloom (default 1e-9)
+====================  =======================================================================
+"""
+
+from __future__ import annotations
+
+import csv
+from logging import INFO
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from .. import model_io
+from ..core.losses import get_loss
+from ..io import read_party, source_from_config
+from ..labels import decode_scores, encode_classes
+from .psi_align import PSIAlignment
+
+__all__ = ["OWN_DATA_DEFAULTS", "enabled", "owner_labels", "train", "predict", "owner_model_path"]
+
+OWN_DATA_DEFAULTS = {"mode": "train", "labels-path": "", "labels-test-path": "", "score-ids-path": "",
+                     "id-column": "id", "label-column": "label", "model-dir": "", "predictions-path": "",
+                     "psi-structure": "raw", "psi-fpr": 1e-9}
+
+
+def _get(rc, key):
+    v = rc.get(key, OWN_DATA_DEFAULTS[key])
+    return OWN_DATA_DEFAULTS[key] if v is None else v
+
+
+def enabled(run_config) -> bool:
+    return bool(_get(run_config, "labels-path")) or _get(run_config, "mode") == "predict"
+
+
+def owner_labels(run_config, key="labels-path", labels=True):
+    """(ids, y) of the label owner's file named by ``key`` (y None when ``labels`` is False)."""
+    cfg = {"data-path": str(_get(run_config, key)), "id-column": _get(run_config, "id-column"),
+           "label-column": _get(run_config, "label-column") if labels else ""}
+    src = source_from_config(cfg, "train")
+    import dataclasses
+    t = read_party(dataclasses.replace(src, labels_only=True))
+    return t.ids, t.y
+
+
+def owner_model_path(run_config) -> Path:
+    base = run_config.get("model-dir") or run_config.get("out-dir") or "vfl-model"
+    return Path(str(base)) / "label-owner.npz"
+
+
+def _align(grid, ids, num_parties, split, run_config, timeout):
+    return PSIAlignment(ids, num_parties, split, structure=str(_get(run_config, "psi-structure")),
+                        fpr=float(_get(run_config, "psi-fpr")), timeout=timeout).run(grid)
+
+
+def train(grid: Grid, run_config, make_strategy, progress=None, timeout: float = 600.0):
+    """Align (train and, if named, held-out rows), train, then every owner saves its model."""
+    num_parties = int(run_config.get("num-parties", 2))
+    loss_name = str(run_config.get("loss", "logistic"))
+    ids, y = owner_labels(run_config)
+    t, classes = encode_classes(y, loss_name)
+    al = _align(grid, ids, num_parties, "train", run_config, timeout)
+    t_test = None
+    if _get(run_config, "labels-test-path"):
+        ids_te, y_te = owner_labels(run_config, "labels-test-path")
+        al_te = _align(grid, ids_te, num_parties, "test", run_config, timeout)
+        t_test = _encode_like(y_te[al_te.order], classes, loss_name)
+    strategy = make_strategy(run_config, t[al.order], t_test)
+    strategy.start(grid, progress=progress)
+    # every party saves its own block on its own disk; only an acknowledgement comes back
+    cfg = ConfigRecord({"loss": loss_name, "rounds": int(strategy.final_.get("rounds", 0))})
+    msgs = [Message(RecordDict({"config": cfg}), dst_node_id=nid, message_type="query.save_model")
+            for nid in sorted(al.node_to_party)]
+    for rep in grid.send_and_receive(msgs, timeout=timeout):
+        if rep.has_error():
+            raise RuntimeError(f"a party failed to save its model: {rep.error.reason}")
+    path = model_io.save_owner_model(owner_model_path(run_config), np.asarray(strategy.central.b), loss_name,
+                                     classes, {k: v for k, v in dict(run_config).items()}, strategy.history_,
+                                     extra={"n_train": int(al.order.size), "parties": num_parties})
+    log(INFO, "label owner's model saved to %s; each party saved its own block", path)
+    strategy.alignment_ = al
+    return strategy
+
+
+def _encode_like(y, classes, loss_name):
+    if classes is None or loss_name not in ("logistic", "hinge", "sigmoid"):
+        return encode_classes(y, loss_name)[0]
+    unknown = sorted(set(np.asarray(y).tolist()) - set(classes.tolist()))
+    if unknown:
+        raise ValueError(f"held-out labels {unknown[:5]} are not among the training classes {classes.tolist()}")
+    return np.where(np.asarray(y) == classes[1], 1.0, -1.0)
+
+
+def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
+    """Score the rows named by ``score-ids-path``: PSI against each party's scoring file, each
+    party returns D_m x_m from its saved model, the label owner writes the predictions."""
+    num_parties = int(run_config.get("num-parties", 2))
+    m = model_io.load_model(owner_model_path(run_config))
+    meta = m["meta"]
+    loss = get_loss(meta["loss"])
+    classes = None if meta["classes"] is None else np.asarray(meta["classes"])
+    if not _get(run_config, "score-ids-path"):
+        raise ValueError("mode=predict needs the run-config key score-ids-path (a file with the IDs to score)")
+    ids, _ = owner_labels(run_config, "score-ids-path", labels=False)
+    al = _align(grid, ids, num_parties, "score", run_config, timeout)
+    msgs = [Message(RecordDict({"config": ConfigRecord({"split": "score"})}), dst_node_id=nid,
+                    message_type="query.predict") for nid in sorted(al.node_to_party)]
+    parts = {}
+    for rep in grid.send_and_receive(msgs, timeout=timeout):
+        nid = rep.metadata.src_node_id
+        if rep.has_error():
+            raise RuntimeError(f"party {al.node_to_party.get(nid, '?')} (node {nid}) failed to score: "
+                               f"{rep.error.reason}")
+        parts[int(rep.content["meta"]["party"])] = rep.content["release"]["s_score"].numpy()
+    missing = sorted(set(range(num_parties)) - set(parts))
+    if missing:
+        raise RuntimeError(f"parties {missing} returned no scores; prediction needs every party's block "
+                           "(no zero-filling): restart their SuperNodes and run mode=predict again")
+    f = sum(parts[k] for k in sorted(parts)) + m["intercept"]
+    labels, proba = decode_scores(f, loss, classes)
+    scored = [ids[i] for i in al.order]
+    out = Path(str(_get(run_config, "predictions-path") or owner_model_path(run_config).parent / "predictions.csv"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="") as fh:
+        w = csv.writer(fh)
+        head = [str(_get(run_config, "id-column")), "score"]
+        if proba is not None:
+            head.append("probability")
+        w.writerow(head + ["class"])
+        for i, rid in enumerate(scored):
+            row = [rid, repr(float(np.ravel(f[i])[0]) if np.ndim(f) == 1 else f[i].tolist())]
+            if proba is not None:
+                row.append(repr(float(proba[i, -1])) if proba.shape[1] == 2 else proba[i].tolist())
+            w.writerow(row + [labels[i]])
+    log(INFO, "predictions for %d of the %d requested rows written to %s", len(scored), len(ids), out)
+    return {"ids": scored, "scores": f, "labels": labels, "proba": proba, "path": str(out),
+            "n_requested": len(ids)}

@@ -1,0 +1,281 @@
+"""The central node against malformed replies, lost and restarted SuperNodes, stragglers, a
+ServerApp crash (checkpoint + resume) and node keys bound to parties, all in process.
+
+A FaultyGrid wraps the in-process LocalGrid: it can rewrite a reply, drop a message (the party
+never sees it), answer for a dead node the way the SuperLink does (an error reply), and start a
+"restarted SuperNode" (a new node id, the same node config, the party's state as it kept it).
+"""
+
+import copy
+import re
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.proto.node_pb2 import NodeInfo
+
+from flower_vfl import client_app as ca
+from flower_vfl import server_app as sa
+from flower_vfl.checkpoint import load_checkpoint
+from flower_vfl.local_grid import LocalGrid
+from flower_vfl.strategies.replies import PartyFailed, PartyLost, ReplyError
+from flower_vfl.strategies.resilience import key_fingerprint
+
+HANDLERS = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}
+RC = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 8, "party-wait": 0.0}
+N = 426
+
+
+class FaultyGrid(LocalGrid):
+    """``fault(msg, grid)`` returns None (deliver normally), 'drop' (never delivered, no reply),
+    'dead' (the SuperLink's NODE_UNAVAILABLE error reply), 'error' (the party's handler raised)
+    or a function reply -> [replies]."""
+
+    def __init__(self, node_configs, rc, fault=None, keys=None):
+        super().__init__(HANDLERS, node_configs, rc)
+        self.fault, self.keys, self.dead = fault, keys or {}, set()
+
+    def get_node_ids(self):
+        return [n for n in self.contexts if n not in self.dead]
+
+    def get_nodes(self):
+        return [NodeInfo(node_id=n, public_key=self.keys.get(n, b"")) for n in self.get_node_ids()]
+
+    def restart(self, old, new):
+        """The SuperNode ``old`` comes back as ``new`` with the state it kept on its disk."""
+        self.dead.add(old)
+        ctx = self.contexts[old]
+        self.contexts[new] = Context(run_id=1, node_id=new, node_config=dict(ctx.node_config),
+                                     state=copy.deepcopy(ctx.state), run_config=dict(ctx.run_config))
+
+    def send_and_receive(self, messages, *, timeout=None):
+        out = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = msg.object_id
+            action = self.fault(msg, self) if self.fault else None
+            if msg.metadata.dst_node_id in self.dead or action == "dead":
+                out.append(Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node unavailable"), reply_to=msg))
+                continue
+            if action == "drop":
+                continue
+            if action == "error":     # what Flower sends when the party's handler raised
+                out.append(Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason="ValueError: bad"),
+                                   reply_to=msg))
+                continue
+            replies = list(super().send_and_receive([msg], timeout=timeout))
+            out.extend(action(replies[0]) if callable(action) else replies)
+        return out
+
+
+def nodes(n=2):
+    return {100 + i: {"partition-id": i} for i in range(n)}
+
+
+def run(grid, **rc):
+    return sa.make_strategy({**RC, **rc}).start(grid)
+
+
+def round_of(msg):
+    return int(msg.content["config"]["round"]) if msg.metadata.message_type == "train" else -1
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return run(FaultyGrid(nodes(), RC))
+
+
+def _with_release(rep, key="s", value=None, dtype=None):
+    rec = rep.content["release"]
+    v = rec[key].numpy() if value is None else value
+    rep.content["release"] = ArrayRecord({key: Array(np.asarray(v, dtype=dtype or v.dtype))})
+    return [rep]
+
+
+def _sender(node):
+    def f(rep):
+        rep.metadata.__dict__["_src_node_id"] = node
+        return [rep]
+    return f
+
+
+MALFORMED = {
+    "no release record": (lambda r: (r.content.__delitem__("release"), [r])[1], r"has no 'release' record"),
+    "no s": (lambda r: _with_release(r, key="t"), r"release\['s'\] is missing \(keys: \['t'\]\)"),
+    "int dtype": (lambda r: _with_release(r, dtype=np.int64), r"release\['s'\] has dtype int64; expected float64"),
+    "length 1": (lambda r: _with_release(r, value=np.zeros(1)), r"has shape \(1,\); expected \(426,\)"),
+    "2-D": (lambda r: _with_release(r, value=np.zeros((N, 2))), r"has shape \(426, 2\); expected \(426,\)"),
+    "NaN": (lambda r: _with_release(r, value=np.full(N, np.nan)), r"holds 426 NaN/inf values; refused"),
+    "inf": (lambda r: _with_release(r, value=np.r_[np.inf, np.zeros(N - 1)]), r"holds 1 NaN/inf values"),
+    "duplicate": (lambda r: [r, r], r"party 1 \(node 101\): a second reply to the round 3 \(train\) request"),
+    "wrong node": (_sender(100), r"party 1: the reply to the round 3 \(train\) request came from node 100, "
+                                 r"not from node 101"),
+    "handler error": ("error", r"party 1 \(node 101\) failed in the round 3 \(train\) request \(Flower error 2\): ValueError: bad"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_reply_stops_the_run_naming_the_party_and_leaves_z_untouched(case, clean, tmp_path):
+    """Round 3's reply of party 1 is malformed: a clear error naming the party and the field,
+    z and y stay those of round 2, the checkpoint is round 2's; resuming from it with the
+    parties as they were gives the clean run's iterates exactly."""
+    tamper, message = MALFORMED[case]
+    snap = {}
+
+    def fault(msg, grid):
+        if round_of(msg) == 3 and msg.metadata.dst_node_id == 100:
+            snap["contexts"] = copy.deepcopy(grid.contexts)       # the parties after round 2
+        if round_of(msg) == 3 and msg.metadata.dst_node_id == 101:
+            return tamper
+        return None
+
+    state = tmp_path / "state"
+    st = sa.make_strategy({**RC, "state-dir": str(state)})
+    exc_type = PartyFailed if case == "handler error" else ReplyError
+    with pytest.raises(exc_type, match=message):
+        st.start(FaultyGrid(nodes(), RC, fault))
+    assert st.failed_ and "party 1" in st.stopped_reason_ and len(st.history_) == 2
+    arrays, header = load_checkpoint(state)
+    assert header["round"] == 2
+    ref = sa.make_strategy({**RC, "max-rounds": 2}).start(FaultyGrid(nodes(), RC))
+    assert np.array_equal(st.central.z, ref.central.z) and np.array_equal(st.central.y, ref.central.y)
+    # a valid exchange afterwards (resume with the parties' round-2 state): the clean run, bitwise
+    grid = FaultyGrid(nodes(), RC)
+    grid.contexts = snap["contexts"]
+    resumed = sa.make_strategy({**RC, "resume": str(state)}).start(grid)
+    assert np.array_equal(resumed.decision_test_, clean.decision_test_)
+    assert [r["train_loss"] for r in resumed.history_] == [r["train_loss"] for r in clean.history_]
+
+
+def test_late_reply_to_an_earlier_request_is_never_used(clean):
+    """A reply whose reply_to_message_id matches no request of this round (here: the party's
+    round-3 reply re-delivered in round 4, from the right node) is ignored; the real reply counts."""
+    kept = {}
+
+    def fault(msg, grid):
+        if round_of(msg) == 3 and msg.metadata.dst_node_id == 101:
+            return lambda rep: (kept.setdefault("old", rep), [rep])[1]
+        if round_of(msg) == 4 and msg.metadata.dst_node_id == 101:
+            return lambda rep: [kept["old"], rep]
+        return None
+
+    st = run(FaultyGrid(nodes(), RC, fault))
+    assert np.array_equal(st.decision_test_, clean.decision_test_)
+
+
+def test_dead_supernode_restarted_with_a_new_node_id_gives_the_same_result(clean):
+    """Node 101 dies before round 5 (the SuperLink answers NODE_UNAVAILABLE); the party's
+    SuperNode restarts as node 201 with the state it keeps on its disk. The strategy matches the
+    error reply by reply_to_message_id, waits, re-identifies node 201 as party 1, re-sends round 5:
+    the clean run's result (1e-9; here bitwise)."""
+    def fault(msg, grid):
+        if round_of(msg) == 5 and msg.metadata.dst_node_id == 101:
+            grid.restart(101, 201)
+            return "dead"
+        return None
+
+    grid = FaultyGrid(nodes(), RC, fault)
+    st = run(grid, **{"party-wait": 5.0})
+    assert st.node_to_party == {100: 0, 201: 1}
+    assert np.max(np.abs(st.decision_test_ - clean.decision_test_)) <= 1e-9
+    assert len(st.history_) == 8
+
+
+def test_party_that_never_returns_stops_the_server_app_with_a_checkpoint(tmp_path):
+    """Node 101 dies at round 4 and no node comes back: the ServerApp raises (the Flower run
+    fails: non-zero status) naming party 1, report.json says what was done, the checkpoint is
+    round 3's."""
+    def fault(msg, grid):
+        if round_of(msg) == 4 and msg.metadata.dst_node_id == 101:
+            grid.dead.add(101)
+        return None
+
+    out = tmp_path / "out"
+    rc = {**RC, "party-wait": 0.5, "out-dir": str(out)}
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    with pytest.raises(PartyLost, match=r"party 1 did not come back within party-wait=0.5 s \(node 101 is gone "
+                                        r"\(Flower error 5: node unavailable\)\)"):
+        sa.main(FaultyGrid(nodes(), rc, fault), ctx)
+    import json
+    report = json.loads((out / "report.json").read_text())
+    assert report["final"]["failed"] is True and "party 1 did not come back" in report["final"]["error"]
+    assert [r["round"] for r in report["rounds"]] == [1, 2, 3]
+    assert load_checkpoint(out / "state")[1]["round"] == 3
+    assert (out / "metrics.csv").read_text().count("\n") == 4
+
+
+def test_identify_waits_for_every_party_then_names_the_missing_one():
+    grid = FaultyGrid(nodes(), RC)
+    grid.dead.add(101)
+    with pytest.raises(RuntimeError, match=r"parties \[1\] did not answer the identify query within "
+                                           r"party-wait=0.3 s \(nodes seen: \[100\]\)"):
+        run(grid, **{"party-wait": 0.3})
+
+
+def test_crash_and_resume_gives_bitwise_the_same_iterates(clean, tmp_path):
+    """The ServerApp dies during round 5 (before any party got it); a new ServerApp with
+    resume=<state folder> continues: every iterate and the decision values equal the
+    uninterrupted run's bitwise."""
+    class Crash(Exception):
+        pass
+
+    def fault(msg, grid):
+        if round_of(msg) == 5:
+            raise Crash
+        return None
+
+    state = tmp_path / "state"
+    grid = FaultyGrid(nodes(), RC, fault)
+    with pytest.raises(Crash):
+        run(grid, **{"state-dir": str(state)})
+    grid.fault = None
+    st = run(grid, resume=str(state))
+    assert np.array_equal(st.decision_test_, clean.decision_test_)
+    assert np.array_equal(st.central.z, clean.central.z) and np.array_equal(st.central.y, clean.central.y)
+    assert st.central.b == clean.central.b
+    assert [r["primal_residual"] for r in st.history_] == [r["primal_residual"] for r in clean.history_]
+
+
+def test_resume_refuses_a_different_run(tmp_path):
+    state = tmp_path / "state"
+    run(FaultyGrid(nodes(), RC), **{"state-dir": str(state), "max-rounds": 2})
+    with pytest.raises(ValueError, match=r"the checkpoint has num_parties=2 but this run has 3"):
+        run(FaultyGrid(nodes(3), RC), **{"num-parties": 3, "resume": str(state)})
+    with pytest.raises(FileNotFoundError, match=r"resume='.*nowhere': no checkpoint.npz there"):
+        run(FaultyGrid(nodes(), RC), resume=str(tmp_path / "nowhere"))
+
+
+def test_stale_straggler_round_goes_on_and_staleness_is_bounded(clean):
+    """stragglers='stale': party 1's round-4 message is lost; round 4 goes on with its last
+    release (one stale party logged), and the run still reaches the clean objective within
+    1e-4 after 20 rounds. Missing max-staleness+1 rounds in a row makes it wait (party-wait=0:
+    stop naming the party)."""
+    drop = lambda rounds: lambda msg, grid: "drop" if round_of(msg) in rounds and \
+        msg.metadata.dst_node_id == 101 else None  # noqa: E731
+    st = run(FaultyGrid(nodes(), RC, drop({4})), stragglers="stale", **{"max-rounds": 20})
+    assert [r["stale"] for r in st.history_][2:5] == [0, 1, 0]
+    ref = run(FaultyGrid(nodes(), RC), **{"max-rounds": 20})
+    assert st.history_[-1]["train_loss"] == pytest.approx(ref.history_[-1]["train_loss"], rel=1e-4)
+    with pytest.raises(PartyLost, match=r"party 1 did not come back within party-wait=0 s \(no reply from node 101\)"):
+        run(FaultyGrid(nodes(), RC, drop({3, 4, 5})), stragglers="stale", **{"max-staleness": 2})
+
+
+def _keys(tmp_path, mapping):
+    import json
+    path = tmp_path / "party-keys.json"
+    path.write_text(json.dumps({str(p): key_fingerprint(k) for p, k in mapping.items()}))
+    return str(path)
+
+
+def test_party_keys_bind_registered_keys_to_parties(tmp_path, clean):
+    keys = {100: b"PEM-of-node-100", 101: b"PEM-of-node-101"}
+    path = _keys(tmp_path, {0: keys[100], 1: keys[101]})
+    st = run(FaultyGrid(nodes(), RC, keys=keys), **{"party-keys": path})
+    assert np.array_equal(st.decision_test_, clean.decision_test_)
+    swapped = _keys(tmp_path, {0: keys[101], 1: keys[100]})
+    fp = key_fingerprint(keys[100])[:16]
+    with pytest.raises(PermissionError, match=re.escape(f"node 100 claims party 0 but its SuperNode key fingerprint "
+                                                        f"{fp}... is not the one party-keys binds to party 0")):
+        run(FaultyGrid(nodes(), RC, keys=keys), **{"party-keys": swapped})
+    with pytest.raises(PermissionError, match=r"node 100 claims party 0 but its SuperNode key is unknown"):
+        run(FaultyGrid(nodes(), RC), **{"party-keys": path})
