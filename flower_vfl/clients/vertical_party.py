@@ -116,10 +116,13 @@ class VerticalPartyClient:
             return dict(context.state[STATE_META])
         return {"n_outputs": 0, "last_train": -1, "answers": 0, "last_hash": ""}
 
-    def _n_outputs(self, msg, meta) -> int:
-        """Pinned by the first training message of the run; a later change of shape is refused."""
+    def _n_outputs(self, msg, meta, context) -> int:
+        """1 for scalar losses; K for multinomial, pinned by the run's first training message
+        (a later change of shape is refused)."""
         if meta["n_outputs"]:
             return int(meta["n_outputs"])
+        if str(context.run_config.get("loss", "logistic")) != "multinomial":
+            return 1
         try:
             shape = msg.content["vectors"]["q"].shape
         except Exception:
@@ -149,7 +152,7 @@ class VerticalPartyClient:
         """One x-update (eq. 6); replies with s_m = D_m x_m (noisy when private)."""
         meta = self._meta(context)
         try:
-            n_out = self._n_outputs(msg, meta)
+            n_out = self._n_outputs(msg, meta, context)
             inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
                                  needs_vectors=True, n_outputs=n_out)
             self.party = self._build(context, n_out)

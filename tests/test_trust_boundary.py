@@ -1,0 +1,298 @@
+"""A malicious central node against the party's real ClientApp handlers.
+
+Every test drives ``flower_vfl.client_app``'s handlers with a Flower ``Context`` as a
+SuperNode keeps it (node config, per-run state) and the party's own state-dir, and plays
+a server that replays, crafts inputs, rewrites the run config, starts new runs and sends
+garbage. What must hold: no second noise draw for an answered request, no privacy setting
+taken from the run config, no seed in any reply, the budget shared by every run on the
+data, nothing charged for an invalid request.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from flower_vfl import client_app as ca
+from flower_vfl.data import party_block
+from flower_vfl.privacy.store import PartyStore
+
+N = party_block("breast_cancer", 1, 2)[0].shape[0]
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    from flwr.supercore.task_identity import TaskIdentity
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 0, 0
+RC = {"dataset": "breast_cancer", "num-parties": 2, "lam": 1e-2}
+
+
+def node(tmp_path, **kw):
+    cfg = {"partition-id": 1, "dp": True, "dp-epsilon": 2.0, "dp-train-rounds": 3, "dp-eval-rounds": 1,
+           "state-dir": str(tmp_path / "party1")}
+    cfg.update(kw)
+    return cfg
+
+
+def ctx(node_config, run_id=1, run_config=None):
+    return Context(run_id=run_id, node_id=7, node_config=dict(node_config), state=RecordDict(),
+                   run_config=dict(RC if run_config is None else run_config))
+
+
+def content(rnd, q=None, y=None, rho=1e-3, alpha=1.0, theta=0.5, **extra):
+    rd = RecordDict({"config": ConfigRecord({"round": rnd, "rho": rho, "alpha": alpha, "theta": theta, **extra})})
+    if q is not None:
+        rd["vectors"] = ArrayRecord({"q": Array(np.asarray(q)), "y": Array(np.asarray(y))})
+    return rd
+
+
+def send(handler, context, rd, kind="train"):
+    return handler(Message(rd, dst_node_id=7, message_type=kind), context)
+
+
+def train(context, rnd, q, y, **kw):
+    return send(ca.train, context, content(rnd, q, y, **kw))
+
+
+def vectors(seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=N) * 0.1, rng.normal(size=N) * 1e-4
+
+
+def ledger(node_config):
+    store = PartyStore(node_config["state-dir"])
+    return [e for fp, unit, _ in store.datasets() for e in store.entries(fp, unit)]
+
+
+def refusal(reply):
+    assert "refusal" in reply.content, f"expected a refusal, got {list(reply.content.keys())}"
+    return dict(reply.content["refusal"])
+
+
+def s_of(reply):
+    return reply.content["release"]["s"].numpy()
+
+
+# --------------------------------------------------------------------------- replay
+def test_replay_with_crafted_inputs_is_refused_and_identical_resend_is_the_same_vector(tmp_path):
+    nc = node(tmp_path)
+    c = ctx(nc)
+    q, y = vectors()
+    first = s_of(train(c, 1, q, y))
+    assert np.array_equal(s_of(train(c, 1, q, y)), first)            # re-sent: the stored answer
+    crafted = train(c, 1, q, np.zeros(N) + 1e-12)                     # the v = 0 attack of the issue
+    assert refusal(crafted)["code"] == "replay"
+    assert "already answered the train request of round 1 with other inputs" in refusal(crafted)["reason"]
+    train(c, 3, q, y)
+    older = refusal(train(c, 2, q, y))                                # never answered, but older
+    assert older["code"] == "replay" and "round numbers must increase" in older["reason"]
+    assert [e.round for e in ledger(nc)] == [1, 3]
+
+
+def test_evaluation_replay_serves_the_one_released_model(tmp_path):
+    nc = node(tmp_path, **{"dp-train-rounds": 0})
+    c = ctx(nc)
+    q, y = vectors()
+    first = send(ca.evaluate, c, content(5, q, y, final_update=True), "evaluate")
+    s1 = first.content["release"]["s_test"].numpy()
+    for rnd, qq in ((5, q * 3), (6, -q), (7, None)):                  # crafted final updates, plain asks
+        extra = {"final_update": True} if qq is not None else {}
+        rep = send(ca.evaluate, c, content(rnd, qq, y if qq is not None else None, **extra), "evaluate")
+        assert np.array_equal(rep.content["release"]["s_test"].numpy(), s1)
+    assert [(e.kind, e.round) for e in ledger(nc)] == [("eval", 5)]
+
+
+def test_evaluation_before_the_final_update_is_refused_without_charge(tmp_path):
+    nc = node(tmp_path)
+    c = ctx(nc)
+    rep = send(ca.evaluate, c, content(1), "evaluate")
+    assert refusal(rep)["code"] == "refused" and "releases its model once" in refusal(rep)["reason"]
+    assert ledger(nc) == []
+
+
+# ------------------------------------------------------------------ run config
+@pytest.mark.parametrize("override", [
+    {"dp": False}, {"dp-parties": "0"}, {"dp-seed": 42}, {"dp-delta": 0.5}, {"dp-noise": "paper"},
+    {"dp-calibration": "paper"}, {"dp-epsilon": 50.0}, {"dp-train-rounds": 50}, {"dp-clip": 1e-6},
+    {"dp-b1": 1e-6}, {"dp-lam": 10.0}, {"dp-accountant": "paper"}])
+def test_run_config_privacy_keys_have_no_effect(tmp_path, override):
+    q, y = vectors()
+    base_nc = node(tmp_path / "base")
+    base = train(ctx(base_nc), 1, q, y)
+    nc = node(tmp_path / "attacked")
+    rep = train(ctx(nc, run_config={**RC, "dp": True, **override}), 1, q, y)
+    assert "release" in rep.content                                    # still private, still answering
+    report = json.loads(str(rep.content["privacy"]["report"]))
+    want = json.loads(str(base.content["privacy"]["report"]))
+    assert report["config"] == want["config"] and report["noise_multiplier"] == want["noise_multiplier"]
+    assert report["ledger"]["entries"] == want["ledger"]["entries"]    # same sigma, same sensitivity
+    assert report["config"]["noise_source"] == "os-entropy"
+
+
+def test_run_config_asking_for_privacy_without_a_node_budget_refuses_to_start(tmp_path):
+    from flower_vfl.schema import ConfigError
+
+    c = ctx({"partition-id": 1, "state-dir": str(tmp_path)}, run_config={**RC, "dp": True, "dp-epsilon": 1.0})
+    with pytest.raises(ConfigError, match="its node config declares no budget.*dp-epsilon"):
+        send(ca.identify, c, RecordDict({"config": ConfigRecord({"want": "party"})}), "query.identify")
+
+
+def test_the_noise_seed_never_leaves_the_party(tmp_path):
+    seed = 918273645
+    nc = node(tmp_path, **{"dp-seed": seed})
+    c = ctx(nc)
+    q, y = vectors()
+    replies = [send(ca.identify, c, RecordDict({"config": ConfigRecord({"want": "party"})}), "query.identify"),
+               train(c, 1, q, y), train(c, 1, q * 2, y), train(c, 2, q, y),
+               send(ca.evaluate, c, content(9, q, y, final_update=True), "evaluate")]
+    for rep in replies:
+        text = json.dumps({name: {k: str(v) for k, v in rec.items()}
+                           for name, rec in rep.content.items() if not isinstance(rec, ArrayRecord)})
+        assert str(seed) not in text and '"seed"' not in text and "seed\\\"" not in text
+
+
+# ------------------------------------------------------------- runs and restarts
+def test_a_new_run_on_the_same_data_sees_only_what_is_left(tmp_path):
+    nc = node(tmp_path, **{"dp-train-rounds": 2, "dp-eval-rounds": 1})
+    q, y = vectors()
+    c1 = ctx(nc, run_id=1)
+    train(c1, 1, q, y)
+    train(c1, 2, q, y)
+    send(ca.evaluate, c1, content(3, q, y, final_update=True), "evaluate")
+    c2 = ctx(nc, run_id=2)                              # a new run: fresh context.state
+    ident = send(ca.identify, c2, RecordDict({"config": ConfigRecord({"want": "party"})}), "query.identify")
+    info = dict(ident.content["identity"])
+    assert info["affordable"] is False and info["spent_before_run"] == pytest.approx(2.0, rel=1e-6)
+    rep = refusal(train(c2, 1, q, y))
+    assert rep["code"] == "budget" and "above the budget" in rep["reason"]
+    assert len(ledger(nc)) == 3
+
+
+def test_a_restarted_node_resumes_its_iterate_and_ledger(tmp_path):
+    q, y = vectors()
+    steady, restarted = node(tmp_path / "a", **{"dp-seed": 5}), node(tmp_path / "b", **{"dp-seed": 5})
+    c = ctx(steady)
+    out_a = [s_of(train(c, k, q, y)) for k in (1, 2, 3)]
+    c = ctx(restarted)
+    out_b = [s_of(train(c, 1, q, y))]
+    c = ctx(restarted)                                  # the SuperNode restarted: context.state is gone
+    out_b += [s_of(train(c, k, q, y)) for k in (2, 3)]
+    assert all(np.array_equal(a, b) for a, b in zip(out_a, out_b))
+    assert len(ledger(restarted)) == 3
+
+
+def test_an_evaluation_allowance_cannot_be_spent_as_a_training_release(tmp_path):
+    nc = node(tmp_path, **{"dp-train-rounds": 0, "dp-eval-rounds": 1})
+    rep = refusal(train(ctx(nc), 1, *vectors()))
+    assert rep["code"] == "plan" and "allows 0 train release(s) per run" in rep["reason"]
+    assert ledger(nc) == []
+
+
+# ---------------------------------------------------------------- bad messages
+N_ = N
+BAD = [
+    ("config.rho", dict(rho=float("nan"))), ("config.rho", dict(rho=float("inf"))), ("config.rho", dict(rho=-1.0)),
+    ("config.rho", dict(rho=0.0)), ("config.theta", dict(theta=0.0)), ("config.theta", dict(theta=3.0)),
+    ("config.alpha", dict(alpha=2.0)), ("config.alpha", dict(alpha=float("nan"))),
+    ("config.round", dict(rnd=-1)), ("config.round", dict(rnd="1")),
+    ("vectors.q", dict(q=np.full(N_, np.nan))), ("vectors.y", dict(y=np.full(N_, np.inf))),
+    ("vectors.q", dict(q=np.zeros(N_ + 1))), ("vectors.q", dict(q=np.zeros((N_, 2)))),
+    ("vectors.y", dict(y=np.zeros(N_ - 1))), ("vectors.q", dict(q=np.array(["a"] * N_))),
+]
+
+
+def _bad(kw):
+    q, y = vectors()
+    rnd = kw.pop("rnd", 1)
+    q, y = kw.pop("q", q), kw.pop("y", y)
+    rd = RecordDict({"config": ConfigRecord({"round": rnd, "rho": 1e-3, "alpha": 1.0, "theta": 0.5, **kw})})
+    rd["vectors"] = ArrayRecord({"q": Array(q), "y": Array(y)})
+    return rd
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_invalid_messages_are_refused_naming_the_field_and_change_nothing(tmp_path, private):
+    nc = node(tmp_path, **{"dp-seed": 3}) if private else {"partition-id": 1, "state-dir": str(tmp_path)}
+    clean_nc = node(tmp_path / "clean", **{"dp-seed": 3}) if private else {"partition-id": 1}
+    c = ctx(nc)
+    for field, kw in BAD:
+        rep = refusal(send(ca.train, c, _bad(dict(kw))))
+        assert rep["code"] == "invalid" and rep["field"] == field, (field, rep)
+    for missing in ("vectors", "config"):
+        rd = _bad({})
+        del rd[missing]
+        assert refusal(send(ca.train, c, rd))["field"].startswith("message." if missing else "")
+    if private:
+        assert ledger(nc) == []                          # nothing charged
+    q, y = vectors()
+    after = s_of(train(c, 1, q, y))                      # a valid message afterwards ...
+    clean = s_of(train(ctx(clean_nc), 1, q, y))          # ... answers as a party that saw no garbage
+    assert np.array_equal(after, clean)
+
+
+def test_a_non_private_party_caps_its_answers_per_run(tmp_path):
+    c = ctx({"partition-id": 1, "max-answers": 2})
+    q, y = vectors()
+    train(c, 1, q, y)
+    train(c, 2, q, y)
+    rep = refusal(train(c, 3, q, y))
+    assert "max-answers" in rep["reason"]
+
+
+# ---------------------------------------------------------------------- crash
+def test_a_crash_between_ledger_write_and_reply_loses_budget_never_privacy(tmp_path):
+    """The party process dies right after the release became durable and before it replied;
+    the restarted party answers the re-sent request from its store: one row, one draw."""
+    nc = node(tmp_path)
+    q, y = vectors()
+    np.savez(tmp_path / "msg.npz", q=q, y=y)
+    script = textwrap.dedent(f"""
+        import os, json, numpy as np
+        from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+        from flower_vfl import client_app as ca
+        from flower_vfl.privacy import store
+        from flwr.supercore.task_identity import TaskIdentity
+        TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 0, 0
+        store._after_commit_hook = lambda: os._exit(17)      # the injected fault
+        m = np.load({str(tmp_path / "msg.npz")!r})
+        rd = RecordDict({{"config": ConfigRecord({{"round": 1, "rho": 1e-3, "alpha": 1.0, "theta": 0.5}}),
+                          "vectors": ArrayRecord({{"q": Array(m["q"]), "y": Array(m["y"])}})}})
+        c = Context(run_id=1, node_id=7, node_config=json.loads({json.dumps(json.dumps(nc))}), state=RecordDict(),
+                    run_config={json.dumps(RC)!r} and json.loads({json.dumps(json.dumps(RC))}))
+        ca.train(Message(rd, dst_node_id=7, message_type="train"), c)
+        os._exit(0)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 17, proc.stderr[-2000:]
+    entries = ledger(nc)
+    assert [(e.run, e.round, e.kind) for e in entries] == [("1", 1, "train")]     # charged
+    rep = train(ctx(nc), 1, q, y)                       # the server re-sends after the restart
+    store = PartyStore(nc["state-dir"])
+    (fp, unit, count), = store.datasets()
+    assert count == 1                                   # no second draw exists
+    assert np.array_equal(s_of(rep), store.answer(fp, unit, "1", 1, "train").payload["s"])
+
+
+# ------------------------------------------------------------- predict many
+def test_predict_many_times_uses_one_released_model():
+    from flower_vfl import VerticalADMM
+    from flower_vfl.privacy import PrivacyConfig
+
+    (D0, T0), (D1, T1) = party_block("breast_cancer", 0, 2), party_block("breast_cancer", 1, 2)
+    from flower_vfl.data import labels
+    y, _ = labels("breast_cancer")
+    m = VerticalADMM(lam=1e-3, max_rounds=20, privacy=[None, PrivacyConfig(epsilon=1.0, lam=3e-2)]).fit([D0, D1], y)
+    outs = [m.decision_function([T0, T1]) for _ in range(3)]
+    proba = [m.predict_proba([T0, T1]) for _ in range(2)]
+    preds = m.predict([T0, T1])
+    assert all(np.array_equal(outs[0], o) for o in outs) and np.array_equal(proba[0], proba[1])
+    assert preds.shape == (T0.shape[0],)
+    entries = m.privacy_report()[0]["ledger"]["entries"]
+    assert [e["kind"] for e in entries] == ["eval"]
+    p = m._parties[1]
+    assert np.array_equal(m.coef_[1], p.x_released) and not np.allclose(m.coef_[1], p.x)
