@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from .config import RUN_DEFAULTS, privacy_from_config
+from .schema import SCHEMA, ConfigError, parse_run_config
 
 
 def _run_config(args) -> dict:
@@ -27,6 +28,7 @@ def _run_config(args) -> dict:
         attr = key.replace("-", "_")
         if hasattr(args, attr) and getattr(args, attr) is not None:
             rc[key] = getattr(args, attr)
+    parse_run_config(rc, source="command line")     # every value checked before any round
     return rc
 
 
@@ -57,6 +59,16 @@ def _add_run_args(p):
     p.add_argument("--dp-clip", type=float, default=10.0,
                    help="clip of the x-update target and of released values")
     p.add_argument("--dp-seed", type=int, default=-1, help="noise seed (-1: fresh OS entropy)")
+    for key, spec in SCHEMA.items():     # every other run key, typed by the schema
+        if spec.scope != "node" and spec.type is not object and f"--{key}" not in p._option_string_actions:
+            p.add_argument(f"--{key}", type=_bool if spec.type is bool else spec.type, default=None,
+                           choices=spec.choices, help=spec.help.replace("%", "%%"))
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected true or false")
+    return text.lower() == "true"
 
 
 def cmd_fit(args):
@@ -68,10 +80,12 @@ def cmd_fit(args):
     n = args.num_parties
     blocks = [party_block(args.dataset, m, n, args.data_dir or None) for m in range(n)]
     y, yt = labels(args.dataset, args.data_dir or None)
-    privacy = [privacy_from_config(m, rc) for m in range(n)] if args.dp else None
+    nodes = local_node_configs(rc, n)
+    privacy = [privacy_from_config(m, {}, nodes[m]) for m in range(n)] if args.dp else None
     model = VerticalADMM(loss=args.loss, penalty=args.penalty, lam=args.lam,
                          rho=args.rho if args.rho > 0 else "auto", max_rounds=args.max_rounds,
-                         tol=args.tol, privacy=privacy, verbose=True)
+                         tol=args.tol, privacy=privacy, verbose=True,
+                         callback=_eval_callback(args, [b[1] for b in blocks], yt))
     t0 = time.perf_counter()
     model.fit([b[0] for b in blocks], y)
     f = model.decision_function([b[1] for b in blocks])
@@ -80,6 +94,15 @@ def cmd_fit(args):
                  test_accuracy=float(np.mean(model.loss_.predict(f) == model.loss_.predict(t))),
                  wall_time_s=time.perf_counter() - t0, converged=model.converged_)
     print(json.dumps({k: final[k] for k in ("round", "objective", "test_loss", "test_accuracy")}))
+    if getattr(model, "nonprivate_coef_", None) is not None:
+        ref = model.loss_.mean(model.decision_function_nonprivate([b[1] for b in blocks]), t)
+        final["test_loss_nonprivate"] = ref
+        if final["test_loss"] > ref:
+            final["dp_warning"] = (
+                f"the private parties made the model worse: test loss {final['test_loss']:.4g} with them vs "
+                f"{ref:.4g} for the non-private parties alone; raise --dp-lam, lower --dp-train-rounds or "
+                "give them a larger --dp-epsilon")
+            print("warning: " + final["dp_warning"], file=sys.stderr)
     privacy_report = model.privacy_report()
     if privacy_report:
         print_privacy_summary(privacy_report)
@@ -88,6 +111,47 @@ def cmd_fit(args):
                             extra={"engine": "in-process", "privacy": privacy_report})
         print(f"wrote {path} and metrics.csv")
     return 0
+
+
+def _eval_callback(args, test_blocks, y_test):
+    """``--eval-every k``: test_loss / test_accuracy in the history every k rounds (not with
+    private parties: an evaluation before training ends would be one more release)."""
+    every = int(getattr(args, "eval_every", None) or 0)
+    if every <= 0 or args.dp:
+        if every > 0:
+            print("--eval-every is ignored with --dp: intermediate evaluations would be privacy releases")
+        return None
+
+    def callback(k, model):
+        if k % every == 0:
+            f = model.decision_function(test_blocks)
+            t = model.loss_.encode_labels(y_test)
+            model.history_[-1].update(test_loss=model.loss_.mean(f, t),
+                                      test_accuracy=float(np.mean(model.loss_.predict(f) == model.loss_.predict(t))))
+    return callback
+
+
+def cmd_report(args):
+    """One run's PNG (default RUN_DIR/run.png) or several runs overlaid (--out)."""
+    from .plots import plot_run, plot_runs
+    if len(args.run_dirs) == 1 and not args.out:
+        path = plot_run(args.run_dirs[0])
+    else:
+        path = plot_runs(args.run_dirs, args.out or "runs.png")
+    print(f"wrote {path}")
+    return 0
+
+
+def local_node_configs(rc: dict, n: int) -> dict[int, dict]:
+    """Each party's own settings when one operator plays every party (``fit``, ``simulate``):
+    the ``--dp-*`` flags become the private parties' node configs (a party's privacy settings
+    come only from its node config). Unknown ids in ``--dp-parties`` are an error."""
+    from .config import PRIVACY_KEYS, dp_party_ids
+    nodes = {m: {"partition-id": m} for m in range(n)}
+    if rc.get("dp"):
+        for m in dp_party_ids(rc, n):
+            nodes[m].update({"dp": True, **{k: rc[k] for k in PRIVACY_KEYS if k in rc}})
+    return nodes
 
 
 def print_privacy_summary(reports):
@@ -110,10 +174,62 @@ def cmd_simulate(args):
     for k, v in rc.items():
         items.append(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}")
     env = dict(os.environ, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    if rc.get("dp"):    # the parties' own settings, as their node configs (flower_vfl.client_app)
+        import tempfile
+        path = os.path.join(tempfile.mkdtemp(prefix="flower-vfl-nodes-"), "node-config.json")
+        with open(path, "w") as fh:
+            json.dump({str(m): cfg for m, cfg in local_node_configs(rc, args.num_parties).items()}, fh)
+        env["FLOWER_VFL_NODE_CONFIG"] = path
+        print(f"private parties' node configs: {path} (FLOWER_VFL_NODE_CONFIG)")
     cmd = ["flwr", "run", ".", "--stream", "--federation-config", f"num-supernodes={args.num_parties}",
            "--run-config", " ".join(items).replace('"', "'")]
     print(" ".join(cmd))
     return subprocess.call(cmd, env=env)
+
+
+def cmd_ledger(args):
+    """Every dataset this party's store has released on: budget, releases per run, ε spent
+    (the party's accountant over the noise multipliers it recorded), what is left."""
+    import shlex
+    from pathlib import Path
+
+    from .privacy.accounting import epsilon_for_releases
+    from .privacy.store import PartyStore, default_state_dir
+    state = args.state_dir
+    if args.node_config:
+        kv = dict(item.split("=", 1) for item in shlex.split(args.node_config) if "=" in item)
+        state = state or kv.get("state-dir", "")
+    path = Path(state) if state else default_state_dir()
+    if not (path / "party.sqlite").is_file() and not path.is_file():
+        print(f"flower-vfl ledger: no party store at {path} (no private release was ever made there); "
+              "give the party's --state-dir", file=sys.stderr)
+        return 2
+    store = PartyStore(path)
+    out = []
+    for fp, unit, count in store.datasets():
+        info = store.budget_info(fp, unit) or {}
+        entries = store.entries(fp, unit)
+        zs = [e.noise_multiplier for e in entries]
+        delta, method = info.get("delta", 1e-5), info.get("accountant", "exact")
+        spent = epsilon_for_releases(zs, delta, method)
+        runs = {}
+        for e in entries:
+            runs.setdefault(e.run, {"train": 0, "eval": 0})[e.kind] += 1
+        out.append({"fingerprint": fp, "unit": unit, "party_id": info.get("party_id"),
+                    "budget_epsilon": info.get("epsilon"), "delta": delta, "accountant": method,
+                    "releases": count, "runs": runs, "spent_epsilon": spent,
+                    "remaining_epsilon": None if info.get("epsilon") is None else max(0.0, info["epsilon"] - spent)})
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"party store {store.path}")
+    for d in out:
+        print(f"  data {d['fingerprint'][:16]}… ({d['unit']}), party {d['party_id']}: budget ε={d['budget_epsilon']} "
+              f"δ={d['delta']:g} ({d['accountant']}); {d['releases']} releases over {len(d['runs'])} run(s); "
+              f"spent ε={d['spent_epsilon']:.4g}, left ε={d['remaining_epsilon']:.4g}")
+        for run, kinds in d["runs"].items():
+            print(f"    run {run}: {kinds['train']} training, {kinds['eval']} model release(s)")
+    return 0
 
 
 def cmd_epsilon(args):
@@ -155,6 +271,12 @@ def main(argv=None):
     p = sub.add_parser("simulate", help="the same run in Flower's simulation engine (flwr run .)")
     _add_run_args(p)
     p.set_defaults(fn=cmd_simulate)
+    p = sub.add_parser("ledger", help="a party's privacy spend across runs, from its own state-dir")
+    p.add_argument("--state-dir", default="", help="the party's state-dir (default: $FLOWER_VFL_STATE_DIR "
+                                                   "or ~/.flower-vfl/party-state)")
+    p.add_argument("--node-config", default="", help="or the SuperNode's --node-config string (reads state-dir)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(fn=cmd_ledger)
     p = sub.add_parser("epsilon", help="ε of T Gaussian releases by every accountant")
     p.add_argument("--noise-multiplier", type=float, required=True)
     p.add_argument("--rounds", type=int, required=True)
@@ -175,8 +297,15 @@ def main(argv=None):
     p.add_argument("--n-climb", type=int, default=15)
     p.add_argument("--data-dir", default="")
     p.set_defaults(fn=cmd_audit)
+    p = sub.add_parser("report", help="PNG of one run dir, or several overlaid (e.g. ADMM vs SGD)")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders with metrics.csv (+ report.json)")
+    p.add_argument("--out", default="", help="PNG path (default: RUN_DIR/run.png for one run, runs.png for several)")
+    p.set_defaults(fn=cmd_report)
     args = ap.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except ConfigError as exc:       # a bad value: the key and what is allowed, no traceback
+        ap.exit(2, f"flower-vfl: error: {exc}\n")
 
 
 if __name__ == "__main__":

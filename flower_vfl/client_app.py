@@ -6,6 +6,9 @@ party's own privacy settings (``dp``, ``dp-epsilon`` ...): the only source of th
 the run config is written by the server side (docs/privacy.md, "Trust model").
 """
 
+import json
+import os
+
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
@@ -17,8 +20,22 @@ from .data import party_block
 app = ClientApp()
 
 
+def party_node_config(context: Context) -> dict:
+    """The node config, over the party's own file named by ``FLOWER_VFL_NODE_CONFIG`` (a JSON
+    object ``{"<partition-id>": {key: value}}``) when set: both live on the party's machine, so
+    both are trusted; the simulation engine gives nodes no node config of their own, and this
+    file is how ``flower-vfl simulate`` hands each simulated party its privacy settings."""
+    nc = dict(context.node_config)
+    path = os.environ.get("FLOWER_VFL_NODE_CONFIG")
+    if path and "partition-id" in nc:
+        with open(path) as fh:
+            extra = json.load(fh).get(str(int(nc["partition-id"])), {})
+        nc = {**extra, **nc}
+    return nc
+
+
 def make_client(context: Context) -> VerticalPartyClient:
-    rc, nc = context.run_config, context.node_config
+    rc, nc = context.run_config, party_node_config(context)
     if "partition-id" not in nc:
         from .schema import ConfigError
         raise ConfigError("this SuperNode's node config has no partition-id: start it with "

@@ -22,9 +22,9 @@ class LocalGrid(Grid):
     ``fn(msg, context) -> Message``; ``node_configs`` maps node id -> node config."""
 
     def __init__(self, handlers: dict[str, Callable], node_configs: dict[int, dict], run_config=None,
-                 on_reply: Callable | None = None):
+                 on_reply: Callable | None = None, run_id: int = 1):
         self.handlers = handlers
-        self.contexts = {nid: Context(run_id=1, node_id=nid, node_config=dict(cfg), state=RecordDict(),
+        self.contexts = {nid: Context(run_id=run_id, node_id=nid, node_config=dict(cfg), state=RecordDict(),
                                       run_config=dict(run_config or {}))
                          for nid, cfg in node_configs.items()}
         self.on_reply = on_reply

@@ -25,6 +25,9 @@ def make_strategy(run_config, y=None, y_test=None) -> VerticalADMMStrategy:
     get = cfg.__getitem__
     if y is None:
         y, y_test = labels(str(get("dataset")), get("data-dir") or None)
+    if bool(get("dp")):                        # unknown party ids: an error, never a silent non-private run
+        from .config import dp_party_ids
+        dp_party_ids(run_config, int(get("num-parties")))
     rho = float(get("rho"))
     out, state = get("out-dir"), get("state-dir")
     return VerticalADMMStrategy(y, y_test, num_parties=int(get("num-parties")), loss=str(get("loss")),
@@ -75,6 +78,7 @@ def log_final(strategy: VerticalADMMStrategy) -> None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    parse_run_config(context.run_config)      # every key checked before anything is read or sent
     if own_data.enabled(context.run_config):   # the label owner's own files, PSI-aligned (docs/own-data.md)
         if str(context.run_config.get("mode", "train")) == "predict":
             own_data.predict(grid, context.run_config)

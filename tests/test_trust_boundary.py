@@ -296,3 +296,64 @@ def test_predict_many_times_uses_one_released_model():
     assert [e["kind"] for e in entries] == ["eval"]
     p = m._parties[1]
     assert np.array_equal(m.coef_[1], p.x_released) and not np.allclose(m.coef_[1], p.x)
+
+
+# ------------------------------------------------- no silent non-privacy, reports
+def _grid_run(rc, nodes, seen=None, run_id=1):
+    from flower_vfl import server_app as sa
+    from flower_vfl.local_grid import LocalGrid
+    handlers = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}
+    grid = LocalGrid(handlers, nodes, rc, on_reply=None if seen is None else (lambda m, r: seen.append((m, r))),
+                     run_id=run_id)
+    return sa.make_strategy(rc).start(grid)
+
+
+def test_unknown_party_ids_in_dp_parties_are_an_error():
+    from flower_vfl import cli
+    from flower_vfl import server_app as sa
+    from flower_vfl.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="dp-parties"):
+        sa.make_strategy({"dataset": "breast_cancer", "num-parties": 2, "dp": True, "dp-parties": "5"})
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--dataset", "breast_cancer", "--dp", "--dp-parties", "5"])
+
+
+def test_a_private_party_whose_budget_is_spent_stops_the_run_at_identify(tmp_path):
+    rc = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 3}
+    nodes = {100: {"partition-id": 0}, 101: node(tmp_path, **{"dp-train-rounds": 0})}
+    _grid_run(rc, nodes, run_id=1)                                   # spends the whole budget
+    with pytest.raises(Exception, match=r"party 1 \(node 101\) is private and its remaining budget cannot cover"):
+        _grid_run(rc, nodes, run_id=2)                               # a new run on the same data
+
+
+def test_eval_every_never_spends_a_private_release_and_the_report_says_what_is_protected(tmp_path):
+    rc = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 10, "eval-every": 3}
+    nodes = {100: {"partition-id": 0}, 101: node(tmp_path, **{"dp-train-rounds": 0, "dp-epsilon": 0.5})}
+    seen = []
+    st = _grid_run(rc, nodes, seen)
+    to_private = [m.metadata.message_type for m, _ in seen if m.metadata.dst_node_id == 101]
+    assert to_private == ["query.identify", "evaluate"]              # asked once, at the end
+    assert sum("test_loss_nonprivate" in row for row in st.history_) >= 3
+    prot = st.final_["protection"]
+    assert prot["1"]["features"].startswith("row-level DP") and prot["0"]["features"].startswith("not protected")
+    assert prot["0"]["labels"].startswith("not protected") and prot["1"]["scored_rows"].startswith("not protected")
+    # at dp-lam = lam the evaluation noise swamps breast cancer's 426 rows: said after the run
+    assert st.final_["test_loss"] > st.nonprivate_reference_["test_loss_nonprivate"]
+    assert "made the model worse" in st.final_["dp_warning"]
+
+
+def test_flower_vfl_ledger_shows_the_spend_across_runs(tmp_path, capsys):
+    from flower_vfl import cli
+
+    nc = node(tmp_path, **{"dp-train-rounds": 1, "dp-eval-rounds": 1, "dp-epsilon": 2.0})
+    q, y = vectors()
+    train(ctx(nc, run_id=1), 1, q, y)
+    train(ctx(nc, run_id=2), 1, q, y)                                # a second run on the same data
+    assert cli.main(["ledger", "--node-config", f"partition-id=1 state-dir='{nc['state-dir']}'", "--json"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)
+    assert d["runs"] == {"1": {"train": 1, "eval": 0}, "2": {"train": 1, "eval": 0}}
+    from flower_vfl.privacy import epsilon_for_releases, noise_multiplier_for
+    z = noise_multiplier_for(2.0, 1e-5, 2, "exact")
+    assert d["spent_epsilon"] == pytest.approx(epsilon_for_releases([z, z], 1e-5, "exact"), rel=1e-9)
+    assert d["spent_epsilon"] == pytest.approx(2.0, rel=1e-6) and d["remaining_epsilon"] < 1e-6

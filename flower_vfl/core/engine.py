@@ -11,10 +11,14 @@ import time
 
 import numpy as np
 
+from sklearn.base import BaseEstimator
+
+from .accel import make_accelerator
 from .central import CentralUpdate, residuals
 from .losses import get_loss
 from .party import PartyUpdate
 from .penalties import Ball, Box, get_penalty
+from .sklearn_api import BINARY_LOSSES, SklearnAPIMixin, decode_scores, encode_classes
 from .validation import check_blocks, check_params
 
 __all__ = ["VerticalADMM", "default_rho", "make_constraint", "private_schedule"]
@@ -83,7 +87,7 @@ def _public_coef(parties):
     return [p.x_released if hasattr(p, "ledger") else p.x.copy() for p in parties]
 
 
-class VerticalADMM:
+class VerticalADMM(SklearnAPIMixin, BaseEstimator):
     """Vertical ADMM sharing (Hu et al., "Learning Privately over Distributed Features").
 
     Minimizes ``(1/N) sum_i l_i(sum_m D_m^i x_m + b) + lam * sum_m R_m(x_m)``,
@@ -131,6 +135,17 @@ class VerticalADMM:
     x_solver : {'auto', 'gram', 'cg', 'dual', 'chol'}, default='auto'
         The parties' x-update method (:mod:`flower_vfl.core.xsolve`); 'auto' chooses by the
         block's shape and logs the choice (logger ``flower_vfl.core``).
+    acceleration : {'anderson', 'none'}, default='anderson'
+        Type-II Anderson acceleration of the round (:mod:`flower_vfl.core.accel`): same
+        fixed point, far fewer rounds. Used when alpha = 1 and no party is private ('none'
+        otherwise); the Flower strategy runs the same code.
+    label_epsilon : float or None, default=None
+        Label DP for the label owner (loss='logistic'): the training labels are privatized once
+        by randomized response (epsilon-label-DP, pure) and training uses the forward-corrected
+        loss (:mod:`flower_vfl.core.label_noise`); every dual y the parties receive is then
+        post-processing of the privatized labels. None, 0 or inf: labels not protected.
+    label_seed : None, int or numpy Generator, default=None
+        Source of the label flips; None draws from OS entropy.
 
     Attributes
     ----------
@@ -145,7 +160,8 @@ class VerticalADMM:
     def __init__(self, loss="logistic", penalty="l2", lam=1e-4, rho="auto", fit_intercept=True,
                  max_rounds=100, tol=1e-6, tol_abs=1e-9, alpha=1.0, variant="sharing",
                  adaptive_rho=False, l1_ratio=0.5, constraint=None, random_state=None,
-                 privacy=None, verbose=False, callback=None, x_solver="auto"):
+                 privacy=None, verbose=False, callback=None, x_solver="auto",
+                 acceleration="anderson", label_epsilon=None, label_seed=None):
         self.loss = loss
         self.penalty = penalty
         self.lam = lam
@@ -164,6 +180,9 @@ class VerticalADMM:
         self.verbose = verbose
         self.callback = callback
         self.x_solver = x_solver
+        self.acceleration = acceleration
+        self.label_epsilon = label_epsilon
+        self.label_seed = label_seed
 
     # ------------------------------------------------------------------ fit
     def _setup(self, X_blocks, y):
@@ -173,10 +192,18 @@ class VerticalADMM:
         loss = get_loss(self.loss)
         if isinstance(self.loss, str):
             loss = get_loss(self.loss)  # fresh instance: multinomial stores classes_
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
         y = np.asarray(y)
         if y.dtype.kind in "fc" and not np.all(np.isfinite(y)):
             raise ValueError("y contains NaN or inf")
         blocks = check_blocks(X_blocks, n_rows=y.shape[0])
+        if loss.name in BINARY_LOSSES:      # any two labels; classes_[1] is the positive class
+            y = encode_classes(y, loss.name)[0]
+        # label DP: randomized response once, then the corrected loss (privacy/label_dp.py)
+        from ..privacy.label_dp import privatize_labels
+        loss, y, self.label_privacy_ = privatize_labels(loss, y, getattr(self, "label_epsilon", None),
+                                                        getattr(self, "label_seed", None))
         t = loss.encode_labels(y)
         penalty = get_penalty(self.penalty, self.l1_ratio)
         if penalty.name == "l2" and self.lam == 0 and self.constraint is None:
@@ -223,7 +250,7 @@ class VerticalADMM:
         loss, blocks, t, parties, central = self._setup(X_blocks, y)
         self._parties, self._central, self._eval_round = parties, central, 0
         self.loss_, self.n_features_in_ = loss, [D.shape[1] for D in blocks]
-        self.classes_ = getattr(loss, "classes_", None)
+        self.classes_ = encode_classes(y, loss.name)[1]     # the user's own labels (None: regression)
         self.history_ = []
         self.converged_ = False
         private = [hasattr(p, "ledger") for p in parties]
@@ -235,18 +262,25 @@ class VerticalADMM:
             from tqdm.auto import tqdm
             bar = tqdm(total=sum(r for r, _, _ in phases), desc="ADMM rounds", unit="round")
         k = 0
-        for n_rounds, active, use_tol in phases:
+        acc = make_accelerator(getattr(self, "acceleration", "none"), central, private)
+        for i_phase, (n_rounds, active, use_tol) in enumerate(phases):
+            if i_phase == 1:     # end of the warm start: the non-private parties' model alone
+                self.nonprivate_coef_ = [None if pr else p.x.copy() for p, pr in zip(parties, private)]
+                self.nonprivate_intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
+            qs = None
             for _ in range(n_rounds):
                 k += 1
                 s_sum = 0.0
                 for m, p in enumerate(parties):
-                    s = p.train_release(k, central.q, central.y, central.rho, central.alpha,
-                                        central.theta) if active[m] else p.s
+                    s = p.train_release(k, central.q if qs is None else qs[m], central.y, central.rho,
+                                        central.alpha, central.theta) if active[m] else p.s
                     s_sum = s_sum + s
                 r, d = central.step(s_sum)
                 obj = self._objective(loss, t, parties, central, None if any(private) else s_sum)
                 eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)
                 self.history_.append({"round": k, "objective": obj, "primal_residual": r,
+                                      # the same column the Flower strategy writes (report.py)
+                                      "train_loss": obj - sum(p.solver.lam * p.penalty_value() for p in parties),
                                       "dual_residual": d, "rho": central.rho,
                                       "parties": int(sum(active)),
                                       "elapsed_s": time.perf_counter() - start})
@@ -263,6 +297,9 @@ class VerticalADMM:
                     break
                 if self.adaptive_rho:
                     central.set_rho(balance_rho(central.rho, r, d, loss, t.shape[0]))
+                if acc is not None:     # the same call as the Flower strategy's (core/accel.py)
+                    qs, central.y = acc.targets([p.s for p in parties], central.q, central.y,
+                                                central.theta, central.rho)
         for p, pr in zip(parties, private):
             if pr:   # internal, never released: costs no privacy
                 p.final_update(central.q, central.y, central.rho, central.alpha, central.theta)
@@ -276,8 +313,12 @@ class VerticalADMM:
         return self
 
     def privacy_report(self):
-        """Per private party: config, neighbouring relation, noise multiplier, ledger, totals."""
-        return [p.report() for p in getattr(self, "_parties", []) if hasattr(p, "report")]
+        """Per private party: config, neighbouring relation, noise multiplier, ledger, totals;
+        then the label owner's label-DP entry when ``label_epsilon`` was set."""
+        reports = [p.report() for p in getattr(self, "_parties", []) if hasattr(p, "report")]
+        if getattr(self, "label_privacy_", None) is not None:
+            reports.append(self.label_privacy_.report())
+        return reports
 
     @staticmethod
     def _objective(loss, t, parties, central, s_sum=None):
@@ -288,20 +329,33 @@ class VerticalADMM:
     # ------------------------------------------------------------- predict
     def decision_function(self, X_blocks):
         if not hasattr(self, "coef_"):
-            raise AttributeError("this VerticalADMM is not fitted yet; call fit(X_blocks, y) first")
+            from sklearn.exceptions import NotFittedError      # an AttributeError and a ValueError
+            raise NotFittedError("this VerticalADMM is not fitted yet; call fit(X_blocks, y) first")
         blocks = check_blocks(X_blocks)
         if [D.shape[1] for D in blocks] != self.n_features_in_:
             raise ValueError(f"blocks have widths {[D.shape[1] for D in blocks]}; the model was fitted "
                              f"on widths {self.n_features_in_}")
         if self.privacy is None or all(c is None for c in self.privacy):
             return sum(D @ x for D, x in zip(blocks, self.coef_)) + self.intercept_
+        if getattr(self, "_parties", None) is None:     # loaded or unpickled: no training state
+            return self._released_decision(blocks)
         # a private party scores from its released x~ (post-processing: no further privacy cost)
         return sum(p.predict(D) if hasattr(p, "ledger") else D @ p.x
                    for p, D in zip(self._parties, blocks)) + self.intercept_
 
+    def decision_function_nonprivate(self, X_blocks):
+        """Scores of the non-private parties' model at the end of the warm start (private runs):
+        the bar the private parties must clear (``flower-vfl fit`` warns when they do not)."""
+        if getattr(self, "nonprivate_coef_", None) is None:
+            raise AttributeError("no private parties in this fit: there is no non-private reference")
+        blocks = check_blocks(X_blocks)
+        return sum(D @ x for D, x in zip(blocks, self.nonprivate_coef_) if x is not None) + \
+            self.nonprivate_intercept_
+
     def predict(self, X_blocks):
+        """Labels in the encoding of the ``y`` given to fit (``classes_``); values for 'squared'."""
         f = self.decision_function(X_blocks)
-        return self.loss_.predict(f)
+        return decode_scores(f, self.loss_, self.classes_)[0] if self.classes_ is not None else f
 
     def predict_proba(self, X_blocks):
         f = self.decision_function(X_blocks)
@@ -309,8 +363,11 @@ class VerticalADMM:
 
     def objective(self, X_blocks, y):
         """The objective (1/N) sum l + lam sum R at the fitted coefficients."""
-        t = self.loss_.encode_labels(np.asarray(y)) if self.classes_ is None else \
-            get_loss("multinomial").encode_labels(np.asarray(y))
+        y = np.asarray(y)
+        if self.loss_.name in BINARY_LOSSES:
+            y = np.where(y == self.classes_[1], 1.0, -1.0)
+        t = self.loss_.encode_labels(y) if self.loss_.name != "multinomial" else \
+            get_loss("multinomial").encode_labels(y)
         f = self.decision_function(X_blocks)
         pen = get_penalty(self.penalty, self.l1_ratio)
         return self.loss_.mean(f, t) + self.lam * sum(pen.value(x) for x in self.coef_)

@@ -75,9 +75,10 @@ class ResilientRounds:
         """Send the identify query to ``nodes``; node id -> its checked identity."""
         msgs = {nid: Message(RecordDict({"config": ConfigRecord({"want": "party"})}), dst_node_id=nid,
                              message_type="query.identify") for nid in nodes}
-        by_id = {message_key(m): nid for nid, m in msgs.items()}
+        replies = list(grid.send_and_receive(list(msgs.values()), timeout=timeout))
+        by_id = {message_key(m): nid for nid, m in msgs.items()}    # ids are set on push
         ok = {}
-        for rep in grid.send_and_receive(list(msgs.values()), timeout=timeout):
+        for rep in replies:
             nid = by_id.get(rep.metadata.reply_to_message_id)
             if nid is None:
                 continue
@@ -104,6 +105,13 @@ class ResilientRounds:
             if int(info["n_rows"]) != self.central.n:
                 raise ValueError(f"party {party} (node {nid}) holds {info['n_rows']} rows but the labels have "
                                  f"{self.central.n}; the parties' samples are not aligned")
+            if bool(info.get("private", False)) and info.get("affordable", True) is False:
+                raise ReplyError(
+                    f"party {party} (node {nid}) is private and its remaining budget cannot cover its plan: it "
+                    f"has spent epsilon={float(info.get('spent_before_run', float('nan'))):.4g} of "
+                    f"{float(info.get('epsilon', float('nan'))):g} on this data in earlier runs, so every release "
+                    "of this run would be refused. The party can see its spend with `flower-vfl ledger "
+                    "--state-dir <its state-dir>`; only its operator can grant a new budget")
             out[nid] = {"party": party, "private": bool(info.get("private", False)),
                         "train_rounds": int(info.get("train_rounds", 0))}
         return out

@@ -20,6 +20,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from ..core.accel import make_accelerator
 from ..core.central import CentralUpdate, residuals
 from ..core.engine import default_rho, private_schedule
 from ..core.losses import get_loss
@@ -78,7 +79,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", rho="auto", alpha=1.0,
                  variant="sharing", fit_intercept=True, max_rounds=50, tol=0.0, tol_abs=1e-9,
                  eval_every=0, timeout=600.0, party_wait=120.0, stragglers="wait", max_staleness=5,
-                 state_dir=None, resume=None, party_keys=None):
+                 state_dir=None, resume=None, party_keys=None, acceleration="anderson"):
         check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
         if variant not in ("sharing", "paper"):
             raise ValueError(f"variant={variant!r}; choose 'sharing' or 'paper'")
@@ -99,6 +100,9 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         self.party_keys = load_party_keys(party_keys, self.num_parties) if isinstance(party_keys, str) and \
             party_keys else {int(m): str(v) for m, v in (party_keys or {}).items()}
         self.failed_ = False
+        make_accelerator(acceleration, self.central, [])          # checks the name
+        #: 'anderson': core/accel.py, the engine's default; off with private parties or stragglers='stale'
+        self.acceleration, self._acc, self._qs = acceleration, None, None
         self.node_to_party: dict[int, int] = {}
         #: party -> planned training releases, for the parties that declared themselves private
         self.private_parties: dict[int, int] = {}
@@ -119,10 +123,11 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         return [Message(content, dst_node_id=nid, message_type=message_type) for nid in order
                 if parties is None or self.node_to_party[nid] in parties]
 
-    def _round_content(self, server_round, **extra) -> RecordDict:
+    def _round_content(self, server_round, party=None, **extra) -> RecordDict:
         c = self.central
+        q = c.q if self._qs is None or party is None else self._qs[party]   # per party when accelerated
         return RecordDict({
-            "vectors": ArrayRecord({"q": Array(np.asarray(c.q)), "y": Array(np.asarray(c.y))}),
+            "vectors": ArrayRecord({"q": Array(np.asarray(q)), "y": Array(np.asarray(c.y))}),
             "config": ConfigRecord({"round": int(server_round), "rho": float(c.rho),
                                     "alpha": float(c.alpha), "theta": float(c.theta), **extra}),
         })
@@ -148,8 +153,9 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
 
         ``stragglers='stale'``: a party that misses the round counts with its last release
         (bounded staleness: at most ``max_staleness`` rounds in a row, then it is waited for)."""
-        content = self._round_content(k)
-        build = lambda p, nid: Message(content, dst_node_id=nid, message_type="train")  # noqa: E731
+        content = self._round_content(k) if self._qs is None else None
+        build = lambda p, nid: Message(content or self._round_content(k, party=p), dst_node_id=nid,  # noqa: E731
+                                       message_type="train")
         what = f"round {k} (train)"
         if self.stragglers == "stale":
             got, lost = self._exchange(grid, build, parties, what, stale_ok=True)
@@ -166,6 +172,14 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
             self._stale[p] = 0 if p in fresh else self._stale.get(p, 0) + 1
         self.aggregate_train(k, fresh, parties)
         self.history_[-1]["stale"] = len(set(parties) - set(fresh))
+        # the objective, as the engine writes it, when every party reports lam R(x_m) (non-private)
+        pens = self.__dict__.setdefault("_penalties", {})
+        for p, rep in got.items():
+            meta = rep.content.metric_records.get("meta")
+            if p in fresh and meta is not None and "penalty" in meta:
+                pens[p] = float(meta["penalty"])
+        if len(pens) == self.num_parties:
+            self.history_[-1]["objective"] = self.history_[-1]["train_loss"] + sum(pens.values())
 
     def aggregate_train(self, server_round, replies, parties=None):
         """Alg. 1 lines 9-11: sum the s_m (an idle or stale party counts with its last release,
@@ -196,25 +210,33 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         return [Message(self._eval_content(server_round, p, final), dst_node_id=nid, message_type="evaluate")
                 for nid, p in sorted(self.node_to_party.items(), key=lambda t: t[1])]
 
-    def aggregate_evaluate(self, server_round, replies):
-        """``replies``: party -> checked D_test x_m."""
+    def aggregate_evaluate(self, server_round, replies, suffix=""):
+        """``replies``: party -> checked D_test x_m. ``suffix='_nonprivate'``: the score of the
+        non-private parties alone (private parties are never asked before their final update)."""
         f = sum(replies[m] for m in sorted(replies)) + self.central.b
-        self.decision_test_ = f
-        out = {"test_loss": self.loss.mean(f, self.t_test)}
+        if not suffix:
+            self.decision_test_ = f
+        out = {"test_loss" + suffix: self.loss.mean(f, self.t_test)}
         if self.loss.name != "squared":
             pred = self.loss.predict(f)
             truth = self.loss.predict(self.t_test) if self.t_test.ndim == 1 else self.loss.predict(self.t_test)
-            out["test_accuracy"] = float(np.mean(pred == truth))
+            out["test_accuracy" + suffix] = float(np.mean(pred == truth))
         self.history_[-1].update(out)
         return MetricRecord({k: float(v) for k, v in out.items()})
 
     def _evaluate(self, grid, k, final=False):
+        """Score the test rows. Before the final update a private party is not asked (it
+        releases its model once, at the end): the score is then the non-private parties'
+        alone, recorded as ``test_loss_nonprivate`` / ``test_accuracy_nonprivate``."""
         what = f"round {k} ({'final ' if final else ''}evaluate)"
         build = lambda p, nid: Message(self._eval_content(k, p, final), dst_node_id=nid,  # noqa: E731
                                        message_type="evaluate")
-        got = self._exchange(grid, build, set(range(self.num_parties)), what)
+        ask = set(range(self.num_parties)) if final else set(range(self.num_parties)) - set(self.private_parties)
+        got = self._exchange(grid, build, ask, what)
         shape = self.t_test.shape[:1] + self.central.z.shape[1:]
-        self.aggregate_evaluate(k, {p: self._release(rep, p, "s_test", shape, what) for p, rep in got.items()})
+        suffix = "" if ask == set(range(self.num_parties)) else "_nonprivate"
+        return self.aggregate_evaluate(k, {p: self._release(rep, p, "s_test", shape, what) for p, rep in got.items()},
+                                       suffix)
 
     # ------------------------------------------------------------ checkpoint
     def _checkpoint(self, k, i_phase, j, stopped):
@@ -223,13 +245,18 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         c = self.central
         arrays = {"z": c.z, "y": c.y, "q": c.q, "b": np.asarray(c.b)}
         arrays.update({f"s{m}": np.asarray(v) for m, v in self._last_s.items()})
+        aa = None
+        if self._acc is not None:
+            aa_arrays, aa = self._acc.get_state()
+            arrays.update(aa_arrays)
+            arrays.update({f"aq{m}": q for m, q in enumerate(self._qs or [])})
         header = {"round": k, "phase": i_phase, "j": j, "phase_stopped": bool(stopped), "rho": c.rho,
                   "alpha": c.alpha, "theta": c.theta, "n": c.n, "num_parties": self.num_parties,
                   "loss": self.loss.name, "fit_intercept": bool(c.fit_intercept),
                   "private_parties": {str(m): t for m, t in self.private_parties.items()},
                   "node_to_party": {str(n): p for n, p in self.node_to_party.items()},
                   "stale": {str(m): v for m, v in self._stale.items()},
-                  "history": self.history_, "privacy": self.privacy_}
+                  "history": self.history_, "privacy": self.privacy_, "anderson": aa}
         save_checkpoint(self.state_dir, arrays, to_jsonable(header))
 
     def _restore(self, folder):
@@ -247,6 +274,10 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         c.b = np.float64(arrays["b"][()]) if arrays["b"].ndim == 0 else arrays["b"]
         c.set_rho(h["rho"])
         self._last_s = {int(k[1:]): v for k, v in arrays.items() if k[0] == "s" and k[1:].isdigit()}
+        if self._acc is not None and h.get("anderson") is not None:
+            self._acc.set_state(arrays, h["anderson"])
+            qs = [arrays.get(f"aq{m}") for m in range(self.num_parties)]
+            self._qs = None if any(q is None for q in qs) else qs
         self._stale = {int(m): v for m, v in h["stale"].items()}
         self.history_ = h["history"]
         self.privacy_ = {int(m): v for m, v in h["privacy"].items()}
@@ -275,6 +306,9 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         self.identify(grid)
         self._last_s: dict[int, np.ndarray] = {}
         self._stale: dict[int, int] = {}
+        self._acc = make_accelerator(self.acceleration, self.central,
+                                     [self.stragglers == "stale", bool(self.private_parties)])
+        self._qs = None
         k, phase0, j0, stopped0 = 0, 0, 0, False
         if self.resume:
             k, phase0, j0, stopped0 = self._restore(self.resume)
@@ -294,6 +328,10 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
                     eps_pri, eps_dual = residuals(r, d, s_sum, self.central.z, self.central.y, self.tol,
                                                   self.tol_abs)
                     stop = use_tol and self.tol > 0 and r <= eps_pri and d <= eps_dual
+                    if self._acc is not None and not stop:   # the engine's call (core/accel.py)
+                        c = self.central
+                        self._qs, c.y = self._acc.targets([self._last_s[m] for m in range(self.num_parties)],
+                                                          c.q, c.y, c.theta, c.rho)
                     done = last_phase and (j == n_rounds or stop)
                     if self.t_test is not None and not done and self.eval_every and k % self.eval_every == 0:
                         self._evaluate(grid, k)
@@ -302,8 +340,13 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
                         progress(k, self.history_[-1])
                     if stop:
                         break
+                if i_phase == 0 and self.private_parties and self.t_test is not None:
+                    # the non-private parties alone, at the end of the warm start: the bar the
+                    # private parties must clear (a warning after the run if they do not)
+                    self.nonprivate_reference_ = dict(self._evaluate(grid, k))
             if self.t_test is not None:
                 self._evaluate(grid, k, final=True)
+                self._warn_if_dp_hurts()
         except PartyRefused as exc:
             self.stopped_reason_ = str(exc)
             log(WARNING, "stopping: %s", exc)
@@ -315,11 +358,41 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
             raise
         return self._finish(k, t0)
 
+    def protection(self) -> dict:
+        """What this run protects, per party (the run report's plain statement)."""
+        label_eps = getattr(self, "label_epsilon", None)
+        labels = (f"label DP: randomized response at epsilon_label={label_eps:g}, before training"
+                  if label_eps else "not protected: sign(y) reveals every training label to every party")
+        out = {}
+        for m in range(self.num_parties):
+            rep = self.privacy_.get(m) or self.privacy_.get(str(m))
+            feats = (f"row-level DP of this party's training rows (budget epsilon={rep['config']['epsilon']:g}, "
+                     f"delta={rep['config']['delta']:g}; spent {rep['totals'].get('exact', float('nan')):.4g} "
+                     "by its own ledger)" if rep else
+                     "not protected: exact D_m x_m released every round")
+            out[str(m)] = {"features": feats, "labels": labels,
+                           "scored_rows": "not protected: the scores of test/prediction rows are released"}
+        return out
+
+    def _warn_if_dp_hurts(self):
+        ref = getattr(self, "nonprivate_reference_", None)
+        final = self.history_[-1].get("test_loss") if self.history_ else None
+        if ref and final is not None and final > ref["test_loss_nonprivate"]:
+            self.dp_warning_ = (
+                f"the private parties made the model worse: test loss {final:.4g} with them vs "
+                f"{ref['test_loss_nonprivate']:.4g} for the non-private parties alone. Their noise "
+                "outweighs their columns at these settings: raise the private parties' dp-lam (node "
+                "config), lower their dp-train-rounds, or give them a larger dp-epsilon")
+            log(WARNING, "%s", self.dp_warning_)
+
     def _finish(self, k, t0):
         self.final_ = dict(self.history_[-1]) if self.history_ else {}
         self.final_["rounds"] = len(self.history_)
         self.final_["wall_time_s"] = time.perf_counter() - t0
         self.final_["intercept"] = np.asarray(self.central.b).tolist()
+        if getattr(self, "dp_warning_", None):
+            self.final_["dp_warning"] = self.dp_warning_
+        self.final_["protection"] = self.protection()
         if self.stopped_reason_:
             self.final_["stopped_reason"] = self.stopped_reason_
         if self.failed_:
