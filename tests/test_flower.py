@@ -130,19 +130,39 @@ def test_every_run_config_key_is_declared_for_flwr_run():
     assert declared == RUN_DEFAULTS
 
 
-def _flwr_run(tmp_path, run_config: str):
+def _own_local_superlink(env: dict, home) -> dict:
+    """`flwr run` with a `:local:` connection starts a detached SuperLink on fixed ports that any
+    other user's `flwr run` would share: give this test its own ports (and FLWR_HOME)."""
+    from flower_vfl.deploy import free_port
+    return dict(env, FLWR_HOME=str(home), FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
+                FLWR_LOCAL_CONTROL_API_PORT=str(free_port()))
+
+
+def _stop_local_superlink(home) -> None:
+    """Stop the SuperLink this test's `flwr run` started (found by its FLWR_HOME), by process
+    group: never another user's SuperLink."""
+    from flower_vfl.deploy import Processes, managed_superlink_pids
+    procs = Processes(Path(home) / "logs")
+    for pid in managed_superlink_pids(home):
+        procs.adopt(pid)
+    procs.stop_all()
+    assert managed_superlink_pids(home) == []
+
+
+def _flwr_run(tmp_path, run_config: str, env_extra=None):
     """`flwr run .` in Flower's simulation engine; returns the output folder."""
     home = tmp_path / "flwr_home"
     home.mkdir()
     (home / "config.toml").write_text('[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
-    env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    env = _own_local_superlink(dict(os.environ, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+                                    **(env_extra or {})), home)
     out = tmp_path / "out"
     cmd = ["flwr", "run", ".", "local", "--stream", "--federation-config", "num-supernodes=2",
            "--run-config", f"{run_config} out-dir='{out}'"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    finally:   # the local SuperLink is detached and keeps running: stop it
-        subprocess.run(["pkill", "-f", "flower-superlink"], check=False)
+    finally:   # the local SuperLink is detached and keeps running: stop it (only ours)
+        _stop_local_superlink(home)
     assert (out / "decision_test.npy").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -173,14 +193,21 @@ def test_flwr_run_private_party_on_a9a(tmp_path):
 
     if shutil.which("flwr") is None:
         pytest.skip("flwr CLI not on PATH")
-    rc = {"dataset": "a9a", "num-parties": 2, "max-rounds": 20, "dp": True, "dp-parties": "1",
-          "dp-epsilon": 1.0, "dp-lam": 3e-3, "dp-seed": 3}
+    import json as _json
+
+    rc = {"dataset": "a9a", "num-parties": 2, "max-rounds": 20}
+    party1 = {"dp": True, "dp-epsilon": 1.0, "dp-lam": 3e-3, "dp-seed": 3,
+              "state-dir": str(tmp_path / "party1-state")}
+    nodes_file = tmp_path / "node-config.json"        # the simulated parties' own node configs
+    nodes_file.write_text(_json.dumps({"1": party1}))
     out = _flwr_run(tmp_path, "dataset='a9a' num-parties=2 max-rounds=20 dp=true dp-parties='1' "
-                              "dp-epsilon=1.0 dp-lam=0.003 dp-seed=3")
+                              "dp-epsilon=50.0 dp-seed=4",           # the run config's dp-* values are ignored
+                    env_extra={"FLOWER_VFL_NODE_CONFIG": str(nodes_file)})
     f_flower = np.load(out / "decision_test.npy")
     blocks = [party_block("a9a", i, 2) for i in range(2)]
     y, yt = labels("a9a")
-    m = VerticalADMM(lam=1e-4, max_rounds=20, tol=0, privacy=[privacy_from_config(i, rc) for i in range(2)])
+    m = VerticalADMM(lam=1e-4, max_rounds=20, tol=0,
+                     privacy=[None, privacy_from_config(1, rc, {"partition-id": 1, **party1})])
     m.fit([b[0] for b in blocks], y)
     assert np.max(np.abs(m.decision_function([b[1] for b in blocks]) - f_flower)) <= 1e-9
     report = json.loads((out / "report.json").read_text())
@@ -199,12 +226,12 @@ def test_readme_main_command_runs_and_reports(tmp_path):
     if shutil.which("flwr") is None:
         pytest.skip("flwr CLI not on PATH")
     env = {k: v for k, v in os.environ.items() if k != "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"}
-    env["FLWR_HOME"] = str(tmp_path / "flwr_home")
+    env = _own_local_superlink(env, tmp_path / "flwr_home")
     try:
         proc = subprocess.run(["flwr", "run", ".", "--stream"], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=900)
     finally:
-        subprocess.run(["pkill", "-f", "flower-superlink"], check=False)
+        _stop_local_superlink(tmp_path / "flwr_home")
     log = proc.stdout + proc.stderr
     found = re.search(r"final \(round 50\): test_loss=([0-9.]+), test_accuracy=([0-9.]+)", log)
     assert found, log[-3000:]
