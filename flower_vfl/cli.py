@@ -77,6 +77,9 @@ def cmd_fit(args):
     from .report import write_report
 
     rc = _run_config(args)
+    if getattr(args, "party", None):     # own data: party files aligned on their IDs
+        from .own_cli import fit_own
+        return fit_own(args, rc)
     n = args.num_parties
     blocks = [party_block(args.dataset, m, n, args.data_dir or None) for m in range(n)]
     y, yt = labels(args.dataset, args.data_dir or None)
@@ -170,6 +173,10 @@ def print_privacy_summary(reports):
 
 def cmd_simulate(args):
     rc = _run_config(args)
+    nodes = local_node_configs(rc, args.num_parties)
+    if getattr(args, "party", None):     # own data: each party's files become its node config
+        from .own_cli import own_node_configs
+        rc, nodes, args.num_parties = own_node_configs(args, rc, nodes)
     items = []
     for k, v in rc.items():
         items.append(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}")
@@ -178,13 +185,34 @@ def cmd_simulate(args):
         import tempfile
         path = os.path.join(tempfile.mkdtemp(prefix="flower-vfl-nodes-"), "node-config.json")
         with open(path, "w") as fh:
-            json.dump({str(m): cfg for m, cfg in local_node_configs(rc, args.num_parties).items()}, fh)
+            json.dump({str(m): cfg for m, cfg in nodes.items()}, fh)
         env["FLOWER_VFL_NODE_CONFIG"] = path
         print(f"private parties' node configs: {path} (FLOWER_VFL_NODE_CONFIG)")
-    cmd = ["flwr", "run", ".", "--stream", "--federation-config", f"num-supernodes={args.num_parties}",
-           "--run-config", " ".join(items).replace('"', "'")]
-    print(" ".join(cmd))
-    return subprocess.call(cmd, env=env)
+    # `flwr run --stream` exits 0 even when the ServerApp failed: submit, stream the log, then
+    # read the run's status from Flower (flower_vfl.deploy) and exit non-zero unless it completed
+    from .deploy import exit_code, submit, wait_run
+    run_config = " ".join(items).replace('"', "'")
+    print(f"flwr run . --federation-config num-supernodes={args.num_parties} --run-config \"{run_config}\"")
+    run_id = submit(".", None, run_config, env, federation_config=f"num-supernodes={args.num_parties}")
+    record = wait_run(run_id, None, env)
+    print(f"run {run_id}: {record.get('status')}"
+          + (f" ({record['status-details']})" if record.get("status-details", "N/A") != "N/A" else ""))
+    return exit_code(record)
+
+
+def cmd_deploy_local(args):
+    """SuperLink + one SuperNode per party on loopback (TLS, registered keys bound to parties),
+    one job, the report collected, every process started stopped; non-zero unless it completed."""
+    from .deploy import deploy_local
+    rc = _run_config(args)
+    data = {"data-dir": rc["data-dir"]} if rc.get("data-dir") else {}
+    res = deploy_local(args.workdir, args.num_parties, rc, node_configs={m: dict(data) for m in range(args.num_parties)},
+                       tls=not args.insecure, auth=not args.insecure, timeout=args.timeout)
+    rec = res["record"]
+    print(f"run {res['run_id']}: {rec.get('status')}"
+          + (f" ({rec['status-details']})" if rec.get("status-details", "N/A") != "N/A" else ""))
+    print(f"report: {res['out_dir']}/report.json; logs: {res['logs']}")
+    return res["exit_code"]
 
 
 def cmd_ledger(args):
@@ -271,6 +299,23 @@ def main(argv=None):
     p = sub.add_parser("simulate", help="the same run in Flower's simulation engine (flwr run .)")
     _add_run_args(p)
     p.set_defaults(fn=cmd_simulate)
+    from .own_cli import add_own_args, cmd_model_show
+    add_own_args(sub.choices["fit"])
+    add_own_args(p)
+    p = sub.add_parser("predict", help="score new rows with the saved model: a Flower job (mode=predict)")
+    _add_run_args(p)
+    add_own_args(p, predict=True)
+    p.set_defaults(fn=cmd_simulate, mode="predict")
+    p = sub.add_parser("model", help="a saved model file's metadata: flower-vfl model show PATH")
+    p.add_argument("action", choices=["show"])
+    p.add_argument("path")
+    p.set_defaults(fn=cmd_model_show)
+    p = sub.add_parser("deploy-local", help="SuperLink + SuperNodes on loopback with TLS and node keys, one job")
+    _add_run_args(p)
+    p.add_argument("--workdir", default="runs/deploy-local", help="certificates, keys, logs, out/ (report)")
+    p.add_argument("--insecure", action="store_true", help="no TLS and no SuperNode authentication")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the run")
+    p.set_defaults(fn=cmd_deploy_local)
     p = sub.add_parser("ledger", help="a party's privacy spend across runs, from its own state-dir")
     p.add_argument("--state-dir", default="", help="the party's state-dir (default: $FLOWER_VFL_STATE_DIR "
                                                    "or ~/.flower-vfl/party-state)")

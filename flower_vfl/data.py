@@ -40,16 +40,14 @@ def load_all(name: str, data_dir: str | None = None):
     """(X_train, y_train, X_test, y_test); labels in {-1, +1}."""
     _check_name(name)
     if name == "breast_cancer":
-        from sklearn.datasets import load_breast_cancer
         from sklearn.model_selection import train_test_split
-        from sklearn.preprocessing import StandardScaler
 
-        X, y = load_breast_cancer(return_X_y=True)
-        y = np.where(y == 1, 1.0, -1.0)
+        from .io import Preprocessor
+        t = _read_bundled("breast_cancer")              # a file with IDs, read like a party's export
+        X, y = t.X, np.where(t.y == 1, 1.0, -1.0)
         X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=0.25, random_state=0, stratify=y)
-        scaler = StandardScaler().fit(X_tr)
+        scaler = Preprocessor("standardize").fit(X_tr, t.columns)   # fitted on the training rows
         return scaler.transform(X_tr), y_tr, scaler.transform(X_te), y_te
-    from sklearn.datasets import load_svmlight_file
 
     d = Path(data_dir) if data_dir else default_data_dir("a9a")
     paths = [d / "a9a", d / "a9a.t"]
@@ -58,9 +56,48 @@ def load_all(name: str, data_dir: str | None = None):
             raise FileNotFoundError(
                 f"a9a data file not found: {p}. Set the node-config / run-config key "
                 "data-dir to the folder holding a9a and a9a.t")
-    X, y = load_svmlight_file(str(paths[0]), n_features=123)
-    Xt, yt = load_svmlight_file(str(paths[1]), n_features=123)
-    return X.tocsc(), y, Xt.tocsc(), yt
+    tr, te = (_read_bundled("a9a", p) for p in paths)     # LIBSVM + sidecar IDs, as a party's export
+    return tr.X.tocsc(), tr.y.astype(float), te.X.tocsc(), te.y.astype(float)
+
+
+def bundled_cache_dir() -> Path:
+    """Where the bundled datasets' files with IDs are written (``$FLOWER_VFL_CACHE``)."""
+    import os
+    return Path(os.environ.get("FLOWER_VFL_CACHE", Path.home() / ".cache" / "flower-vfl" / "bundled"))
+
+
+def _read_bundled(name, libsvm_path=None):
+    """The bundled dataset through :func:`flower_vfl.io.read_party`: breast_cancer as a CSV with
+    IDs 0..N-1 (written once by :func:`flower_vfl.io.bundled.write_table`), a9a's LIBSVM files
+    with a sidecar of row-number IDs."""
+    import os
+    import tempfile
+
+    from .io import read_party, source_from_config
+    from .io.bundled import write_table
+    cache = bundled_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    if name == "breast_cancer":
+        path = cache / "breast_cancer.csv"
+        if not path.is_file():
+            from sklearn.datasets import load_breast_cancer
+            d = load_breast_cancer()
+            cols = [c.replace(" ", "_") for c in d.feature_names]
+            fd, tmp = tempfile.mkstemp(suffix=".csv", dir=cache)
+            os.close(fd)
+            write_table(tmp, range(d.data.shape[0]), d.data, cols, "csv", y=d.target)
+            os.replace(tmp, path)                   # atomic: concurrent readers see a whole file
+        return read_party(source_from_config({"data-path": str(path), "label-column": "label"}))
+    ids = cache / f"{Path(libsvm_path).name}.{os.stat(libsvm_path).st_size}.ids"
+    if not ids.is_file():
+        with open(libsvm_path, "rb") as fh:
+            n = sum(1 for line in fh if line.strip())
+        fd, tmp = tempfile.mkstemp(suffix=".ids", dir=cache)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("\n".join(str(i) for i in range(n)) + "\n")
+        os.replace(tmp, ids)
+    return read_party(source_from_config({"data-path": str(libsvm_path), "format": "libsvm", "id-path": str(ids),
+                                          "n-features": 123, "label-column": "label"}))
 
 
 @lru_cache(maxsize=8)

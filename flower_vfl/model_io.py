@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["FORMAT", "VERSION", "save_party_model", "save_owner_model", "load_model", "describe",
+__all__ = ["FORMAT", "VERSION", "save_party_model", "save_owner_model", "save_estimator", "load_model", "describe",
            "data_fingerprint", "ModelFileError"]
 
 FORMAT = "flower-vfl-model"
@@ -86,6 +86,13 @@ def save_owner_model(path, intercept, loss: str, classes, config: dict, history:
     return _write(path, {"intercept": np.asarray(intercept, dtype=float)}, meta)
 
 
+def save_estimator(path, est) -> Path:
+    """A fitted in-process :class:`~flower_vfl.VerticalADMM` (every block; no training data)."""
+    from .core.sklearn_api import estimator_meta
+    arrays, meta = estimator_meta(est)
+    return _write(path, arrays, meta)
+
+
 def load_model(path) -> dict:
     """``{'meta': dict, <arrays>}``; raises :class:`ModelFileError` naming the path and the fix."""
     path = Path(path)
@@ -122,4 +129,6 @@ def describe(path) -> dict:
     else:
         meta["intercept"] = m["intercept"].tolist()
         meta["rounds"] = len(meta.pop("history"))
+        if meta["kind"] == "estimator":
+            meta["coef_norms"] = [float(np.linalg.norm(m[k])) for k in sorted(m) if k.startswith("coef_")]
     return meta

@@ -27,9 +27,11 @@ def to_jsonable(obj):
     return obj
 
 
-def write_report(out_dir, config: dict, history: list[dict], final: dict, extra: dict | None = None):
-    """Write ``report.json`` (config, per-round metrics, final metrics, timing, extras) and
-    ``metrics.csv`` (one row per round). Returns the report path."""
+def write_report(out_dir, config: dict, history: list[dict], final: dict, extra: dict | None = None,
+                 plot: bool = True):
+    """Write ``report.json`` (config, per-round metrics, final metrics, timing, extras),
+    ``metrics.csv`` (one row per round) and, with ``plot``, ``run.png``
+    (:func:`flower_vfl.plots.plot_run`). Returns the report path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = {"config": config, "rounds": history, "final": final}
@@ -45,4 +47,12 @@ def write_report(out_dir, config: dict, history: list[dict], final: dict, extra:
         w.writeheader()
         for row in history:
             w.writerow({k: to_jsonable(row.get(k, "")) for k in keys})
+    if history and plot:
+        try:                     # the run's picture (flower_vfl/plots.py) must not cost its report
+            from .plots import plot_run
+            plot_run(out)
+        except Exception as exc:  # noqa: BLE001
+            import warnings
+            warnings.warn(f"run.png not written ({type(exc).__name__}: {exc}); report.json and "
+                          "metrics.csv are complete", RuntimeWarning, stacklevel=2)
     return path

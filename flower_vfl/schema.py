@@ -85,7 +85,7 @@ def _k(name, type_, default, scope, help, **kw):
 
 SCHEMA: dict[str, Key] = dict([
     # --- the model and the protocol: the label owner's run config decides
-    _k("dataset", str, "breast_cancer", "run", "bundled dataset", choices=DATASETS),
+    _k("dataset", str, "breast_cancer", "run", "bundled dataset (breast_cancer ships with scikit-learn)", choices=DATASETS),
     _k("num-parties", int, 2, "run", "number of column blocks / parties (one SuperNode each)", lo=1, hi=1000),
     _k("loss", str, "logistic", "run", "loss of the label owner", choices=tuple(LOSSES)),
     _k("penalty", str, "l2", "run", "the parties' regularizer", choices=tuple(PENALTIES)),
@@ -97,6 +97,9 @@ SCHEMA: dict[str, Key] = dict([
     _k("max-rounds", int, 50, "run", "ADMM rounds", lo=1, hi=1_000_000),
     _k("tol", float, 0.0, "run", "relative residual tolerance (Boyd 3.3.1); 0 runs every round", lo=0.0),
     _k("eval-every", int, 0, "run", "evaluate every k rounds (0: only at the end)", lo=0),
+    _k("label-epsilon", float, 0.0, "run", "label DP of the label owner (loss='logistic'): ε of randomized "
+                                          "response on the training labels, once before training; 0 = off",
+       lo=0.0),
     _k("out-dir", str, "", "run", "where the label owner writes report.json, metrics.csv (rewritten "
                                   "every round) and decision_test.npy"),
     # --- faults and deployment (label owner)
@@ -126,7 +129,7 @@ SCHEMA: dict[str, Key] = dict([
     _k("dp-train-rounds", int, 0, "node-first", "released training rounds after the warm start", lo=0,
        hi=10_000),
     _k("dp-eval-rounds", int, 1, "node-first", "evaluation releases budgeted", lo=0, hi=1000),
-    _k("dp-lam", float, 0.0, "node-first", "the private party's own λ (0: lam)", lo=0.0),
+    _k("dp-lam", float, 0.0, "node-first", "the private party's own λ (0: lam); on a9a 3e-3 to 1e-2 is what validation picks", lo=0.0),
     _k("dp-b1", float, 2.0, "node-first", "ball radius of x_m", lo=0.0, lo_open=True),
     _k("dp-clip", float, 10.0, "node-first", "clip of the x-update target and of released values",
        lo=0.0, lo_open=True),
@@ -134,8 +137,8 @@ SCHEMA: dict[str, Key] = dict([
        choices=("strict", "paper")),
     _k("dp-noise", str, "output", "node-first", "'output' (Gaussian mechanism) or 'paper' (eq. 16)",
        choices=("output", "paper")),
-    _k("dp-accountant", str, "exact", "node-first", "accountant of the party's ledger", choices=ACCOUNTANTS),
-    _k("dp-seed", int, -1, "node-first", "noise seed (-1: fresh OS entropy)", lo=-1, hi=2**63 - 1),
+    _k("dp-accountant", str, "exact", "node-first", "accountant of the party's ledger (rdp, prv need the opacus extra)", choices=ACCOUNTANTS),
+    _k("dp-seed", int, -1, "node-first", "noise seed (-1: fresh OS entropy; set it only to reproduce a run)", lo=-1, hi=2**63 - 1),
     # --- a SuperNode's identity and guards
     _k("partition-id", int, None, "node", "the party this SuperNode serves (required)", lo=0),
     _k("num-partitions", int, None, "node", "set by Flower's simulation engine; informational", lo=1),
@@ -148,7 +151,7 @@ SCHEMA: dict[str, Key] = dict([
     _k("labels-test-path", str, "", "run", "own data: the label owner's labelled held-out file"),
     _k("score-ids-path", str, "", "run", "own data, mode=predict: the file naming the rows to score"),
     _k("id-column", str, "id", "both", "own data: the ID column"),
-    _k("label-column", str, "label", "run", "own data: the label column of the label owner's files"),
+    _k("label-column", str, "label", "both", "own data: the label column of the label owner's files"),
     _k("model-dir", str, "", "both", "own data: where the model is saved"),
     _k("predictions-path", str, "", "run", "own data, mode=predict: the CSV written"),
     _k("psi-structure", str, "raw", "run", "own data: PSI setup structure", choices=("raw", "gcs", "bloom")),
@@ -157,7 +160,11 @@ SCHEMA: dict[str, Key] = dict([
     *(_k(name, object, None, "node", "own data: a party's file settings (checked by "
                                      "flower_vfl.clients.psi_party; docs/own-data.md)")
       for name in ("data-path", "test-path", "score-path", "id-path", "columns", "categorical", "format",
-                   "n-features", "preprocess", "sparse", "psi-max-request")),
+                   "n-features", "sparse", "psi-max-request")),
+    _k("preprocess", object, "none", "both", "own data: preprocessing of a party's columns (docs/own-data.md)"),
+    *(_k(f"party-{name}s", str, "", "run", f"own data, simulation: comma-separated {name} per party "
+                                            "(index = partition-id) for nodes without their own config")
+      for name in ("data-path", "test-path", "score-path", "model-dir")),
 ])
 
 
@@ -284,6 +291,7 @@ def markdown_table() -> str:
     rows = ["| key | scope | default | allowed | meaning |", "|---|---|---|---|---|"]
     for k, s in SCHEMA.items():
         d = "(required)" if k == "partition-id" else "" if s.default is None else \
-            str(s.default).lower() if s.type is bool else repr(s.default) if s.type is str else f"{s.default:g}"
+            str(s.default).lower() if s.type is bool else f"{s.default:g}" if s.type in (int, float) \
+            else repr(s.default)
         rows.append(f"| `{k}` | {s.scope} | {d} | {s.allowed()} | {s.help} |")
     return "\n".join(rows)

@@ -37,7 +37,8 @@ def make_strategy(run_config, y=None, y_test=None) -> VerticalADMMStrategy:
                                 timeout=get("round-timeout"), party_wait=get("party-wait"),
                                 stragglers=get("stragglers"), max_staleness=get("max-staleness"),
                                 state_dir=state or (str(Path(out) / "state") if out else None),
-                                resume=get("resume") or None, party_keys=get("party-keys") or None)
+                                resume=get("resume") or None, party_keys=get("party-keys") or None,
+                                label_epsilon=float(get("label-epsilon")) or None)
 
 
 def write_outputs(strategy: VerticalADMMStrategy, run_config, final: dict | None = None) -> None:
@@ -47,7 +48,9 @@ def write_outputs(strategy: VerticalADMMStrategy, run_config, final: dict | None
     if not out:
         return
     write_report(out, dict(run_config), strategy.history_, strategy.final_ if final is None else final,
-                 extra={"engine": "flower", "privacy": strategy.privacy_})
+                 extra={"engine": "flower", "privacy": strategy.privacy_,
+                        "label_privacy": strategy.label_privacy_.report()
+                        if getattr(strategy, "label_privacy_", None) else "labels not protected: label-epsilon=0 (every party sees sign(y) = -label)"})
     if hasattr(strategy, "decision_test_"):
         np.save(Path(out) / "decision_test.npy", strategy.decision_test_)
 
@@ -72,6 +75,10 @@ def log_final(strategy: VerticalADMMStrategy) -> None:
             party, c["epsilon"], c["delta"],
             ", ".join(f"{m}={v:.4g}" if isinstance(v, float) else f"{m}={v}" for m, v in rep["totals"].items()),
             len(rep["ledger"]["entries"]))
+    lp = getattr(strategy, "label_privacy_", None)
+    if lp is not None:     # epsilon answered by dp-accounting for the randomized response run
+        log(INFO, "label owner privacy: randomized response on the training labels, label-DP eps=%.4g "
+            "(delta=0); every dual y the parties received is post-processing of it", lp.spent())
     if strategy.stopped_reason_:
         log(WARNING, "stopped early: %s", strategy.stopped_reason_)
 

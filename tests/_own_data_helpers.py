@@ -64,7 +64,7 @@ def run_predict(rc, nodes, grid=None, on_reply=None):
     return own_data.predict(grid, dict(rc, mode="predict"))
 
 
-def reference(nodes, rc):
+def reference(nodes, rc, privacy=None):
     """The engine fitted on the aligned intersection (computed here with plain set logic)."""
     tabs = [read_party(source_from_config(nodes[100 + m], "train")) for m in range(3)]
     common = set(tabs[0].ids)
@@ -73,7 +73,8 @@ def reference(nodes, rc):
     order = [i for i in tabs[0].ids if i in common]          # the label owner's row order
     blocks = [t.X[_rows(t, order)] for t in tabs]
     y = tabs[0].y[_rows(tabs[0], order)]
-    model = VerticalADMM(lam=rc["lam"], max_rounds=rc["max-rounds"], tol=0).fit(blocks, y)
+    kw = {"acceleration": rc["acceleration"]} if "acceleration" in rc else {}
+    model = VerticalADMM(lam=rc["lam"], max_rounds=rc["max-rounds"], tol=0, privacy=privacy, **kw).fit(blocks, y)
     stabs = [read_party(source_from_config(nodes[100 + m], "score")) for m in range(3)]
     scommon = set(stabs[0].ids)
     for t in stabs[1:]:

@@ -90,6 +90,7 @@ def test_closed_form_agent_step_matches_scipy(step):
     rng = np.random.default_rng(2)
     p = DPIADMMParams(variant=step, a=0.7, box=0.5)
     Zt, G, W, Lam, xi = (rng.normal(size=(J, K)) * s for s in (0.3, 1.0, 0.4, 1.0, 0.5))
+    Zt = np.clip(Zt, -p.box, p.box)            # z_p^t is feasible (it came out of a step)
     rho, t = 3.0, 2
     eta, radius = p.a / math.sqrt(t), p.a / t ** 2
     if step == "objp":

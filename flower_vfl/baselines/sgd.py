@@ -256,10 +256,12 @@ class VerticalSGD:
         return np.asarray(sum(D @ x for D, x in zip(blocks, self.coef_)) + self.intercept_).ravel()
 
     def predict(self, X_blocks):
-        return self.loss_.predict(self.decision_function(X_blocks))
+        f = self.decision_function(X_blocks)
+        return self.loss_.predict(f)
 
     def predict_proba(self, X_blocks):
-        return self.loss_.predict_proba(self.decision_function(X_blocks))
+        f = self.decision_function(X_blocks)
+        return self.loss_.predict_proba(f)
 
     def objective(self, X_blocks, y):
         """(1/N) sum l + lam/2 sum ||x_m||^2 at the fitted coefficients."""

@@ -43,16 +43,21 @@ _SHARED = ("id-column", "preprocess")
 
 def node_cfg(context: Context) -> dict:
     """The party's data keys: its node config, else its entry in the run config's per-party lists."""
-    nc, rc = dict(context.node_config), context.run_config
+    from ..client_app import party_node_config      # the node config + the party's own file
+    nc, rc = party_node_config(context), context.run_config
     pid = int(nc.get("partition-id", 0))
+    from_run = set()
     for key, rkey in _PER_PARTY.items():
         vals = [v.strip() for v in str(rc.get(rkey, "") or "").split(",")]
         if key not in nc and pid < len(vals) and vals[pid]:
             nc[key] = vals[pid]
+            from_run.add(key)
     for key in _SHARED:
         if key not in nc and rc.get(key):
             nc[key] = rc[key]
-    if "label-column" not in nc and nc.get("data-path") and nc.get("data-path") == rc.get("labels-path"):
+    owner = ("data-path" in from_run and nc["data-path"] == rc.get("labels-path")) or \
+        ("score-path" in from_run and nc["score-path"] == rc.get("score-ids-path"))
+    if owner and "label-column" not in nc:
         nc["label-column"] = rc.get("label-column", "label")      # the label owner's own node
     return nc
 
@@ -66,8 +71,10 @@ def _party_id(context: Context) -> int:
 
 
 def party_source(context: Context, split: str):
+    import dataclasses
     label = str(context.run_config.get("label-column", "") or "")
-    return source_from_config(node_cfg(context), split, forbidden_label=label)
+    src = source_from_config(node_cfg(context), split, forbidden_label=label)
+    return dataclasses.replace(src, label_optional=True) if split == "score" else src
 
 
 def _table(context: Context, split: str):
@@ -142,21 +149,27 @@ def model_path(context: Context, party: int | None = None) -> Path:
 
 
 def save_model(msg: Message, context: Context) -> Message:
-    """Write x_m (x̃ for a private party), preprocessing, columns and fingerprint to disk."""
-    from .vertical_party import STATE_ARRAYS
-    if STATE_ARRAYS not in context.state:
-        raise RuntimeError(f"party {_party_id(context)} has no trained block to save (no training round ran)")
+    """Write x_m (for a private party only its released x̃), preprocessing, columns and a
+    fingerprint of the aligned training rows to the party's own disk; reply with an ack."""
+    from ..client_app import make_client
     D, _, pre, ids = own_blocks(context)
-    private = "vfl.privacy" in context.state
+    client = make_client(context)
+    private = client.privacy is not None
+    party = client._build(context, 1)
     if private:
-        # TODO(lead): a private party saves only its released x̃ (PrivateParty.x_released)
-        raise NotImplementedError(f"party {_party_id(context)} is private: saving x̃ needs "
-                                  "PrivateParty.x_released (not available yet)")
-    x = context.state[STATE_ARRAYS]["x"].numpy()
+        x = party.x_released          # the only model block a private party ever shows
+        if x is None:
+            raise RuntimeError(f"party {_party_id(context)} is private and has not released its model x̃ "
+                               "(the release happens in the final evaluation): give the run held-out rows "
+                               "(labels-test-path and each party's test-path)")
+    else:
+        if getattr(party, "rho_x", None) is None and not np.any(party.x):
+            raise RuntimeError(f"party {_party_id(context)} has no trained block to save (no training round ran)")
+        x = party.x
     path = model_path(context)
     model_io.save_party_model(path, _party_id(context), x, pre.feature_names_, pre.to_dict(),
                               model_io.data_fingerprint(D, ids), D.shape[0], private=private,
-                              extra={"run": {k: v for k, v in dict(msg.content["config"]).items()}})
+                              extra={"run": dict(msg.content["config"]) if "config" in msg.content else {}})
     return Message(RecordDict({"saved": ConfigRecord({"party": _party_id(context), "version": model_io.VERSION})}),
                    reply_to=msg)
 
@@ -172,7 +185,15 @@ def predict(msg: Message, context: Context) -> Message:
     table = _table(context, "score")
     idx = _aligned_idx(context, "score", table)
     pre = Preprocessor.from_dict(meta["preprocessing"])
-    D = pre.transform(table.X[idx], {c: v[idx] for c, v in table.categorical.items()})
-    s = np.asarray(D @ m["x"], dtype=float)
+    missing = [c for c in pre.columns_ if c not in table.columns]
+    if missing:
+        raise DataError(f"party {_party_id(context)}: the scoring file {table.path} lacks the model's column(s) "
+                        f"{missing[:5]}; export the same columns as for training (or fix the key columns)")
+    cols = [table.columns.index(c) for c in pre.columns_]        # the model's column order, by name
+    D = pre.transform(table.X[idx][:, cols], {c: v[idx] for c, v in table.categorical.items()})
+    if meta.get("private"):            # x̃ was fitted on normalized rows (flower_vfl.privacy)
+        from ..privacy.party import normalize_rows
+        D = normalize_rows(D)
+    s = np.asarray(D @ m["x"], dtype=float)      # post-processing of the saved block: no new release
     return Message(RecordDict({"release": ArrayRecord({"s_score": Array(s)}),
                                "meta": ConfigRecord({"party": _party_id(context)})}), reply_to=msg)

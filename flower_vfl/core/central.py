@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .multinomial import multinomial_newton
+
 __all__ = ["CentralUpdate", "residuals"]
 
 
@@ -56,6 +58,9 @@ class CentralUpdate:
             return self._intercept_then_z(a_hat)
         if loss.n_outputs == 1 and loss.curvature is not None:
             return self._joint_newton(a_hat)
+        if loss.name == "multinomial":          # joint (z, b) Newton, O(N K) per iteration
+            w, self.b = multinomial_newton(a_hat, y, t, rho, n, self.z + self.b, self.b)
+            return w - self.b
         c = a_hat.mean(axis=0) + y.sum(axis=0) / (rho * n)
         b = self.b.copy()
         scale = 1.0 + float(np.max(np.abs(a_hat)))
@@ -176,7 +181,8 @@ class CentralUpdate:
 
         def F(w, b):
             r = a_hat + b - w
-            return float(np.sum(loss.value(w, t)) / n - y @ w + b * sy + 0.5 * rho * (r @ r))
+            # einsum, not BLAS dots: 2-thread OpenBLAS stalled N-vector dots under load
+            return float(np.sum(loss.value(w, t)) / n - _dot(y, w) + b * sy + 0.5 * rho * _dot(r, r))
 
         f = F(w, b)
         for _ in range(max_iter):
@@ -188,7 +194,7 @@ class CentralUpdate:
             schur = max(schur, 1e-300)
             db = -(gb + rho * float(np.sum(g / d))) / schur
             dw = (-g + rho * db) / d
-            dec = -(g @ dw + gb * db)            # Newton decrement^2 (>= 0)
+            dec = -(_dot(g, dw) + gb * db)       # Newton decrement^2 (>= 0)
             if np.max(np.abs(dw)) <= 1e-13 * (1.0 + np.max(np.abs(w))):
                 w, b = w + dw, b + db
                 break
@@ -235,6 +241,10 @@ class CentralUpdate:
 
     def get_state(self):
         return {"z": self.z, "y": self.y, "q": self.q, "b": np.atleast_1d(self.b)}
+
+
+def _dot(a, b) -> float:
+    return float(np.einsum("i,i->", a, b))
 
 
 def _norm(v) -> float:

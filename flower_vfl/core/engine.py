@@ -18,7 +18,7 @@ from .central import CentralUpdate, residuals
 from .losses import get_loss
 from .party import PartyUpdate
 from .penalties import Ball, Box, get_penalty
-from .sklearn_api import BINARY_LOSSES, SklearnAPIMixin, decode_scores, encode_classes
+from .sklearn_api import BINARY_LOSSES, SklearnAPIMixin, check_target, decode_scores, encode_classes
 from .validation import check_blocks, check_params
 
 __all__ = ["VerticalADMM", "default_rho", "make_constraint", "private_schedule"]
@@ -192,9 +192,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         loss = get_loss(self.loss)
         if isinstance(self.loss, str):
             loss = get_loss(self.loss)  # fresh instance: multinomial stores classes_
-        if y is None:
-            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
-        y = np.asarray(y)
+        y = check_target(y, type(self).__name__)
         if y.dtype.kind in "fc" and not np.all(np.isfinite(y)):
             raise ValueError("y contains NaN or inf")
         blocks = check_blocks(X_blocks, n_rows=y.shape[0])

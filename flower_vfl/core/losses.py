@@ -401,7 +401,8 @@ class MultinomialLoss(Loss):
         return onehot
 
     def value(self, z, t):
-        return logsumexp(z, axis=1) - np.sum(z * t, axis=1)
+        from .multinomial import softmax_lse      # no axis-1 max/sum: see core/multinomial.py
+        return softmax_lse(z)[1] - np.einsum("ij,ij->i", z, t)
 
     def mean(self, z, t):
         return float(np.mean(self.value(z, t)))
@@ -410,6 +411,14 @@ class MultinomialLoss(Loss):
         return softmax(z, axis=1) - t
 
     def z_update(self, a, y, t, rho, n, z0=None, max_iter=50, tol=1e-13):
+        """Eq. (7) per sample: Newton with Sherman-Morrison solves (core/multinomial.py)."""
+        from .multinomial import multinomial_newton
+        w0 = a + y / rho if z0 is None else z0
+        return multinomial_newton(a, y, t, rho, n, w0, np.zeros(a.shape[1]), fit_b=False,
+                                  max_iter=max_iter, tol=tol)[0]
+
+    def _z_update_batched(self, a, y, t, rho, n, z0=None, max_iter=50, tol=1e-13):
+        """The previous batched K x K Newton with per-sample line search (reference in tests)."""
         z = a + y / rho if z0 is None else z0.copy()
         K = z.shape[1]
         eye = np.eye(K)
@@ -457,6 +466,9 @@ def get_loss(loss) -> Loss:
     """Return a fresh Loss instance for a name (or pass an instance through)."""
     if isinstance(loss, Loss):
         return loss
+    if loss == "logistic_rr":   # label-noise-corrected logistic (imports this module: lazy)
+        from .label_noise import ForwardCorrectedLogistic
+        return ForwardCorrectedLogistic()
     if loss not in LOSSES:
         raise ValueError(f"loss={loss!r} is not supported; choose one of {sorted(LOSSES)}")
     return LOSSES[loss]()

@@ -70,7 +70,8 @@ class PartyUpdate:
         outer = theta * _norm(q) if self.solver.inexact else None
         self.x = self.solver.solve(v, rho_x, x0=self.x, outer=outer)
         self.rho_x = float(rho_x)
-        return self.D @ self.x
+        Dx = self.solver.last_Dx          # carried along by the CG path: no extra mat-vec
+        return self.D @ self.x if Dx is None else Dx
 
     def commit(self, s_released):
         """Cache the value actually sent (noisy when private): the next residual contains it."""

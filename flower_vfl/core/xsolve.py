@@ -15,7 +15,7 @@ Methods (``method=``; 'auto' picks one from the shape and logs the choice):
   equation on the eigendecomposition.
 - ``'cg'``: no Gram at all; warm-started Jacobi-preconditioned conjugate gradients on
   (lam I + rho D^T D) x = rho D^T v (2 mat-vecs per iteration) for sparse blocks with d > N or
-  very large N. Inexact: relative residual <= max(inner_tol, min(0.1, 0.1 ||theta q|| / ||v||)),
+  very large N. Inexact: relative residual <= max(inner_tol, min(0.1, 1e-3 ||theta q|| / ||v||)),
   i.e. tied to the ADMM residual the party received (docs/math.md, Section 6). Non-smooth
   penalties use FISTA on D with the same tolerance rule.
 - ``'dual'``: the N x N form (lam I + rho D D^T) w = rho v, x = D^T w, through the
@@ -45,6 +45,9 @@ GRAM_MAX = 4000
 #: sparse blocks with more rows than this use CG (the sparse Gram costs ~15 ns per
 #: sum_i nnz_i^2 term, hundreds of mat-vecs at 1M rows: benchmarks/bench_scale.py)
 CG_ROWS = 200_000
+#: inner relative tolerance = FORCING * ||theta q|| / ||v|| (floored at inner_tol): Anderson
+#: extrapolates the round map, so it needs T evaluated well beyond the ADMM residual
+FORCING = 1e-3
 
 
 def _gram_terms(D) -> float:
@@ -126,6 +129,7 @@ class XSolver:
         self._rho = None
         self._G = self._eig = self._chol = self._fac = None
         self._diag = None
+        self.last_Dx = None
         self.inner_iters_ = 0
 
     # ------------------------------------------------------------------ setup
@@ -175,13 +179,20 @@ class XSolver:
             self._chol = sla.cho_factor(A, lower=False, check_finite=False) if self.direct else None
         elif m == "chol":
             self._fac = _direct_factor(self.D, rho, self.lam) if self.direct else None
-        elif m == "cg" and self._diag is None:
+        elif m == "cg" and self._diag is None:    # column norms^2, one pass and no copy of D
             D = self.D
-            self._diag = np.asarray((D.multiply(D) if self.sparse else D * D).sum(axis=0)).ravel()
+            if self.sparse:
+                D = D.tocsr()
+                self._diag = np.bincount(D.indices, weights=D.data * D.data, minlength=D.shape[1])
+            else:
+                self._diag = np.einsum("ij,ij->j", D, D)
 
     # ------------------------------------------------------------------ solve
     def solve(self, v, rho, x0=None, outer=None):
-        """argmin_{x in X} lam R(x) + rho/2 ||D x - v||^2 (warm start ``x0``)."""
+        """argmin_{x in X} lam R(x) + rho/2 ||D x - v||^2 (warm start ``x0``).
+
+        After a CG solve ``last_Dx`` holds D x (else None)."""
+        self.last_Dx = None
         if self._rho != rho:
             self._factorize(rho)
         m = self.method_
@@ -217,17 +228,22 @@ class XSolver:
     def _outer_rtol(self, v, outer):
         if outer is None:
             return self.inner_tol
-        return max(self.inner_tol, min(0.1, 0.1 * outer / max(_norm(v), 1e-300)))
+        return max(self.inner_tol, min(0.1, FORCING * outer / max(_norm(v), 1e-300)))
 
     def _cg(self, v, rho, x0, rtol):
-        """Jacobi-preconditioned CG on (lam I + rho D^T D) x = rho D^T v, column-wise for (N, K)."""
+        """Jacobi-preconditioned CG on (lam I + rho D^T D) x = rho D^T v, column-wise for (N, K).
+
+        2 + 2k mat-vecs for k iterations: the start's residual is rho D^T(v - D x0) - lam x0, and
+        D x is carried along (D x += a D p), so the party's release needs no further product
+        (``last_Dx``)."""
         D, lam = self.D, self.lam
+        K = v.shape[1:] if np.ndim(v) == 2 else ()
+        x = np.zeros((D.shape[1],) + K) if x0 is None else np.array(x0, dtype=float).reshape((D.shape[1],) + K)
+        Dx = D @ x
         b = rho * (D.T @ v)
-        x = np.zeros_like(b) if x0 is None else np.array(x0, dtype=float).reshape(b.shape)
+        r = rho * (D.T @ (v - Dx)) - lam * x
         Minv = 1.0 / _col(lam + rho * self._diag, b)
-        r = b - (lam * x + rho * (D.T @ (D @ x)))
-        bn = np.sqrt(np.sum(b * b, axis=0))
-        stop = rtol * np.maximum(bn, 1e-300)
+        stop = rtol * np.maximum(np.sqrt(np.sum(b * b, axis=0)), 1e-300)
         zv = Minv * r
         p = zv.copy()
         rz = np.sum(r * zv, axis=0)
@@ -236,10 +252,12 @@ class XSolver:
             if np.all(np.sqrt(np.sum(r * r, axis=0)) <= stop):
                 it -= 1
                 break
-            Ap = lam * p + rho * (D.T @ (D @ p))
+            Dp = D @ p
+            Ap = lam * p + rho * (D.T @ Dp)
             pAp = np.sum(p * Ap, axis=0)
             a = np.where(pAp > 0, rz / np.where(pAp > 0, pAp, 1.0), 0.0)
             x += a * p
+            Dx += a * Dp
             r -= a * Ap
             zv = Minv * r
             rz_new = np.sum(r * zv, axis=0)
@@ -247,6 +265,7 @@ class XSolver:
             p = zv + beta * p
             rz = rz_new
         self.inner_iters_ += it
+        self.last_Dx = Dx
         return x
 
 

@@ -65,7 +65,7 @@ def _active_set_newton(G, rc, rho, mu1, mu2, x):
         A = rho * G[np.ix_(S, S)]
         A[np.diag_indices_from(A)] += mu2
         try:
-            xs = sla.solve(A, rc[S] - mu1 * sig, assume_a="pos", check_finite=False)
+            xs = np.linalg.solve(A, rc[S] - mu1 * sig)
         except (np.linalg.LinAlgError, ValueError):
             return None
         if not np.all(np.sign(xs) == sig):

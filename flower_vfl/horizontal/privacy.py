@@ -21,7 +21,7 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["new_agent_seed", "agent_rng", "standard_draw", "ledger_entry", "account"]
+__all__ = ["new_agent_seed", "agent_rng", "standard_draw", "ledger_entry", "account", "eps_bar_for_total"]
 
 
 def new_agent_seed() -> int:
@@ -88,3 +88,38 @@ def account(entries, delta: float = 1e-5) -> dict:
     eps = acc.get_epsilon(delta)
     out["epsilon_pld"] = float(eps) if math.isfinite(eps) else math.inf
     return out
+
+
+def eps_bar_for_total(total_epsilon: float, T: int, delta: float = 1e-5, variant: str = "objt",
+                      delta_bar: float = 1e-6) -> float:
+    """The per-iteration eps_bar whose T-fold composition costs ``total_epsilon`` at ``delta``.
+
+    ObjP/ObjT: T Laplace mechanisms with noise multiplier 1/eps_bar, composed by the PLD
+    accountant (:func:`account`); eps_bar lies in [total/T, total] (basic composition and a
+    single release bound it). OutP: T Gaussians with multiplier z = sqrt(2 ln(1.25/delta_bar))
+    / eps_bar are exactly one Gaussian with z/sqrt(T) (dp_accounting.get_epsilon_gaussian).
+    Solved with scipy's brentq (the totals are monotone in eps_bar).
+    """
+    import dp_accounting
+    import scipy.optimize
+    if not (total_epsilon > 0 and int(T) >= 1):
+        raise ValueError(f"total_epsilon={total_epsilon!r}, T={T!r}; need total_epsilon > 0 and T >= 1")
+    T = int(T)
+    if variant == "outp":
+        c = math.sqrt(2 * math.log(1.25 / delta_bar))
+
+        def gap(log_eb):
+            z = c / math.exp(log_eb) / math.sqrt(T)
+            return dp_accounting.get_epsilon_gaussian(z, delta) - total_epsilon
+
+        lo, hi = math.log(1e-6), math.log(1e4)
+    else:
+        def gap(log_eb):
+            eb = math.exp(log_eb)
+            e = {"mechanism": "laplace", "scale": 1.0 / eb, "sensitivity": 1.0, "eps_bar": eb, "delta_bar": 0.0}
+            return account([e] * T, delta)["epsilon_pld"] - total_epsilon
+
+        lo, hi = math.log(total_epsilon / T * 0.999), math.log(total_epsilon * 1.001)
+        if T == 1:
+            return float(total_epsilon)
+    return float(math.exp(scipy.optimize.brentq(gap, lo, hi, xtol=1e-4)))

@@ -76,6 +76,8 @@ class SourceConfig:
     forbidden_label: str = ""
     #: the label owner's labels file: read the IDs and labels only
     labels_only: bool = False
+    #: scoring rows: the label column may be absent (it is never a feature)
+    label_optional: bool = False
 
     def resolved_format(self) -> str:
         if self.format != "auto":
@@ -210,7 +212,7 @@ def _read_table(src: SourceConfig, fmt: str) -> PartyTable:
                         "holds labels), or set label-column in this node's config if it is the label owner")
     ids = _ids_from(table.column(src.id_column).to_pylist(), src, src.path)
     y = None
-    if src.label_column:
+    if src.label_column and src.label_column in names or (src.label_column and not src.label_optional):
         if src.label_column not in names:
             raise DataError(f"{src.path} has no label column {src.label_column!r} (columns: {names[:8]}); set "
                             "label-column to the column holding the labels")

@@ -1,4 +1,7 @@
 """Flower strategies (the central node): ``from flower_vfl.strategies import VerticalADMMStrategy``."""
 from .vertical_admm import PartyRefused, VerticalADMMStrategy
+from .dpiadmm import AgentRefused, DPIADMMStrategy  # horizontal DP inexact ADMM
 
-__all__ = ["PartyRefused", "VerticalADMMStrategy"]
+__all__ = ["PartyRefused", "VerticalADMMStrategy", "AgentRefused", "DPIADMMStrategy"]
+from .vertical_sgd import VerticalSGDStrategy  # FDML-style vertical SGD baseline
+__all__ += ["VerticalSGDStrategy"]

@@ -35,7 +35,7 @@ from flwr.serverapp import Grid
 from .. import model_io
 from ..core.losses import get_loss
 from ..io import read_party, source_from_config
-from ..labels import decode_scores, encode_classes
+from ..core.sklearn_api import BINARY_LOSSES, decode_scores, encode_classes
 from .psi_align import PSIAlignment
 
 __all__ = ["OWN_DATA_DEFAULTS", "enabled", "owner_labels", "train", "predict", "owner_model_path"]
@@ -104,7 +104,7 @@ def train(grid: Grid, run_config, make_strategy, progress=None, timeout: float =
 
 
 def _encode_like(y, classes, loss_name):
-    if classes is None or loss_name not in ("logistic", "hinge", "sigmoid"):
+    if classes is None or loss_name not in BINARY_LOSSES:
         return encode_classes(y, loss_name)[0]
     unknown = sorted(set(np.asarray(y).tolist()) - set(classes.tolist()))
     if unknown:

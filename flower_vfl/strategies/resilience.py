@@ -112,8 +112,10 @@ class ResilientRounds:
                     f"{float(info.get('epsilon', float('nan'))):g} on this data in earlier runs, so every release "
                     "of this run would be refused. The party can see its spend with `flower-vfl ledger "
                     "--state-dir <its state-dir>`; only its operator can grant a new budget")
+            last = info.get("last_train", -1)
             out[nid] = {"party": party, "private": bool(info.get("private", False)),
-                        "train_rounds": int(info.get("train_rounds", 0))}
+                        "train_rounds": int(info.get("train_rounds", 0)),
+                        "restored": isinstance(last, int) and not isinstance(last, bool) and last >= 0}
         return out
 
     def _check_key(self, grid, nid, party):
@@ -126,6 +128,20 @@ class ResilientRounds:
                 f"{'fingerprint ' + fp[:16] + '...' if fp else 'is unknown (is --enable-supernode-auth on?)'}"
                 f" is not the one party-keys binds to party {party} ({self.party_keys[party][:16]}...); refused")
 
+    def _note_state(self, party, info) -> None:
+        """A non-private party that answers identify without its state (``last_train`` absent or
+        < 0: a restarted SuperNode, or a new run after resume) is re-synchronized: its next
+        train message folds the last release the server holds into q (see ``_round_content``).
+        A party that restored its own state (``last_train`` >= 0) is left as it is."""
+        resync = self.__dict__.setdefault("_resync", set())
+        if info["private"] or info["restored"]:
+            resync.discard(party)
+            return
+        if float(getattr(self.central, "alpha", 1.0)) != 1.0:
+            log(WARNING, "party %s restarts from x = 0: re-synchronizing a stateless party needs alpha = 1", party)
+            return
+        resync.add(party)
+
     def identify(self, grid) -> dict[int, int]:
         """Map node id -> party. Waits up to ``party_wait`` s for every party to have a node."""
         deadline = time.monotonic() + self.party_wait
@@ -133,14 +149,16 @@ class ResilientRounds:
         while True:
             nodes = [n for n in grid.get_node_ids() if n not in asked]
             if nodes and (len(asked) + len(nodes) >= self.num_parties or time.monotonic() >= deadline):
-                asked.update(nodes)
-                for nid, info in self._ask_identity(grid, nodes, self.round_timeout).items():
+                answers = self._ask_identity(grid, nodes, max(self.round_timeout, 1.0))
+                asked.update(answers)          # a node that did not answer in time is asked again
+                for nid, info in answers.items():
                     party = info["party"]
                     if party in seen:
                         raise ValueError(f"nodes {seen[party]} and {nid} both claim party {party}; give each "
                                          "SuperNode a distinct partition-id in its node config")
                     self._check_key(grid, nid, party)
                     seen[party], mapping[nid] = nid, party
+                    self._note_state(party, info)
                     if info["private"]:
                         self.private_parties[party] = info["train_rounds"]
             missing = sorted(set(range(self.num_parties)) - set(seen))
@@ -149,7 +167,7 @@ class ResilientRounds:
             time.sleep(POLL_S)
         if missing:
             raise RuntimeError(f"parties {missing} did not answer the identify query within party-wait="
-                               f"{self.party_wait:g} s (nodes seen: {sorted(asked)}): num-parties={self.num_parties} "
+                               f"{self.party_wait:g} s (nodes seen: {sorted(grid.get_node_ids())}): num-parties={self.num_parties} "
                                f"but {len(asked)} SuperNodes answered. Start one SuperNode per party (simulation: "
                                f"--federation-config \"num-supernodes={self.num_parties}\") or set num-parties="
                                f"{len(asked)}")
@@ -178,6 +196,7 @@ class ResilientRounds:
                         del self.node_to_party[n]
                         self._ignored_nodes.add(n)
                     self.node_to_party[nid] = party
+                    self._note_state(party, info)
                     missing.discard(party)
                     log(INFO, "party %s is back on node %s (was %s)", party, nid, old)
                 self._ignored_nodes.update(n for n in new if n not in self.node_to_party)

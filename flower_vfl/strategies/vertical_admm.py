@@ -24,6 +24,7 @@ from ..core.accel import make_accelerator
 from ..core.central import CentralUpdate, residuals
 from ..core.engine import default_rho, private_schedule
 from ..core.losses import get_loss
+from ..privacy.label_dp import privatize_labels
 from ..core.validation import check_params
 from ..checkpoint import load_checkpoint, save_checkpoint
 from ..report import to_jsonable
@@ -74,16 +75,26 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     party_keys : str, dict or None, default=None
         Party -> SHA-256 fingerprint of the SuperNode auth key allowed to serve it (a dict or
         the path of a JSON file); a node whose key and claimed party disagree is refused.
+    label_epsilon : float or None, default=None
+        Label DP (loss='logistic'): randomized response on ``y_train`` once, here, and the
+        forward-corrected loss; None, 0 or inf: labels not protected (``label-epsilon``).
+    label_seed : None, int or numpy Generator, default=None
+        Source of the label flips (None: OS entropy); never sent or reported.
     """
 
     def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", rho="auto", alpha=1.0,
                  variant="sharing", fit_intercept=True, max_rounds=50, tol=0.0, tol_abs=1e-9,
                  eval_every=0, timeout=600.0, party_wait=120.0, stragglers="wait", max_staleness=5,
-                 state_dir=None, resume=None, party_keys=None, acceleration="anderson"):
+                 state_dir=None, resume=None, party_keys=None, acceleration="anderson",
+                 label_epsilon=None, label_seed=None):
         check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
         if variant not in ("sharing", "paper"):
             raise ValueError(f"variant={variant!r}; choose 'sharing' or 'paper'")
         self.loss = get_loss(loss) if isinstance(loss, str) else loss
+        # label DP (privacy/label_dp.py, the engine's code): the true y_train is used only here
+        self.loss, y_train, self.label_privacy_ = privatize_labels(self.loss, np.asarray(y_train),
+                                                                   label_epsilon, label_seed)
+        self.label_epsilon = None if self.label_privacy_ is None else self.label_privacy_.epsilon
         self.t = self.loss.encode_labels(np.asarray(y_train))
         self.t_test = None if y_test is None else self.loss.encode_labels(np.asarray(y_test))
         self.num_parties = int(num_parties)
@@ -126,6 +137,10 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     def _round_content(self, server_round, party=None, **extra) -> RecordDict:
         c = self.central
         q = c.q if self._qs is None or party is None else self._qs[party]   # per party when accelerated
+        if party in self.__dict__.get("_resync", ()) and party in self._last_s:
+            # a restarted party that lost its state (s_m = 0): q - s_m/theta gives it the same
+            # x-update target z_loc = s_m - theta q as the party that kept s_m (eq. 6, alpha = 1)
+            q = q - self._last_s[party] / c.theta
         return RecordDict({
             "vectors": ArrayRecord({"q": Array(np.asarray(q)), "y": Array(np.asarray(c.y))}),
             "config": ConfigRecord({"round": int(server_round), "rho": float(c.rho),
@@ -153,7 +168,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
 
         ``stragglers='stale'``: a party that misses the round counts with its last release
         (bounded staleness: at most ``max_staleness`` rounds in a row, then it is waited for)."""
-        content = self._round_content(k) if self._qs is None else None
+        content = self._round_content(k) if self._qs is None and not self.__dict__.get("_resync") else None
         build = lambda p, nid: Message(content or self._round_content(k, party=p), dst_node_id=nid,  # noqa: E731
                                        message_type="train")
         what = f"round {k} (train)"
@@ -168,6 +183,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
             got = self._exchange(grid, build, parties, what)
         shape = self.central.z.shape
         fresh = {p: self._release(rep, p, "s", shape, what) for p, rep in sorted(got.items())}
+        self.__dict__.get("_resync", set()).difference_update(fresh)
         for p in parties:
             self._stale[p] = 0 if p in fresh else self._stale.get(p, 0) + 1
         self.aggregate_train(k, fresh, parties)
@@ -216,7 +232,9 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         f = sum(replies[m] for m in sorted(replies)) + self.central.b
         if not suffix:
             self.decision_test_ = f
-        out = {"test_loss" + suffix: self.loss.mean(f, self.t_test)}
+        # test labels are clean: with label DP score them with the plain logistic loss (log-loss)
+        test_loss = get_loss("logistic") if self.label_privacy_ is not None else self.loss
+        out = {"test_loss" + suffix: test_loss.mean(f, self.t_test)}
         if self.loss.name != "squared":
             pred = self.loss.predict(f)
             truth = self.loss.predict(self.t_test) if self.t_test.ndim == 1 else self.loss.predict(self.t_test)
@@ -244,6 +262,8 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
             return
         c = self.central
         arrays = {"z": c.z, "y": c.y, "q": c.q, "b": np.asarray(c.b)}
+        if self.label_privacy_ is not None:   # the one label-DP draw: a resumed run reuses it
+            arrays["t_label_dp"] = self.t
         arrays.update({f"s{m}": np.asarray(v) for m, v in self._last_s.items()})
         aa = None
         if self._acc is not None:
@@ -256,7 +276,8 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
                   "private_parties": {str(m): t for m, t in self.private_parties.items()},
                   "node_to_party": {str(n): p for n, p in self.node_to_party.items()},
                   "stale": {str(m): v for m, v in self._stale.items()},
-                  "history": self.history_, "privacy": self.privacy_, "anderson": aa}
+                  "history": self.history_, "privacy": self.privacy_, "anderson": aa,
+                  "label_epsilon": self.label_epsilon}
         save_checkpoint(self.state_dir, arrays, to_jsonable(header))
 
     def _restore(self, folder):
@@ -271,6 +292,12 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
                 raise ValueError(f"resume={str(folder)!r}: the checkpoint has {key}={h[key]!r} but this run has "
                                  f"{value!r}; resume with the run's original configuration")
         c.z, c.y, c.q = arrays["z"], arrays["y"], arrays["q"]
+        if h.get("label_epsilon") != self.label_epsilon:
+            raise ValueError(f"resume={str(folder)!r}: the checkpoint has label-epsilon="
+                             f"{h.get('label_epsilon') or 0!r} but this run has {self.label_epsilon or 0!r}; "
+                             "resume with the run's original label-epsilon")
+        if "t_label_dp" in arrays:     # the checkpointed privatized labels, not a second draw
+            self.t = c.t = arrays["t_label_dp"]
         c.b = np.float64(arrays["b"][()]) if arrays["b"].ndim == 0 else arrays["b"]
         c.set_rho(h["rho"])
         self._last_s = {int(k[1:]): v for k, v in arrays.items() if k[0] == "s" and k[1:].isdigit()}

@@ -1,0 +1,329 @@
+"""Real Flower processes on loopback: a SuperLink and one SuperNode per party, with TLS (a
+generated self-signed CA) and registered SuperNode keys bound to parties; submit a job, read
+its status from Flower (``flwr ls --format json``: ``flwr run --stream`` exits 0 even when the
+ServerApp failed), collect the report, and stop every process started here by its process group.
+
+    flower-vfl deploy-local --num-parties 2 --dataset a9a --max-rounds 3 --out-dir runs/deploy
+
+Used by ``flower-vfl simulate`` (the run's status) and by the loopback tests.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["Processes", "any_alive", "free_port", "make_pki", "write_connection", "submit", "run_status", "wait_run",
+           "exit_code", "managed_superlink_pids", "deploy_local"]
+
+FINISHED = "finished:"
+
+
+class Processes:
+    """Processes started here, each in its own session; :meth:`stop_all` signals each one's
+    process group (the SuperNode's ClientApp children, the SuperLink's ServerApp) and nothing
+    else. A context manager: leaving the block stops everything."""
+
+    def __init__(self, log_dir):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.adopted: list[int] = []
+        self.started: list[int] = []      # every process group ever started here
+
+    def start(self, name, cmd, env=None, cwd=None) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen([str(c) for c in cmd], env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        self.started.append(proc.pid)
+        return proc
+
+    def adopt(self, pid: int) -> None:
+        """A process this code caused to start elsewhere (Flower's managed local SuperLink)."""
+        self.adopted.append(int(pid))
+
+    def stop(self, name, sig=signal.SIGTERM, timeout=20.0) -> None:
+        proc = self.procs.pop(name)
+        _stop_group(proc.pid, sig, timeout, proc)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+        for pid in self.adopted:
+            _stop_group(pid, signal.SIGTERM, 20.0)
+        self.adopted = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_all()
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:   # a zombie of ours counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _stop_group(pid, sig, timeout, proc=None) -> None:
+    """SIGTERM the process group led by ``pid`` (the session started for it), then SIGKILL."""
+    for s in (sig, signal.SIGKILL):
+        try:
+            os.killpg(pid, s)
+        except (ProcessLookupError, PermissionError):
+            pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None and not _group_alive(pid):
+                return
+            if proc is None and not _alive(pid) and not _group_alive(pid):
+                return
+            time.sleep(0.2)
+
+
+def any_alive(pids) -> list[int]:
+    """The process groups among ``pids`` that still have a live process."""
+    return [p for p in pids if _group_alive(p)]
+
+
+def _group_alive(pgid) -> bool:
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def managed_superlink_pids(flwr_home) -> list[int]:
+    """PIDs of the local SuperLink that ``flwr run`` started detached for ``flwr_home`` (its log
+    file lives under that FLWR_HOME, so no other user's SuperLink matches)."""
+    marker = str(Path(flwr_home) / "local-superlink")
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(b"flower-superlink" in c for c in cmd[:2]) and any(marker.encode() in c for c in cmd):
+                pids.append(int(d.name))
+    return pids
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_pki(folder, n_nodes: int) -> dict:
+    """A self-signed CA, a SuperLink certificate for 127.0.0.1/localhost, and one EC (P-384)
+    authentication key pair per SuperNode (OpenSSH format, as Flower reads them). Returns the
+    paths and each node key's SHA-256 fingerprint as the SuperLink reports it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def pem_key(key, path):
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        path.chmod(0o600)
+
+    def cert(subject, issuer, pub, sign_key, ca, sans=None):
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(pub)
+             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+             .not_valid_after(now + datetime.timedelta(days=30))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if sans:
+            b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return b.sign(sign_key, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flower-vfl loopback CA")])
+    ca_cert = cert(ca_name, ca_name, ca_key.public_key(), ca_key, True)
+    srv_key = ec.generate_private_key(ec.SECP384R1())
+    srv_cert = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]), ca_name,
+                    srv_key.public_key(), ca_key, False,
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    out = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key", "nodes": []}
+    out["ca"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    out["cert"].write_bytes(srv_cert.public_bytes(serialization.Encoding.PEM))
+    pem_key(srv_key, out["key"])
+    for i in range(n_nodes):
+        k = ec.generate_private_key(ec.SECP384R1())
+        priv, pub = folder / f"node{i}", folder / f"node{i}.pub"
+        priv.write_bytes(k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                         serialization.NoEncryption()))
+        priv.chmod(0o600)
+        pub.write_bytes(k.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                    serialization.PublicFormat.OpenSSH))
+        spki = k.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        out["nodes"].append({"private": priv, "public": pub, "fingerprint": hashlib.sha256(spki).hexdigest()})
+    return out
+
+
+def write_connection(flwr_home, name, address, root_certificates=None) -> str:
+    """``$FLWR_HOME/config.toml`` with one SuperLink connection (TLS when a CA is given)."""
+    home = Path(flwr_home)
+    home.mkdir(parents=True, exist_ok=True)
+    tls = f'root-certificates = "{root_certificates}"\n' if root_certificates else "insecure = true\n"
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\n'
+                                      f'address = "{address}"\n{tls}')
+    return name
+
+
+def _flwr_json(args, env, timeout=120) -> dict:
+    proc = subprocess.run(["flwr", *args, "--format", "json"], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    try:
+        return json.loads(proc.stdout[proc.stdout.index("{"):])
+    except ValueError:
+        raise RuntimeError(f"`flwr {' '.join(args)}` gave no JSON (exit {proc.returncode}): "
+                           f"{(proc.stdout + proc.stderr)[-2000:]}") from None
+
+
+def submit(app_dir, connection, run_config: str, env, federation_config=None) -> str:
+    """``flwr run`` (not streamed); returns the run id or raises with Flower's message."""
+    args = ["run", str(app_dir), *([connection] if connection else []), "--run-config", run_config]
+    if federation_config:
+        args += ["--federation-config", federation_config]
+    res = _flwr_json(args, env, timeout=300)
+    if not res.get("success"):
+        raise RuntimeError(f"flwr run failed: {res.get('error-message', res)}")
+    return str(res["run-id"])
+
+
+def run_status(run_id, connection, env) -> dict:
+    """The run's record from ``flwr ls --run-id --format json`` (keys status, status-details...)."""
+    res = _flwr_json(["ls", *([connection] if connection else []), "--run-id", str(run_id)], env)
+    runs = res.get("runs") or []
+    if not res.get("success") or not runs:
+        raise RuntimeError(f"flwr ls found no run {run_id}: {res}")
+    return runs[0]
+
+
+def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0) -> dict:
+    """Stream the run's log (to ``log_path`` or stdout) until Flower says it finished; returns
+    the final record. ``exit_code(record)`` is the honest status."""
+    out = open(log_path, "ab") if log_path else None
+    streamer = subprocess.Popen(["flwr", "log", str(run_id), *([connection] if connection else []), "--stream"],
+                                env=env,
+                                stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            rec = run_status(run_id, connection, env)
+            if str(rec.get("status", "")).startswith(FINISHED) or time.monotonic() > deadline:
+                break
+            time.sleep(poll)
+        try:
+            streamer.wait(timeout=10)       # the stream ends with the run; let it flush
+        except subprocess.TimeoutExpired:
+            pass
+        return rec
+    finally:
+        if streamer.poll() is None:
+            _stop_group(streamer.pid, signal.SIGTERM, 5.0, streamer)
+        if out:
+            out.close()
+
+
+def exit_code(record: dict) -> int:
+    """0 when Flower says the run completed, 1 otherwise (failed, stopped, timed out)."""
+    return 0 if record.get("status") == "finished:completed" else 1
+
+
+def _node_config(items: dict) -> str:
+    return " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
+                    .replace('"', "'") for k, v in items.items())
+
+
+def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None, app_dir=".", tls=True,
+                 auth=True, bind_keys=True, timeout=1800.0, processes=None, node_keys=None) -> dict:
+    """SuperLink + ``num_parties`` SuperNodes on loopback, one job, everything stopped after.
+
+    ``node_configs[m]`` (extra node-config keys of party m); ``node_keys[m]`` (which generated
+    key node m uses: tests swap them). Returns ``{"record", "exit_code", "run_id", "out_dir",
+    "logs", "fingerprints"}``. With ``auth`` the SuperNode keys are registered with
+    ``flwr supernode register`` and, with ``bind_keys``, a ``party-keys`` file binds party m to
+    key m so that a node claiming another party is refused at identify.
+    """
+    workdir = Path(workdir).resolve()
+    home, logs = workdir / "flwr_home", workdir / "logs"
+    env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    link = free_port()
+    pki = make_pki(workdir / "pki", num_parties) if (tls or auth) else None
+    conn = write_connection(home, "loopback", f"127.0.0.1:{link}", pki["ca"] if tls else None)
+    procs = processes or Processes(logs)
+    run_config = dict(run_config)
+    run_config.setdefault("out-dir", str(workdir / "out"))
+    try:
+        cmd = ["flower-superlink", "--port", link, "--disable-runtime-dependency-installation"]
+        cmd += ["--ssl-ca-certfile", pki["ca"], "--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"]] \
+            if tls else ["--insecure"]
+        if auth:
+            cmd.append("--enable-supernode-auth")
+        procs.start("superlink", cmd, env, workdir)
+        _wait_port(link, procs.procs["superlink"], logs / "superlink.log")
+        if auth:
+            for m in range(num_parties):
+                res = _flwr_json(["supernode", "register", str(pki["nodes"][m]["public"]), conn], env)
+                if not res.get("success", True):
+                    raise RuntimeError(f"flwr supernode register failed for node {m}: {res}")
+        if auth and bind_keys:
+            keys = workdir / "party-keys.json"
+            keys.write_text(json.dumps({str(m): pki["nodes"][m]["fingerprint"] for m in range(num_parties)}))
+            run_config.setdefault("party-keys", str(keys))
+        for m in range(num_parties):
+            nc = {"partition-id": m, **(node_configs or {}).get(m, {})}
+            cmd = ["flower-supernode", "--superlink", f"127.0.0.1:{link}", "--port", free_port(),
+                   "--node-config", _node_config(nc)]
+            cmd += ["--root-certificates", pki["ca"]] if tls else ["--insecure"]
+            if auth:
+                cmd += ["--auth-supernode-private-key", pki["nodes"][(node_keys or {}).get(m, m)]["private"]]
+            procs.start(f"node{m}", cmd, env, workdir)
+        run_id = submit(Path(app_dir).resolve(), conn, _node_config(run_config), env)
+        record = wait_run(run_id, conn, env, logs / "run.log", timeout=timeout)
+        return {"record": record, "exit_code": exit_code(record), "run_id": run_id,
+                "out_dir": run_config["out-dir"], "logs": logs,
+                "fingerprints": [n["fingerprint"] for n in pki["nodes"]] if pki else []}
+    finally:
+        if processes is None:
+            procs.stop_all()
+
+
+def _wait_port(port, proc, log, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; see {log}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"flower-superlink did not listen on port {port} within {timeout:g} s; see {log}")

@@ -1,0 +1,182 @@
+"""Pictures of runs: one run's PNG next to its report, and an overlay of several runs.
+
+A run directory holds ``metrics.csv`` (one row per round: ``objective``, ``train_loss``,
+``test_loss``, ``test_accuracy``, ``primal_residual``, ``dual_residual``, ...; both engines
+write the same names, SGD runs write one row per epoch) and ``report.json`` (whose
+``privacy`` entry holds each private party's ledger). :func:`plot_run` draws the panels the
+run has data for; each private party's ε spent against rounds is recomputed from its ledger
+entries by the ledger's own accountant (:func:`flower_vfl.privacy.accounting.epsilon_for_releases`),
+never read from a constant. :func:`plot_runs` overlays several runs in one figure.
+
+    flower-vfl report runs/admm runs/sgd --out admm_vs_sgd.png
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import textwrap
+from pathlib import Path
+
+__all__ = ["read_metrics", "privacy_curves", "plot_run", "plot_runs", "PANELS"]
+
+#: (title, columns, log-scale y)
+PANELS = [
+    ("training objective", ("objective", "train_loss"), False),
+    ("test log-loss", ("test_loss",), False),
+    ("test accuracy", ("test_accuracy",), False),
+    ("residuals", ("primal_residual", "dual_residual"), True),
+]
+
+
+def read_metrics(run_dir) -> dict[str, list[float]]:
+    """Columns of ``metrics.csv`` as float lists (NaN where a round has no value)."""
+    path = Path(run_dir) / "metrics.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; RUN_DIR must be a folder written by flower-vfl fit / "
+                                "simulate (report.json + metrics.csv)")
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    cols: dict[str, list[float]] = {}
+    for key in (rows[0].keys() if rows else ()):
+        vals = []
+        for row in rows:
+            try:
+                vals.append(float(row[key]))
+            except (TypeError, ValueError):
+                vals.append(math.nan)
+        cols[key] = vals
+    return cols
+
+
+def _read_report(run_dir) -> dict:
+    path = Path(run_dir) / "report.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def privacy_curves(report: dict) -> dict[str, tuple[list[int], list[float]]]:
+    """Per private party: (round of each release, total ε after it) from its ledger entries,
+    accounted by the ledger's method at its δ."""
+    from .privacy.accounting import epsilon_for_releases
+
+    priv = report.get("privacy") or []
+    reps = priv.values() if isinstance(priv, dict) else priv
+    out = {}
+    for rep in reps:
+        led = rep.get("ledger", {})
+        entries = led.get("entries", [])
+        if not entries:
+            continue
+        cfg = rep.get("config", {})      # the ledger's own fields win; else the party's config
+        delta = float(led.get("delta", cfg.get("delta")))
+        method = led.get("method", cfg.get("accountant", "exact"))
+        zs = [float(e["noise_multiplier"]) for e in entries]
+        eps = [epsilon_for_releases(zs[:k + 1], delta, method) for k in range(len(zs))]
+        label = f"party {rep.get('party_id', '?')} (budget ε={led.get('epsilon', cfg.get('epsilon'))}, {method})"
+        out[label] = ([0] + [int(e["round"]) for e in entries], [0.0] + eps)   # nothing spent before
+    return out
+
+
+def _label(run_dir, report):
+    algo = report.get("algorithm", "admm")
+    return f"{Path(run_dir).name} ({algo}, {report.get('engine', '?')})"
+
+
+def _draw(axes, cols, eps_curves, label, style, final=None):
+    x = cols.get("round", list(range(1, 1 + len(next(iter(cols.values()), [])))))
+    used = []
+    final = final or {}
+    for key in ("test_loss", "test_accuracy"):   # the final evaluation, when the rows lack it
+        ys = cols.get(key, [math.nan] * len(x))
+        if x and isinstance(final.get(key), (int, float)) and math.isnan(ys[-1]):
+            cols = dict(cols, **{key: ys[:-1] + [float(final[key])]})
+    for ax, (title, keys, logy) in zip(axes, PANELS):
+        for key in keys:
+            ys = cols.get(key)
+            if ys is None or all(math.isnan(v) for v in ys):
+                continue
+            pts = [(a, b) for a, b in zip(x, ys) if not math.isnan(b) and (not logy or b > 0)]
+            if not pts:
+                continue
+            ax.plot(*zip(*pts), style.get(key, "-"), marker="." if len(pts) < 40 else None,
+                    label=f"{label}{'' if len(keys) == 1 else ' ' + key}")
+            if logy:
+                ax.set_yscale("log")
+            used.append(title)
+    ax = axes[len(PANELS)]
+    for who, (rounds, eps) in eps_curves.items():
+        ax.step(rounds, eps, where="post", marker="o", label=f"{label} {who}")
+        used.append("privacy")
+    return used
+
+
+def _figure(runs, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    axes = axes.ravel()
+    used = set()
+    style = {"train_loss": "--", "dual_residual": "--"}
+    for run_dir, cols, report, label in runs:
+        used |= set(_draw(axes, cols, privacy_curves(report), label, style, report.get("final")))
+    names = [p[0] for p in PANELS] + ["privacy"]
+    for ax, name in zip(axes, names):
+        ax.set_title(name if name != "privacy" else "ε spent (each private party's ledger)")
+        ax.set_xlabel("round (ADMM) / epoch (SGD)")
+        ax.grid(alpha=0.3)
+        if name in used:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no data in this run" if name != "privacy" else "no private party",
+                    ha="center", va="center", transform=ax.transAxes, color="gray")
+    _final_table(axes[-1], runs)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig, plt
+
+
+def _final_table(ax, runs):
+    ax.axis("off")
+    lines = ["final values"]
+    for _, cols, report, label in runs:
+        fin = report.get("final", {})
+        bits = [f"{k}={fin[k]:.4g}" for k in ("objective", "test_loss", "test_accuracy")
+                if isinstance(fin.get(k), (int, float))]
+        n = fin.get("rounds", fin.get("round", len(cols.get("round", []))))
+        lines += textwrap.wrap(f"{label}: {n} rounds/epochs" + (", " + ", ".join(bits) if bits else ""),
+                               width=62, subsequent_indent="    ")
+    ax.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=8, family="monospace",
+            transform=ax.transAxes)
+
+
+def plot_run(run_dir, out=None) -> Path:
+    """``run.png`` (or ``out``) for one run directory; returns the path written."""
+    report = _read_report(run_dir)
+    label = _label(run_dir, report)
+    fig, plt = _figure([(run_dir, read_metrics(run_dir), report, label)], f"run {label}")
+    path = Path(out) if out else Path(run_dir) / "run.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_runs(run_dirs, out, labels=None) -> Path:
+    """Several runs overlaid in one figure (e.g. ADMM vs SGD, or several ε)."""
+    run_dirs = list(run_dirs)
+    if not run_dirs:
+        raise ValueError("run_dirs is empty; give at least one RUN_DIR")
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"labels has {len(labels)} entries for {len(run_dirs)} run dirs")
+    runs = []
+    for i, d in enumerate(run_dirs):
+        report = _read_report(d)
+        runs.append((d, read_metrics(d), report, labels[i] if labels else _label(d, report)))
+    fig, plt = _figure(runs, f"{len(runs)} runs")
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -1,0 +1,182 @@
+"""The server of horizontal DP inexact ADMM (Ryu & Kim; OutP: Huang et al. 2019) as a
+Flower message-API strategy.
+
+The server holds w, every agent's dual lambda_p (recomputed from the released z_p, eq. 4c:
+no privacy cost) and the rho schedule (eq. 21). Round t: w^{t+1} from eq. (4a) goes to
+every agent with t and rho_t; each agent replies with its z_p^{t+1} (objective-perturbed
+for ObjP/ObjT, output-perturbed for OutP) and the server updates lambda_p. The math is
+:mod:`flower_vfl.horizontal.admm`, the same functions the in-process engine calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from ..horizontal.admm import DPIADMMParams, dual_step, rho_schedule, server_step
+from ..horizontal.model import error_rate
+
+__all__ = ["DPIADMMStrategy", "AgentRefused"]
+
+
+class AgentRefused(RuntimeError):
+    """An agent refused to answer (its privacy budget is spent, or a replay it rejects)."""
+
+
+class DPIADMMStrategy(Strategy):
+    """Server of DP inexact ADMM over P agents holding different samples (same features).
+
+    Parameters
+    ----------
+    variant : {'objp', 'objt', 'outp'}, default='objt'
+    num_agents : int
+    num_features, num_classes : int
+        J and K of the multiclass logistic regression.
+    num_iterations : int, default=100
+        T.
+    a, beta, box, c1, c2, Tc, rho_max, trust : see :class:`flower_vfl.horizontal.DPIADMMParams`
+        The public algorithm settings sent to every agent. The privacy settings (eps_bar,
+        delta_bar, sensitivity, seed) are the agents' own (their node config); the server
+        learns only eps_bar (for rho_t, eq. 21) from the identify reply.
+    X_test, y_test : arrays, optional
+        Held-out data for the test error of w (the server's own data, never sent).
+    eval_every : int, default=10
+    timeout : float, default=600
+    """
+
+    def __init__(self, variant="objt", num_agents=10, num_features=784, num_classes=10, num_iterations=100,
+                 a=1.0, beta=1e-6, box=1.0, c1=2.0, c2=5.0, Tc=1e4, rho_max=1e9, trust="paper",
+                 X_test=None, y_test=None, eval_every=10, timeout=600.0):
+        self.public = DPIADMMParams(variant=variant, a=a, beta=beta, box=box, c1=c1, c2=c2, Tc=Tc,
+                                    rho_max=rho_max, trust=trust).validate()
+        if int(num_agents) < 1 or int(num_iterations) < 1:
+            raise ValueError(f"num_agents={num_agents!r}, num_iterations={num_iterations!r}; both must be >= 1")
+        self.num_agents, self.J, self.K = int(num_agents), int(num_features), int(num_classes)
+        self.T = int(num_iterations)
+        self.X_test, self.y_test, self.eval_every, self.timeout = X_test, y_test, int(eval_every), timeout
+        self.node_to_agent: dict[int, int] = {}
+        self.n_samples: dict[int, int] = {}
+        self.params: DPIADMMParams | None = None
+        self.history_: list[dict] = []
+        self.privacy_: dict[int, dict] = {}
+        self.stopped_reason_: str | None = None
+
+    def summary(self) -> None:
+        p = self.public
+        log(INFO, "\t├── DPIADMMStrategy: variant=%s, %d agents, T=%d", p.variant, self.num_agents, self.T)
+        log(INFO, "\t└── a=%g beta=%g box=%g rho: c1=%g c2=%g Tc=%g", p.a, p.beta, p.box, p.c1, p.c2, p.Tc)
+
+    # ------------------------------------------------------------ handshake
+    def identify(self, grid: Grid) -> dict[int, int]:
+        """Map node id -> agent; learn I_p and each agent's eps_bar (for eq. 21)."""
+        nodes = list(grid.get_node_ids())
+        msgs = [Message(RecordDict({"config": ConfigRecord({"want": "agent"})}), dst_node_id=n,
+                        message_type="query.identify") for n in nodes]
+        eps, seen = {}, {}
+        for rep in grid.send_and_receive(msgs, timeout=self.timeout):
+            nid = rep.metadata.src_node_id
+            if rep.has_error():
+                raise RuntimeError(f"node {nid} failed to identify itself: {rep.error.reason}")
+            info = rep.content["identity"]
+            agent = int(info["agent"])
+            if agent in seen:
+                raise ValueError(f"nodes {seen[agent]} and {nid} both claim agent {agent}; give each "
+                                 "SuperNode a distinct partition-id in its node config")
+            if int(info["num_features"]) != self.J:
+                raise ValueError(f"agent {agent} has {info['num_features']} features, the server expects "
+                                 f"num_features={self.J}")
+            seen[agent], self.node_to_agent[nid] = nid, agent
+            self.n_samples[agent] = int(info["n_samples"])
+            eps[agent] = None if float(info["eps_bar"]) <= 0 else float(info["eps_bar"])
+        missing = sorted(set(range(self.num_agents)) - set(seen))
+        if missing:
+            raise RuntimeError(f"agents {missing} did not answer the identify query ({len(seen)} SuperNodes "
+                               f"answered); start one SuperNode per agent or set num_agents={len(seen)}")
+        if len(set(eps.values())) != 1:
+            raise ValueError(f"the agents' eps_bar differ ({eps}); rho_t (eq. 21) needs one eps_bar: "
+                             "configure the same dp-eps-bar on every agent")
+        self.params = DPIADMMParams(**{**self.public.__dict__, "eps_bar": next(iter(eps.values()))}).validate()
+        return self.node_to_agent
+
+    # ------------------------------------------------------------ the hooks
+    def configure_train(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        """Round t: w^{t+1} (eq. 4a) and rho_t to every agent."""
+        t, p = int(server_round), self.params
+        self._rho = rho_schedule(t, p)
+        self.w = server_step(self.Z, self.Lam, self._rho)
+        cfg = {"t": t, "rho": self._rho, "variant": p.variant, "a": p.a, "beta": p.beta, "box": p.box,
+               "trust": p.trust, "I": int(sum(self.n_samples.values())), "P": self.num_agents,
+               "final": t == self.T}
+        content = RecordDict({"arrays": ArrayRecord({"w": Array(self.w)}), "config": ConfigRecord(cfg)})
+        order = sorted(self.node_to_agent, key=self.node_to_agent.get)
+        return [Message(content, dst_node_id=nid, message_type="train") for nid in order]
+
+    def aggregate_train(self, server_round, replies):
+        """Collect every z_p^{t+1}; lambda_p += rho_t (w^{t+1} - z_p^{t+1}) (eq. 4c)."""
+        got = {}
+        for rep in replies:
+            agent = self.node_to_agent.get(rep.metadata.src_node_id)
+            if agent is None:
+                log(WARNING, "ignoring a reply from unknown node %s", rep.metadata.src_node_id)
+                continue
+            if rep.has_error():
+                raise RuntimeError(f"agent {agent} failed: {rep.error.reason}")
+            if "refusal" in rep.content:
+                raise AgentRefused(f"agent {agent} refused: {rep.content['refusal']['reason']}")
+            if "privacy" in rep.content:
+                self.privacy_[agent] = json.loads(str(rep.content["privacy"]["report"]))
+            z = rep.content["release"]["z"].numpy()
+            if z.shape != (self.J, self.K) or not np.all(np.isfinite(z)):
+                raise ValueError(f"agent {agent} sent z of shape {z.shape} (finite: {np.all(np.isfinite(z))}); "
+                                 f"expected finite ({self.J}, {self.K})")
+            got[agent] = z
+        missing = sorted(set(range(self.num_agents)) - set(got))
+        if missing:
+            raise RuntimeError(f"no reply from agents {missing} within {self.timeout} s")
+        self.Z = np.stack([got[p] for p in range(self.num_agents)])
+        self.Lam = dual_step(self.Lam, self.w, self.Z, self._rho)
+        row = {"t": int(server_round), "rho": self._rho,
+               "consensus_violation": float(np.abs(self.w[None] - self.Z).sum())}
+        if self.X_test is not None and (server_round % max(self.eval_every, 1) == 0 or server_round == self.T):
+            row["test_error"] = float(error_rate(self.w, self.X_test, self.y_test))
+        self.history_.append(row)
+        return None, MetricRecord({k: float(v) for k, v in row.items()})
+
+    def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        return []              # the server evaluates w on its own held-out data
+
+    def aggregate_evaluate(self, server_round, replies):
+        return None
+
+    # ------------------------------------------------------------------ loop
+    def start(self, grid: Grid, timeout: float | None = None, progress=None):
+        """Identify the agents, then run T rounds (stops cleanly on an agent's refusal)."""
+        if timeout is not None:
+            self.timeout = timeout
+        t0 = time.perf_counter()
+        self.summary()
+        self.identify(grid)
+        self.Z = np.zeros((self.num_agents, self.J, self.K))
+        self.Lam = np.zeros_like(self.Z)
+        try:
+            for t in range(1, self.T + 1):
+                self.aggregate_train(t, grid.send_and_receive(self.configure_train(t, None, None, grid),
+                                                              timeout=self.timeout))
+                if progress is not None:
+                    progress(t, self.history_[-1])
+        except AgentRefused as exc:
+            self.stopped_reason_ = str(exc)
+            log(WARNING, "stopping: %s", exc)
+        self.final_ = {**(self.history_[-1] if self.history_ else {}), "rounds": len(self.history_),
+                       "wall_time_s": time.perf_counter() - t0}
+        if self.stopped_reason_:
+            self.final_["stopped_reason"] = self.stopped_reason_
+        return self

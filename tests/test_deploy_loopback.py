@@ -1,0 +1,190 @@
+"""Real SuperLink + SuperNodes on loopback (slow): TLS with a generated CA and registered
+SuperNode keys bound to parties, honest exit status, and faults (a SuperNode killed and
+restarted, a party that never returns, the SuperLink and the ServerApp killed and the run
+resumed). Every process is started in its own session and stopped by process group; the
+tests check that none is left. breast_cancer keeps each round cheap (a round still costs a
+few seconds: each message starts a process and idle SuperNodes poll every 3 s)."""
+
+import json
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flower_vfl import VerticalADMM
+from flower_vfl.data import labels, party_block
+from flower_vfl.deploy import (Processes, any_alive, deploy_local, free_port, make_pki, submit, wait_run,
+                               write_connection)
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("flower-superlink") is None, reason="Flower binaries not on PATH")]
+ROOT = Path(__file__).resolve().parents[1]
+BC = {"dataset": "breast_cancer", "num-parties": 2}
+
+
+def reference(rounds):
+    blocks = [party_block("breast_cancer", m, 2) for m in range(2)]
+    y, _ = labels("breast_cancer")
+    m = VerticalADMM(lam=1e-4, max_rounds=rounds, tol=0).fit([b[0] for b in blocks], y)
+    return m.decision_function([b[1] for b in blocks])
+
+
+def test_tls_and_registered_keys_end_to_end(tmp_path):
+    """TLS + SuperNode authentication + party-keys: the in-process result (1e-9), exit 0, no
+    process left."""
+    procs = Processes(tmp_path / "logs")
+    try:
+        res = deploy_local(tmp_path, 2, {**BC, "max-rounds": 3}, app_dir=ROOT, processes=procs, timeout=600)
+    finally:
+        procs.stop_all()
+    assert res["exit_code"] == 0, res["record"]
+    f = np.load(Path(res["out_dir"]) / "decision_test.npy")
+    assert np.max(np.abs(f - reference(3))) <= 1e-9
+    assert json.loads((tmp_path / "party-keys.json").read_text()) == {"0": res["fingerprints"][0],
+                                                                     "1": res["fingerprints"][1]}
+    assert any_alive(procs.started) == []
+
+
+def test_registered_key_claiming_another_party_is_refused(tmp_path):
+    """Both keys registered, but node 0 runs with party 1's key and vice versa: refused at
+    identify, the run fails (exit status 1) with a message naming the node and the party."""
+    procs = Processes(tmp_path / "logs")
+    try:
+        res = deploy_local(tmp_path, 2, {**BC, "max-rounds": 2}, app_dir=ROOT, processes=procs,
+                           node_keys={0: 1, 1: 0}, timeout=600)
+    finally:
+        procs.stop_all()
+    assert res["exit_code"] == 1
+    assert res["record"]["status"] == "finished:failed"
+    assert "claims party" in res["record"]["status-details"], res["record"]
+    assert "is not the one party-keys binds to party" in res["record"]["status-details"]
+    assert any_alive(procs.started) == []
+
+
+def test_unregistered_key_is_refused(tmp_path):
+    pki = make_pki(tmp_path / "pki", 1)
+    link = free_port()
+    with Processes(tmp_path / "logs") as procs:
+        procs.start("superlink", ["flower-superlink", "--port", link, "--ssl-ca-certfile", pki["ca"],
+                                  "--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"],
+                                  "--enable-supernode-auth"], cwd=tmp_path)
+        time.sleep(5)
+        node = procs.start("node", ["flower-supernode", "--superlink", f"127.0.0.1:{link}", "--port", free_port(),
+                                    "--root-certificates", pki["ca"], "--auth-supernode-private-key",
+                                    pki["nodes"][0]["private"], "--node-config", "partition-id=0"], cwd=tmp_path)
+        code = node.wait(timeout=120)
+    assert code == 305          # Flower's SUPERNODE_CONNECTION_ERROR: the key is not registered
+    assert any_alive(procs.started) == []
+
+
+class Loopback:
+    """A SuperLink and 2 SuperNodes (insecure, to keep the fault tests short)."""
+
+    def __init__(self, tmp_path):
+        import os
+        self.tmp = tmp_path
+        self.link = free_port()
+        self.home = tmp_path / "flwr_home"
+        self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+        self.conn = write_connection(self.home, "loopback", f"127.0.0.1:{self.link}")
+        self.procs = Processes(tmp_path / "logs")
+
+    def superlink(self, name="superlink"):
+        self.procs.start(name, ["flower-superlink", "--insecure", "--port", self.link,
+                                "--disable-runtime-dependency-installation"], self.env, self.tmp)
+        time.sleep(4)
+
+    def node(self, m, name=None):
+        self.procs.start(name or f"node{m}", ["flower-supernode", "--insecure", "--superlink",
+                                              f"127.0.0.1:{self.link}", "--port", free_port(), "--node-config",
+                                              f"partition-id={m}"], self.env, self.tmp)
+
+    def submit(self, rc: str):
+        return submit(ROOT, self.conn, rc, self.env)
+
+    def wait(self, run_id, name="run"):
+        return wait_run(run_id, self.conn, self.env, self.tmp / "logs" / f"{name}.log", timeout=900)
+
+
+def _wait_round(report, k, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if len(json.loads(report.read_text())["rounds"]) >= k:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"round {k} not reached in {timeout} s")
+
+
+def test_supernode_killed_and_restarted_gives_the_same_result(tmp_path):
+    """SIGKILL party 1's SuperNode after round 2 and start it again (a new node id): the run
+    re-identifies it, re-sends the round and completes with the uninterrupted result (1e-9)."""
+    lb, out = Loopback(tmp_path), tmp_path / "out"
+    try:
+        lb.superlink()
+        lb.node(0)
+        lb.node(1)
+        run_id = lb.submit(f"dataset='breast_cancer' max-rounds=5 out-dir='{out}' round-timeout=90.0 "
+                           "party-wait=120.0")
+        _wait_round(out / "report.json", 2)
+        lb.procs.stop("node1", sig=signal.SIGKILL)
+        lb.node(1, "node1-restarted")
+        record = lb.wait(run_id)
+    finally:
+        lb.procs.stop_all()
+    assert record["status"] == "finished:completed", record
+    assert np.max(np.abs(np.load(out / "decision_test.npy") - reference(5))) <= 1e-9
+    assert any_alive(lb.procs.started) == []
+
+
+def test_party_that_never_returns_fails_the_run_with_a_checkpoint(tmp_path):
+    lb, out = Loopback(tmp_path), tmp_path / "out"
+    try:
+        lb.superlink()
+        lb.node(0)
+        lb.node(1)
+        run_id = lb.submit(f"dataset='breast_cancer' max-rounds=30 out-dir='{out}' round-timeout=90.0 "
+                           "party-wait=5.0")
+        _wait_round(out / "report.json", 2)
+        lb.procs.stop("node1", sig=signal.SIGKILL)
+        record = lb.wait(run_id)
+    finally:
+        lb.procs.stop_all()
+    assert record["status"] == "finished:failed"
+    assert "party 1 did not come back within party-wait=5 s" in record["status-details"], record
+    report = json.loads((out / "report.json").read_text())
+    assert report["final"]["failed"] is True and len(report["rounds"]) >= 2
+    from flower_vfl.checkpoint import load_checkpoint
+    assert load_checkpoint(out / "state")[1]["round"] == len(report["rounds"])
+    assert any_alive(lb.procs.started) == []
+
+
+def test_superlink_and_server_app_killed_then_resumed(tmp_path):
+    """Kill the SuperLink's process group (the ServerApp with it) after round 2, start a new
+    SuperLink and SuperNodes, submit resume=<state folder>: the uninterrupted result (1e-9)."""
+    lb, out = Loopback(tmp_path), tmp_path / "out"
+    try:
+        lb.superlink()
+        lb.node(0)
+        lb.node(1)
+        lb.submit(f"dataset='breast_cancer' max-rounds=5 out-dir='{out}'")
+        _wait_round(out / "report.json", 2)
+        for name in ("superlink", "node0", "node1"):
+            lb.procs.stop(name, sig=signal.SIGKILL)
+        done = len(json.loads((out / "report.json").read_text())["rounds"])
+        lb.superlink("superlink2")
+        lb.node(0, "node0b")
+        lb.node(1, "node1b")
+        run_id = lb.submit(f"dataset='breast_cancer' max-rounds=5 out-dir='{out}' resume='{out / 'state'}'")
+        record = lb.wait(run_id, "resumed")
+    finally:
+        lb.procs.stop_all()
+    assert record["status"] == "finished:completed", record
+    assert done < 5
+    assert np.max(np.abs(np.load(out / "decision_test.npy") - reference(5))) <= 1e-9
+    assert any_alive(lb.procs.started) == []

@@ -1,0 +1,118 @@
+"""Horizontal DP inexact ADMM through Flower Messages (in process, LocalGrid) against the
+in-process engine, and the agent's trust boundary (node-config privacy, replays)."""
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from flower_vfl.clients import DPIADMMClient
+from flower_vfl.clients.dpiadmm import agent_privacy_from_node_config
+from flower_vfl.horizontal import DPIADMMParams, run_dpiadmm
+from flower_vfl.horizontal.data import split_arrays
+from flower_vfl.local_grid import LocalGrid
+from flower_vfl.strategies import DPIADMMStrategy
+
+P, K = 4, 3
+
+
+@pytest.fixture(scope="module")
+def data():
+    from sklearn.datasets import load_digits
+    X, y = load_digits(return_X_y=True)
+    keep = y < K
+    X, y = X[keep] / 16.0, y[keep]                        # pixels in [0, 1]
+    Xtr, ytr, Xte, yte = X[:450], y[:450], X[450:], y[450:]
+    Xp, yp = split_arrays(Xtr, ytr, P, "iid")
+    return Xp, yp, Xte, yte
+
+
+def _grid(data, node_cfg, replay=False):
+    Xp, yp, *_ = data
+    clients = {}
+
+    def client(ctx):
+        pid = int(ctx.node_config["partition-id"])
+        if pid not in clients:
+            clients[pid] = DPIADMMClient(pid, Xp[pid], yp[pid], K, agent_privacy_from_node_config(ctx.node_config))
+        return clients[pid]
+
+    def train(msg, ctx):
+        rep = client(ctx).train(msg, ctx)
+        if replay:                                         # every round is delivered twice
+            again = client(ctx).train(msg, ctx)
+            np.testing.assert_array_equal(again.content["release"]["z"].numpy(), rep.content["release"]["z"].numpy())
+        return rep
+
+    handlers = {"train": train, "query.identify": lambda m, c: client(c).identify(m, c)}
+    return LocalGrid(handlers, {100 + i: {"partition-id": i, **node_cfg(i)} for i in range(P)})
+
+
+@pytest.mark.parametrize("variant, eps", [("objt", 0.5), ("objp", 1.0), ("outp", 0.5), ("objt", None)])
+def test_flower_path_equals_engine(data, variant, eps):
+    Xp, yp, Xte, yte = data
+    T, seeds = 25, [11, 22, 33, 44]
+    cfg = (lambda i: {"dp-eps-bar": eps, "dp-seed": seeds[i]}) if eps else (lambda i: {})
+    st = DPIADMMStrategy(variant, P, Xp[0].shape[1], K, T, a=1.0, beta=1e-4, X_test=Xte, y_test=yte,
+                         eval_every=5).start(_grid(data, cfg, replay=True))
+    res = run_dpiadmm(Xp, yp, DPIADMMParams(variant=variant, eps_bar=eps, beta=1e-4), T, [seeds], K=K,
+                      X_test=Xte, y_test=yte, eval_every=5)
+    assert np.max(np.abs(st.w - res.W[0])) <= 1e-9
+    assert np.max(np.abs(st.Z - res.Z[0])) <= 1e-9
+    assert np.max(np.abs(st.Lam - res.Lam[0])) <= 1e-9      # the server's duals = the engine's
+    errs = [h["test_error"] for h in res.history if h["t"] == T]
+    assert st.history_[-1]["test_error"] == pytest.approx(errs[0], abs=1e-12)
+    if eps:
+        for p in range(P):
+            rep = st.privacy_[p]["totals"]
+            ref = res.privacy(1e-5)[p]
+            assert rep["releases"] == T and rep["epsilon_basic"] == pytest.approx(T * eps)
+            assert rep["epsilon_pld"] == pytest.approx(ref["epsilon_pld"], rel=1e-9)
+            assert rep["epsilon_pld"] < rep["epsilon_basic"]
+
+
+def test_agent_duals_match_server(data):
+    Xp, *_ = data
+    grid = _grid(data, lambda i: {"dp-eps-bar": 1.0, "dp-seed": i + 1})
+    st = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 6, beta=1e-4).start(grid)
+    for nid, ctx in grid.contexts.items():
+        lam_agent = ctx.state["hz.agent"]["lam"].numpy()
+        np.testing.assert_allclose(lam_agent, st.Lam[st.node_to_agent[nid]], atol=1e-12)
+
+
+def test_privacy_comes_from_node_config_and_seed_stays(data):
+    """The server's messages cannot set eps_bar or the seed; nothing the agent sends carries
+    its seed."""
+    Xp, *_ = data
+    seen = []
+    grid = _grid(data, lambda i: {"dp-eps-bar": 0.5, "dp-seed": 987654321 + i})
+    grid.on_reply = lambda m, r: seen.append(r)
+    st = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(grid)
+    assert st.params.eps_bar == 0.5
+    for rep in seen:
+        blob = json.dumps({k: dict(v) for k, v in rep.content.config_records.items()})
+        assert "987654321" not in blob and "98765432" not in blob
+        assert set(rep.content.keys()) <= {"identity", "release", "privacy"}
+
+
+def test_replay_of_an_old_round_is_refused(data):
+    Xp, yp, *_ = data
+    grid = _grid(data, lambda i: {"dp-eps-bar": 1.0, "dp-seed": 5})
+    DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(grid)
+    ctx = grid.contexts[100]
+    msg = Message(RecordDict({"config": ConfigRecord({"t": 2, "rho": 7.0, "variant": "objt", "a": 1.0,
+                                                      "beta": 1e-4, "box": 1.0, "trust": "paper", "I": 450,
+                                                      "P": P})}), dst_node_id=100, message_type="train")
+    from flwr.app import Array, ArrayRecord
+    msg.content["arrays"] = ArrayRecord({"w": Array(np.zeros((Xp[0].shape[1], K)))})
+    rep = DPIADMMClient(0, Xp[0], yp[0], K, agent_privacy_from_node_config(ctx.node_config)).train(msg, ctx)
+    assert rep.content["refusal"]["reason"] == ("agent 0: round t=2 is not after the last answered round 3; "
+                                                "rounds must increase")
+
+
+def test_agents_with_different_eps_bar_are_rejected(data):
+    Xp, *_ = data
+    with pytest.raises(ValueError, match=r"the agents' eps_bar differ"):
+        DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 2).start(
+            _grid(data, lambda i: {"dp-eps-bar": 1.0 if i else 2.0, "dp-seed": i + 1}))

@@ -1,0 +1,187 @@
+"""Own data end to end through the Flower path (in process): PSI alignment, training, the
+owners' model files, a predict job; the engine on the aligned intersection is the reference."""
+
+import csv
+
+import numpy as np
+import pytest
+
+from _own_data_helpers import (node_configs, reference, run_config, run_predict, run_train,
+                               write_a9a_files)
+from flower_vfl import model_io
+from flower_vfl.data import load_all
+
+
+@pytest.fixture(scope="module")
+def a9a_small():
+    X, y, Xt, _ = load_all("a9a")
+    return X[:800], y[:800], Xt[:300]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "libsvm"])
+def test_own_data_train_save_predict_equals_engine(tmp_path, a9a_small, fmt):
+    """a9a as three files (label owner 1-40 with the labels, parties 41-80 and 81-123), rows
+    shuffled per file, 5 % missing at party 1, extra rows at party 2; a9a.t scored from a
+    fourth shuffled file. Scores equal the engine fitted on the aligned intersection."""
+    train, score = write_a9a_files(tmp_path, *a9a_small, fmt=fmt)
+    nodes = node_configs(train, score, fmt, tmp_path)
+    rc = run_config(train, score, tmp_path)
+    st, _ = run_train(rc, nodes)
+    model, order, sorder, f_ref = reference(nodes, rc)
+    assert st.central.n == len(order) == round(0.95 * 800)            # the 5 % rows dropped at party 1
+    al = st.alignment_
+    assert [str(i) for i in np.asarray(_owner_ids(train[0], fmt))[al.order]] == [str(i) for i in order]
+    res = run_predict(rc, nodes)
+    assert res["n_requested"] == 300 and res["ids"] == [str(i) for i in sorder]
+    assert np.max(np.abs(res["scores"] - f_ref)) <= 1e-9
+    np.testing.assert_array_equal(res["labels"], model.predict(_blocks(nodes, sorder, "score")))
+    # the predictions file says the same, row for row
+    with open(res["path"]) as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["id"] for r in rows] == res["ids"]
+    np.testing.assert_allclose([float(r["score"]) for r in rows], f_ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose([float(r["probability"]) for r in rows], 1 / (1 + np.exp(-f_ref)), atol=1e-12)
+
+
+def _owner_ids(path, fmt):
+    from flower_vfl.io import read_party, source_from_config
+    return read_party(source_from_config({"data-path": str(path), "label-column": "label"})).ids
+
+
+def _blocks(nodes, order, split):
+    from _own_data_helpers import _rows
+    from flower_vfl.io import read_party, source_from_config
+    tabs = [read_party(source_from_config(nodes[100 + m], split)) for m in range(3)]
+    return [t.X[_rows(t, order)] for t in tabs]
+
+
+def test_model_files_hold_each_owners_part_and_no_training_rows(tmp_path, a9a_small):
+    train, score = write_a9a_files(tmp_path, *a9a_small, fmt="csv")
+    nodes = node_configs(train, score, "csv", tmp_path)
+    rc = run_config(train, score, tmp_path)
+    st, _ = run_train(rc, nodes)
+    model, order, _, _ = reference(nodes, rc)
+    for m in range(3):
+        saved = model_io.load_model(tmp_path / f"models-party{m}" / f"party-{m}.npz")
+        meta = saved["meta"]
+        assert meta["format"] == "flower-vfl-model" and meta["version"] == model_io.VERSION
+        assert meta["kind"] == "party" and meta["party"] == m and meta["n_rows"] == len(order)
+        assert meta["columns"] == [f"f{j + 1}" for j in range(*[(0, 40), (40, 80), (80, 123)][m])]
+        np.testing.assert_allclose(saved["x"], model.coef_[m], rtol=0, atol=1e-9)
+        assert set(saved) == {"meta", "x"}                      # x_m only: no block, no IDs
+        D = _blocks(nodes, order, "train")[m]
+        assert meta["fingerprint"] == model_io.data_fingerprint(D, order)
+    owner = model_io.load_model(tmp_path / "owner" / "label-owner.npz")
+    assert owner["meta"]["kind"] == "label-owner" and owner["meta"]["classes"] == [-1, 1]
+    assert float(owner["intercept"]) == pytest.approx(float(model.intercept_), abs=1e-9)
+    assert len(owner["meta"]["history"]) == rc["max-rounds"] == len(model.history_)
+    desc = model_io.describe(tmp_path / "models-party1" / "party-1.npz")
+    assert desc["x_shape"] == [40] and desc["n_columns"] == 40 and "history" not in desc
+
+
+def test_server_view_holds_no_id_outside_the_intersection(tmp_path, a9a_small):
+    """Every message the strategy receives: only encrypted sets, counts and digests; no
+    plaintext ID at all (so in particular none outside the intersection)."""
+    train, score = write_a9a_files(tmp_path, *a9a_small, fmt="csv")
+    nodes = node_configs(train, score, "csv", tmp_path)
+    rc = run_config(train, score, tmp_path)
+    seen = []
+    run_train(rc, nodes, on_reply=lambda msg, rep: seen.append(rep))
+    run_predict(rc, nodes, on_reply=lambda msg, rep: seen.append(rep))
+    from flower_vfl.io import read_party, source_from_config
+    party_ids = set()
+    for m in range(3):
+        for split in ("train", "score"):
+            party_ids |= set(read_party(source_from_config(nodes[100 + m], split)).ids.tolist())
+    assert any(i.startswith("10000") for i in party_ids)                # party 2's extra rows exist
+    blobs = []
+    for rep in seen:
+        for rec in list(rep.content.config_records.values()) + list(rep.content.metric_records.values()):
+            for v in rec.values():
+                blobs.append(v if isinstance(v, bytes) else str(v).encode())
+    assert any(len(b) > 1000 for b in blobs)                            # the encrypted sets were seen
+    # IDs are 'u000123', 't000123' and '10000012': none appears in plaintext
+    for b in blobs:
+        assert b"u00" not in b and b"t00" not in b and b"1000000" not in b
+
+
+def test_no_common_ids_and_too_few_common_rows(tmp_path):
+    from flower_vfl.io.bundled import write_table
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((6, 3))
+    y = np.array([0, 1, 0, 1, 0, 1])
+    lo = write_table(tmp_path / "lo.csv", [f"a{i}" for i in range(6)], X[:, :1], ["f1"], "csv", y=y)
+    p1 = write_table(tmp_path / "p1.csv", [f"b{i}" for i in range(6)], X[:, 1:], ["f2", "f3"], "csv")
+    p1b = write_table(tmp_path / "p1b.csv", ["a0", "b1"], X[:2, 1:], ["f2", "f3"], "csv")
+    nodes = {100: {"partition-id": 0, "data-path": str(lo), "label-column": "label"},
+             101: {"partition-id": 1, "data-path": str(p1)}}
+    rc = {"num-parties": 2, "max-rounds": 2, "labels-path": str(lo), "label-column": "label",
+          "model-dir": str(tmp_path / "o")}
+    from flower_vfl.psi import AlignmentError
+    with pytest.raises(AlignmentError, match=r"party 1 has no training ID in common with the label owner's 6 "
+                                             r"rows; check that both exports use the same ID column"):
+        run_train(rc, nodes)
+    nodes[101]["data-path"] = str(p1b)
+    with pytest.raises(AlignmentError, match=r"only 1 training ID\(s\) are common to the label owner and all 2 "
+                                             r"parties \(pairwise: \{0: 6, 1: 1\}\); at least 2 are needed"):
+        run_train(rc, nodes)
+
+
+def test_bad_party_file_stops_the_run_naming_the_node_and_file(tmp_path, a9a_small):
+    train, score = write_a9a_files(tmp_path, *a9a_small, fmt="csv")
+    nodes = node_configs(train, score, "csv", tmp_path)
+    nodes[102]["data-path"] = str(tmp_path / "missing.csv")
+    rc = run_config(train, score, tmp_path)
+    with pytest.raises(RuntimeError, match=r"node 102 failed the PSI answer step for split 'train': DataError: "
+                                           r"the data file .*missing.csv does not exist; fix the node-config key "
+                                           r"data-path"):
+        run_train(rc, nodes)
+    nodes = node_configs(train, score, "csv", tmp_path)
+    nodes[101]["data-path"] = str(train[0])          # a party pointed at the label owner's file
+    with pytest.raises(RuntimeError, match=r"node 101 failed the PSI answer step .* holds the label column "
+                                           r"'label' but this node is not the label owner"):
+        run_train(rc, nodes)
+
+
+def test_predict_with_a_missing_party_names_it(tmp_path, a9a_small):
+    train, score = write_a9a_files(tmp_path, *a9a_small, fmt="csv")
+    nodes = node_configs(train, score, "csv", tmp_path)
+    rc = run_config(train, score, tmp_path)
+    run_train(rc, nodes)
+    del nodes[102]
+    with pytest.raises(RuntimeError, match=r"parties \[2\] did not take part in the PSI step"):
+        run_predict(rc, nodes)
+    nodes = node_configs(train, score, "csv", tmp_path, extra={2: {"model-dir": str(tmp_path / "elsewhere")}})
+    with pytest.raises(RuntimeError, match=r"party 2 \(node 102\) failed to score: ModelFileError: model file "
+                                           r".*elsewhere/party-2.npz does not exist"):
+        run_predict(rc, nodes)
+
+
+def test_private_party_saves_its_released_x_tilde_and_scores_from_it(tmp_path, a9a_small):
+    """Party 2 private (ε = 1): its model file holds only the released x̃ (one ledger entry,
+    the evaluation release); the predict job scores from it, equal to the engine with the
+    same seed on the aligned intersection."""
+    from _own_data_helpers import RANGES
+
+    from flower_vfl.config import privacy_from_config
+    from flower_vfl.io.bundled import write_party_files
+    X, y, Xt = a9a_small
+    yt = load_all("a9a")[3][:Xt.shape[0]]
+    train, score = write_a9a_files(tmp_path, X, y, Xt, "csv")
+    test = write_party_files(Xt, yt, [f"t{i:06d}" for i in range(Xt.shape[0])], RANGES, tmp_path, "csv",
+                             seed=5, prefix="test")
+    priv = {"dp": True, "dp-epsilon": 1.0, "dp-seed": 7, "dp-lam": 3e-3, "state-dir": str(tmp_path / "p2")}
+    extra = {m: {"test-path": str(test[m])} for m in range(3)}
+    extra[2].update(priv)
+    nodes = node_configs(train, score, "csv", tmp_path, extra=extra)
+    rc = run_config(train, score, tmp_path, **{"labels-test-path": str(test[0])})
+    st, _ = run_train(rc, nodes)
+    assert [e["kind"] for e in st.privacy_[2]["ledger"]["entries"]] == ["eval"]
+    privacy = [None, None, privacy_from_config(2, {}, {"partition-id": 2, **priv})]
+    model, _, sorder, f_ref = reference(nodes, rc, privacy=privacy)
+    saved = model_io.load_model(tmp_path / "models-party2" / "party-2.npz")
+    assert saved["meta"]["private"] and saved["meta"]["x_kind"] == "released x_tilde"
+    np.testing.assert_allclose(saved["x"], model.coef_[2], rtol=0, atol=1e-9)
+    res = run_predict(rc, nodes)
+    assert res["ids"] == [str(i) for i in sorder]
+    assert np.max(np.abs(res["scores"] - f_ref)) <= 1e-9
