@@ -79,11 +79,12 @@ def privacy_curves(report: dict) -> dict[str, tuple[list[int], list[float]]]:
 
 
 def _label(run_dir, report):
-    algo = report.get("algorithm", "admm")
-    return f"{Path(run_dir).name} ({algo}, {report.get('engine', '?')})"
+    algo, name = report.get("algorithm", "admm"), Path(run_dir).name
+    return f"{name} ({report.get('engine', '?')})" if name == algo else \
+        f"{name} ({algo}, {report.get('engine', '?')})"
 
 
-def _draw(axes, cols, eps_curves, label, style, final=None):
+def _draw(axes, cols, eps_curves, label, style, final=None, color=None):
     x = cols.get("round", list(range(1, 1 + len(next(iter(cols.values()), [])))))
     used = []
     final = final or {}
@@ -99,14 +100,14 @@ def _draw(axes, cols, eps_curves, label, style, final=None):
             pts = [(a, b) for a, b in zip(x, ys) if not math.isnan(b) and (not logy or b > 0)]
             if not pts:
                 continue
-            ax.plot(*zip(*pts), style.get(key, "-"), marker="." if len(pts) < 40 else None,
+            ax.plot(*zip(*pts), style.get(key, "-"), marker="." if len(pts) < 40 else None, color=color,
                     label=f"{label}{'' if len(keys) == 1 else ' ' + key}")
             if logy:
                 ax.set_yscale("log")
             used.append(title)
     ax = axes[len(PANELS)]
     for who, (rounds, eps) in eps_curves.items():
-        ax.step(rounds, eps, where="post", marker="o", label=f"{label} {who}")
+        ax.step(rounds, eps, where="post", marker="o", color=color, label=f"{label} {who}")
         used.append("privacy")
     return used
 
@@ -120,8 +121,8 @@ def _figure(runs, title):
     axes = axes.ravel()
     used = set()
     style = {"train_loss": "--", "dual_residual": "--"}
-    for run_dir, cols, report, label in runs:
-        used |= set(_draw(axes, cols, privacy_curves(report), label, style, report.get("final")))
+    for i, (run_dir, cols, report, label) in enumerate(runs):   # one colour per run, one line style per column
+        used |= set(_draw(axes, cols, privacy_curves(report), label, style, report.get("final"), f"C{i % 10}"))
     names = [p[0] for p in PANELS] + ["privacy"]
     for ax, name in zip(axes, names):
         ax.set_title(name if name != "privacy" else "ε spent (each private party's ledger)")

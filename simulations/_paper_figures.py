@@ -22,7 +22,7 @@ from scipy.special import log_expit
 from tqdm.auto import tqdm
 
 from flower_vfl import VerticalADMM
-from flower_vfl.baselines import VerticalSGD, centralized_logreg, local_only_logreg, logreg_objective
+from flower_vfl.baselines import VerticalSGD, centralized_logreg, logreg_objective
 from flower_vfl.baselines.sklearn_baselines import stack_blocks
 
 ROOT = Path(__file__).resolve().parent
@@ -43,7 +43,8 @@ def admm_curve(B, y, Bt, yt, lam, rounds, **kw):
         h = m.history_[-1]
         rows.append({"round": k, "objective": h["objective"], "train_loss": h.get("train_loss"),
                      "test_loss": logloss(f, yt), "test_accuracy": float(np.mean(np.sign(f) == yt)),
-                     "messages": 2 * M * k, "bytes": 3 * M * n * 8 * k, "steps": k})
+                     "messages": 2 * M * k, "bytes": 3 * M * n * 8 * k, "steps": k,
+                     "primal_residual": h["primal_residual"], "dual_residual": h["dual_residual"]})
     VerticalADMM(lam=lam, max_rounds=rounds, tol=0, callback=cb, **kw).fit(B, y)
     return rows
 
@@ -100,6 +101,21 @@ def write_csv(path, curves: dict[str, list[dict]]):
                 w.writerow({"method": name, **{k: ("" if v is None else v) for k, v in r.items()}})
 
 
+def write_run_dirs(out, curves: dict[str, list[dict]], config: dict):
+    """One run directory per method (report.json, metrics.csv, run.png), for
+    ``flower-vfl report DIR_A DIR_B --out overlay.png``."""
+    from flower_vfl.report import write_report
+
+    dirs = []
+    for name, rows in curves.items():
+        algo = "sgd" if "SGD" in name else "admm"
+        d = Path(out) / algo
+        write_report(d, config, rows, dict(rows[-1], rounds=rows[-1]["round"]),
+                     extra={"engine": "in-process", "algorithm": algo, "method": name})
+        dirs.append(d)
+    return dirs
+
+
 def write_json(path, obj):
     Path(path).write_text(json.dumps(obj, indent=2, default=float))
 
@@ -111,7 +127,11 @@ def plot_curves(path, curves, baselines, title, x_label="epoch (SGD) / round (AD
     import matplotlib.pyplot as plt
 
     panels = panels or [("objective", "training objective (log-loss + λ/2‖x‖²)"), ("test_loss", "test log-loss")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.6))
+    opt = next((b["objective"] for b in baselines.values() if "objective" in b), None)
+    if opt is not None:          # the tail the first panel cannot show: distance to the optimum
+        curves = {name: [dict(r, gap=max(r["objective"] - opt, 1e-12)) for r in rows] for name, rows in curves.items()}
+        panels = panels + [("gap", "objective − centralized optimum (sklearn)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.6))
     axes = np.atleast_1d(axes)
     for ax, (key, label) in zip(axes, panels):
         for name, rows in curves.items():
@@ -124,7 +144,7 @@ def plot_curves(path, curves, baselines, title, x_label="epoch (SGD) / round (AD
         ax.set_xlabel(x_label)
         ax.set_ylabel(label)
         ax.set_yscale("log")
-        ref = [b[key] for b in baselines.values() if key in b]
+        ref = [b[key] for b in baselines.values() if key in b and key != "gap"]
         if ref:              # an early SGD spike would flatten every curve: cut the axis at 4x the optimum
             ys = [r[key] for rows in curves.values() for r in rows if r.get(key) is not None]
             ax.set_ylim(0.97 * min(ys + ref), min(max(ys), 4 * max(ref)) * 1.05)

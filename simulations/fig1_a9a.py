@@ -9,7 +9,8 @@ log-losses within ``TOL_SAME`` of each other and of the centralized sklearn opti
     python simulations/fig1_a9a.py                # full: 50 rounds / 50 epochs, all rows
     python simulations/fig1_a9a.py --quick        # CI: 8000 training rows, 10 rounds / epochs
 
-Writes fig1_a9a.csv, .json (settings, baselines, checks) and .png into --out
+Writes fig1_a9a.csv, .json (settings, baselines, checks), .png and fig1_a9a_runs/{admm,sgd}/
+(run dirs for ``flower-vfl report``) into --out
 (default simulations/results/figures/).
 """
 
@@ -59,6 +60,7 @@ def main(argv=None):
                "baselines": base, "final": {k: v[-1] for k, v in curves.items()}, "checks": checks}
     F.write_csv(out / "fig1_a9a.csv", curves)
     F.write_json(out / "fig1_a9a.json", summary)
+    F.write_run_dirs(out / "fig1_a9a_runs", curves, summary["setting"])
     F.plot_curves(out / "fig1_a9a.png", curves, {"centralized": base["centralized"]},
                   f"Fig. 1(a) a9a ({y.size} rows, 2 parties 66/57, λ={LAM:g}): ADMM round vs SGD epoch "
                   f"(SGD lr={sgd['lr']:g}, decay={sgd['lr_decay']:g}, batch {sgd['batch_size']})")

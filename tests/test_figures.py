@@ -51,3 +51,11 @@ def test_fig3_noise_claims_c_and_d(tmp_path):
             assert fin[form]["1.0"] <= 1.05 * clean                                           # (d) moderate
             assert fin[form]["1000.0"] > 2 * clean                                            # (d) large
     assert code == 0
+
+
+def test_gisette_like_full_size_is_the_papers_shape():
+    from flower_vfl.datasets import GISETTE_SPLIT, load_gisette_like
+    X, y, Xt, yt = load_gisette_like()
+    assert X.shape == (6000, 5000) and Xt.shape == (1000, 5000)
+    assert y.sum() == 0 and yt.sum() == 0
+    assert [b - a for a, b in GISETTE_SPLIT] == [2000, 2000, 1000]

@@ -57,7 +57,7 @@ def test_flower_path_equals_engine(data, variant, eps):
     st = DPIADMMStrategy(variant, P, Xp[0].shape[1], K, T, a=1.0, beta=1e-4, X_test=Xte, y_test=yte,
                          eval_every=5).start(_grid(data, cfg, replay=True))
     res = run_dpiadmm(Xp, yp, DPIADMMParams(variant=variant, eps_bar=eps, beta=1e-4), T, [seeds], K=K,
-                      X_test=Xte, y_test=yte, eval_every=5)
+                      X_test=Xte, y_test=yte, eval_every=5, stream=1)     # LocalGrid's run id is 1
     assert np.max(np.abs(st.w - res.W[0])) <= 1e-9
     assert np.max(np.abs(st.Z - res.Z[0])) <= 1e-9
     assert np.max(np.abs(st.Lam - res.Lam[0])) <= 1e-9      # the server's duals = the engine's
@@ -116,3 +116,74 @@ def test_agents_with_different_eps_bar_are_rejected(data):
     with pytest.raises(ValueError, match=r"the agents' eps_bar differ"):
         DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 2).start(
             _grid(data, lambda i: {"dp-eps-bar": 1.0 if i else 2.0, "dp-seed": i + 1}))
+
+
+# ---------------------------------------------------------------- item 8: the agent's disk
+def _store_grid(data, tmp_path, node_cfg, run_id=1):
+    from flower_vfl.privacy.store import PartyStore
+    Xp, yp, *_ = data
+    stores = {i: PartyStore(tmp_path / f"agent{i}") for i in range(P)}
+
+    def client(ctx):
+        pid = int(ctx.node_config["partition-id"])
+        return DPIADMMClient(pid, Xp[pid], yp[pid], K, agent_privacy_from_node_config(ctx.node_config),
+                             store=stores[pid])            # a fresh object per message, as on a SuperNode
+
+    handlers = {"train": lambda m, c: client(c).train(m, c),
+                "query.identify": lambda m, c: client(c).identify(m, c)}
+    grid = LocalGrid(handlers, {100 + i: {"partition-id": i, **node_cfg(i)} for i in range(P)})
+    for ctx in grid.contexts.values():
+        ctx.run_id = run_id
+    return grid, stores
+
+
+def test_ledger_persists_across_runs_and_caps_the_total(data, tmp_path):
+    """Two runs of 3 rounds each on the same data: the second run's report shows the
+    composed total over all 6 releases. A third run with dp-max-epsilon between the 7- and
+    8-release totals gets one round, then the agents refuse and the server stops cleanly."""
+    from flower_vfl.horizontal import account
+    from flower_vfl.horizontal.privacy import ledger_entry
+    Xp, *_ = data
+    cfg = lambda i: {"dp-eps-bar": 0.5, "dp-seed": 10 + i}  # noqa: E731
+    DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(_store_grid(data, tmp_path, cfg, 1)[0])
+    st2 = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(_store_grid(data, tmp_path, cfg, 2)[0])
+    rep = st2.privacy_[0]
+    assert rep["totals"]["releases"] == 3 and rep["totals_all_runs"]["releases"] == 6
+    assert rep["totals_all_runs"]["epsilon_basic"] == pytest.approx(3.0)
+    total = lambda n: account([ledger_entry(t, "objt", 0.5, 0, 2.0, 1.0) for t in range(n)])["epsilon_pld"]  # noqa: E731
+    assert rep["totals_all_runs"]["epsilon_pld"] == pytest.approx(total(6), rel=1e-9)
+    cap = (total(7) + total(8)) / 2
+    grid3, _ = _store_grid(data, tmp_path, lambda i: {**cfg(i), "dp-max-epsilon": cap}, 3)
+    st3 = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(grid3)
+    assert f"above its dp-max-epsilon={cap}; refused" in st3.stopped_reason_
+    assert len(st3.history_) == 1                            # one round, nothing past the cap
+
+
+def test_restarted_agent_replays_from_disk_and_resumes(data, tmp_path):
+    """A node that loses its memory (fresh context.state) after round 2 gets round 2 again:
+    it answers from its disk (no second draw, one ledger row), then continues; the run ends
+    where an uninterrupted run ends."""
+    Xp, *_ = data
+    cfg = lambda i: {"dp-eps-bar": 1.0, "dp-seed": 77 + i}  # noqa: E731
+    ref = DPIADMMStrategy("objp", P, Xp[0].shape[1], K, 5, beta=1e-4).start(_store_grid(data, tmp_path / "a", cfg)[0])
+    grid, stores = _store_grid(data, tmp_path / "b", cfg)
+    handler = grid.handlers["train"]
+    calls = {"n": 0}
+
+    def flaky(msg, ctx):
+        rep = handler(msg, ctx)
+        if int(msg.content["config"]["t"]) == 2 and ctx.node_id == 100 and calls["n"] == 0:
+            calls["n"] += 1
+            from flwr.app import RecordDict as RD
+            ctx.state = RD()                                  # the SuperNode restarted
+            again = handler(msg, ctx)                        # the server re-sent round 2
+            np.testing.assert_array_equal(again.content["release"]["z"].numpy(),
+                                          rep.content["release"]["z"].numpy())
+        return rep
+
+    grid.handlers["train"] = flaky
+    st = DPIADMMStrategy("objp", P, Xp[0].shape[1], K, 5, beta=1e-4).start(grid)
+    assert calls["n"] == 1
+    np.testing.assert_allclose(st.w, ref.w, atol=1e-12)
+    client = DPIADMMClient(0, Xp[0], data[1][0], K, agent_privacy_from_node_config(cfg(0)), store=stores[0])
+    assert [e["t"] for e in client.ledger("objp")] == [1, 2, 3, 4, 5]

@@ -185,3 +185,25 @@ def test_private_party_saves_its_released_x_tilde_and_scores_from_it(tmp_path, a
     res = run_predict(rc, nodes)
     assert res["ids"] == [str(i) for i in sorder]
     assert np.max(np.abs(res["scores"] - f_ref)) <= 1e-9
+
+
+def test_cli_fit_on_party_files_and_model_show(tmp_path, a9a_small, capsys):
+    """`flower-vfl fit --labels ... --party ... --party ...` (in process, aligned on the common
+    IDs) saves the estimator; `flower-vfl model show` prints its metadata."""
+    import json
+
+    from flower_vfl import VerticalADMM
+    from flower_vfl.cli import main
+    train, score = write_a9a_files(tmp_path, *a9a_small, fmt="parquet")
+    nodes = node_configs(train, score, "parquet", tmp_path)
+    rc = {"lam": 1e-3, "max-rounds": 15}
+    assert main(["fit", "--labels", str(train[0]), "--party", str(train[1]), "--party", str(train[2]),
+                 "--lam", "1e-3", "--max-rounds", "15", "--out-dir", str(tmp_path / "out")]) == 0
+    printed = json.loads([ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")][0])
+    model, order, sorder, f_ref = reference(nodes, rc)
+    assert printed["n_aligned"] == len(order) and printed["widths"] == [40, 40, 43]
+    loaded = VerticalADMM.load(tmp_path / "out" / "model.npz")
+    assert np.max(np.abs(loaded.decision_function(_blocks(nodes, sorder, "score")) - f_ref)) <= 1e-9
+    assert main(["model", "show", str(tmp_path / "out" / "model.npz")]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["kind"] == "estimator" and shown["n_features_in"] == [40, 40, 43] and shown["rounds"] == 15

@@ -72,6 +72,35 @@ def choose_method(D, penalty, constraint) -> str:
     return "cg"
 
 
+#: d x d products up to this many entries run in einsum's own loop, not BLAS: with 2 OpenBLAS
+#: threads on a loaded 2-core machine a 300 x 300 gemv stalled a round for ~30 ms
+#: (benchmarks/bench_scale.py); above it the BLAS threads pay off
+SMALL_MM = 1_000_000
+
+
+def one_blas_thread():
+    """Context limiting BLAS/LAPACK to one thread for the one-off setup (Gram, eigh, Cholesky).
+
+    Measured on this 2-core machine under load (1-min load 15): eigh of a 300 x 300 Gram took
+    1.4-10.8 s with OpenBLAS's 2 threads and 72-108 ms with 1; 1000 x 1000: 7-25 s vs 1.0-1.3 s.
+    On a quiet machine 1 thread costs at most the 2x of the second core; the context itself
+    costs ~0.1-8 ms, once per block and rho."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:                      # pragma: no cover - shipped with scikit-learn
+        import contextlib
+        return contextlib.nullcontext()
+    return threadpool_limits(1)
+
+
+def mm(A, B, trans=False):
+    """A @ B (A^T @ B if ``trans``) for a small dense A without BLAS threads; B (d,) or (d, K)."""
+    if A.size > SMALL_MM:
+        return (A.T if trans else A) @ B
+    spec = ("ji," if trans else "ij,") + ("j->i" if np.ndim(B) == 1 else "jk->ik")
+    return np.einsum(spec, A, B)
+
+
 def _norm(v) -> float:
     v = np.ravel(v)
     return float(np.sqrt(np.einsum("i,i->", v, v)))
@@ -165,7 +194,11 @@ class XSolver:
 
     def _factorize(self, rho):
         """Per-rho work: O(d^2) or less on the eigendecomposition; a d^3/3 Cholesky of the
-        cached Gram when d > EIG_MAX; the old direct factorization for 'chol'."""
+        cached Gram when d > EIG_MAX; the old direct factorization for 'chol'. One BLAS thread."""
+        with one_blas_thread():
+            self._factorize_inner(rho)
+
+    def _factorize_inner(self, rho):
         self._rho = rho
         m, n, d = self.method_, *self.D.shape
         if m == "dual" or (m == "gram" and d <= EIG_MAX):
@@ -200,7 +233,7 @@ class XSolver:
             return _direct_solve(self._fac, self.D, v, rho)
         if m == "dual":
             s, U = self._eig
-            w = U @ ((U.T @ (rho * v)) / _col(self.lam + rho * s, v))
+            w = mm(U, mm(U, rho * v, trans=True) / _col(self.lam + rho * s, v))
             return self.D.T @ w
         if m == "cg" or (m == "chol" and not self.direct):
             rtol = self._outer_rtol(v, outer)
@@ -216,7 +249,7 @@ class XSolver:
             if self._chol is not None:
                 return sla.cho_solve(self._chol, rho * c, check_finite=False)
             e, V = self._eig
-            return V @ ((V.T @ (rho * c)) / _col(rho * e + self.lam, c))
+            return mm(V, mm(V, rho * c, trans=True) / _col(rho * e + self.lam, c))
         if self.ball_l2:
             from .xsolve_prox import ball_l2
             return ball_l2(self, c, rho)

@@ -62,7 +62,7 @@ class DPIADMMResult:
 
 def run_dpiadmm(X_parts, y_parts, params: DPIADMMParams, T: int, seeds, K: int | None = None,
                 X_test=None, y_test=None, eval_every: int = 10, progress: bool = False,
-                keep_ledger: bool = True, dtype=np.float64) -> DPIADMMResult:
+                keep_ledger: bool = True, dtype=np.float64, stream: int = 0) -> DPIADMMResult:
     """Run T iterations for every noise seed at once.
 
     Parameters
@@ -76,6 +76,8 @@ def run_dpiadmm(X_parts, y_parts, params: DPIADMMParams, T: int, seeds, K: int |
         Agent p's secret seed in noise repetition s (see :func:`agent_seeds`).
     K : int, optional
         Number of classes (default max label + 1).
+    stream : int, default=0
+        The run's noise stream (a Flower agent uses its run id; see privacy.agent_rng).
     dtype : numpy dtype, default=float64
         float32 halves the cost of the two GEMMs per iteration (reproduction runs); the
         tests and the Flower path use float64.
@@ -105,7 +107,7 @@ def run_dpiadmm(X_parts, y_parts, params: DPIADMMParams, T: int, seeds, K: int |
         l1 = per_sample_l1(X, R, I) if params.private else None
         draw = None
         if params.private:
-            draw = np.stack([np.stack([standard_draw(seeds[s, p], t, (J, K), params.variant)
+            draw = np.stack([np.stack([standard_draw(seeds[s, p], t, (J, K), params.variant, stream)
                                        for p in range(P)]) for s in range(S)]).astype(dtype, copy=False)
         Z, info = agent_update(Z, Lam, W[:, None], G, l1, draw, rho, t, params, I, c1, c3)
         Lam = dual_step(Lam, W, Z, rho)                                      # (4c)

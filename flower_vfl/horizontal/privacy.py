@@ -1,10 +1,12 @@
 """The agent's noise draws and privacy accounting for DP inexact ADMM.
 
-Noise: iteration t of an agent draws from ``Generator(PCG64(SeedSequence(seed, spawn_key=(t,))))``
-where ``seed`` is the agent's own secret (its node config, or OS entropy kept in its
-state). A draw depends only on (seed, t): the in-process engine and a Flower agent with
-the same seed draw the same noise, and a replayed iteration can only reproduce the draw
-it already made, never a second, independent one. Global numpy state is never touched.
+Noise: iteration t of run ``stream`` of an agent draws from
+``Generator(PCG64(SeedSequence(seed, spawn_key=(stream, t))))`` (``(t,)`` for stream 0) where ``seed`` is the agent's
+own secret (its node config, or OS entropy kept on its disk). A draw depends only on
+(seed, stream, t): the in-process engine and a Flower agent with the same seed and run id
+draw the same noise, a replayed iteration can only reproduce the draw it already made
+(never a second, independent one), and two runs never share noise. Global numpy state is
+never touched.
 
 Accounting (dp-accounting): an agent's ledger records, per iteration, the mechanism, its
 noise scale and the sensitivity it was calibrated to. The paper's guarantee is eps_bar-DP
@@ -29,16 +31,19 @@ def new_agent_seed() -> int:
     return secrets.randbits(128)
 
 
-def agent_rng(seed: int, t: int) -> np.random.Generator:
-    """The generator of iteration ``t`` of the agent with secret ``seed``."""
+def agent_rng(seed: int, t: int, stream: int = 0) -> np.random.Generator:
+    """The generator of iteration ``t`` of run ``stream`` of the agent with secret ``seed``."""
     if seed is None or int(seed) < 0:
         raise ValueError(f"seed={seed!r}; give a non-negative int (the agent's own secret)")
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=(int(t),))))
+    # stream 0 (the in-process engine's default) keeps the one-element key of the first
+    # version, so the committed simulation results reproduce draw for draw
+    key = (int(t),) if int(stream) == 0 else (int(stream), int(t))
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=key)))
 
 
-def standard_draw(seed: int, t: int, shape, variant: str) -> np.ndarray:
+def standard_draw(seed: int, t: int, shape, variant: str, stream: int = 0) -> np.ndarray:
     """Standard Laplace (ObjP/ObjT, eq. 11a with unit scale) or standard normal (OutP) noise."""
-    rng = agent_rng(seed, t)
+    rng = agent_rng(seed, t, stream)
     if variant == "outp":
         return rng.standard_normal(shape)
     return rng.laplace(0.0, 1.0, shape)

@@ -5,3 +5,5 @@ from .dpiadmm import AgentRefused, DPIADMMStrategy  # horizontal DP inexact ADMM
 __all__ = ["PartyRefused", "VerticalADMMStrategy", "AgentRefused", "DPIADMMStrategy"]
 from .vertical_sgd import VerticalSGDStrategy  # FDML-style vertical SGD baseline
 __all__ += ["VerticalSGDStrategy"]
+from .psi_align import AlignResult, PSIAlignment  # own data: the label owner's PSI alignment
+__all__ += ["AlignResult", "PSIAlignment"]

@@ -27,9 +27,32 @@ from flwr.common.logger import log
 
 from .replies import LOST_CODES, PartyLost, ReplyError, match_replies, message_key
 
-__all__ = ["ResilientRounds", "key_fingerprint", "load_party_keys"]
+__all__ = ["ResilientRounds", "key_fingerprint", "load_party_keys", "send_and_receive"]
 
 POLL_S = 1.0
+#: pull intervals: from 20 ms, growing x1.5 up to 0.25 s (Flower 1.41's HTTP grid sleeps 3 s
+#: between pulls in its own send_and_receive, up to 3 s of idle time per exchange)
+PULL_FIRST_S, PULL_MAX_S = 0.02, 0.25
+
+
+def send_and_receive(grid, messages, timeout) -> list:
+    """Push ``messages`` and pull their replies until all came or ``timeout`` s passed, polling
+    from 20 ms up to every 0.25 s. A Grid without push/pull (the in-process LocalGrid) is
+    asked through its own ``send_and_receive``."""
+    try:
+        ids = {i for i in grid.push_messages(messages) if i}
+    except NotImplementedError:
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    end, wait, out = time.monotonic() + timeout, PULL_FIRST_S, []
+    while ids:
+        got = list(grid.pull_messages(ids))
+        out += got
+        ids -= {m.metadata.reply_to_message_id for m in got}
+        if not ids or time.monotonic() >= end:
+            break
+        time.sleep(wait)
+        wait = min(wait * 1.5, PULL_MAX_S)
+    return out
 
 
 def key_fingerprint(public_key: bytes) -> str:
@@ -75,7 +98,7 @@ class ResilientRounds:
         """Send the identify query to ``nodes``; node id -> its checked identity."""
         msgs = {nid: Message(RecordDict({"config": ConfigRecord({"want": "party"})}), dst_node_id=nid,
                              message_type="query.identify") for nid in nodes}
-        replies = list(grid.send_and_receive(list(msgs.values()), timeout=timeout))
+        replies = send_and_receive(grid, list(msgs.values()), timeout)
         by_id = {message_key(m): nid for nid, m in msgs.items()}    # ids are set on push
         ok = {}
         for rep in replies:
@@ -222,7 +245,7 @@ class ResilientRounds:
         while pending:
             node_of = {p: n for n, p in self.node_to_party.items()}
             requests = {p: build(p, node_of[p]) for p in sorted(pending) if p in node_of}
-            replies = list(grid.send_and_receive(list(requests.values()), timeout=self.round_timeout)) \
+            replies = send_and_receive(grid, list(requests.values()), self.round_timeout) \
                 if requests else []
             ok, lost, gone = match_replies(requests, replies, what)
             lost.update({p: "no node serves it" for p in pending if p not in node_of})
