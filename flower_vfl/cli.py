@@ -88,17 +88,21 @@ def cmd_fit(args):
     model = VerticalADMM(loss=args.loss, penalty=args.penalty, lam=args.lam,
                          rho=args.rho if args.rho > 0 else "auto", max_rounds=args.max_rounds,
                          tol=args.tol, privacy=privacy, verbose=True,
+                         label_epsilon=float(rc.get("label-epsilon", 0.0)) or None,
                          callback=_eval_callback(args, [b[1] for b in blocks], yt))
     t0 = time.perf_counter()
     model.fit([b[0] for b in blocks], y)
     f = model.decision_function([b[1] for b in blocks])
-    t = model.loss_.encode_labels(yt)
-    final = dict(model.history_[-1], test_loss=model.loss_.mean(f, t),
-                 test_accuracy=float(np.mean(model.loss_.predict(f) == model.loss_.predict(t))),
+    from .core.losses import get_loss
+    # test labels are scored with the plain loss (label DP trains on a corrected loss)
+    metric = get_loss(args.loss) if model.loss_.name == "logistic_rr" else model.loss_
+    t = metric.encode_labels(yt)
+    final = dict(model.history_[-1], test_loss=metric.mean(f, t),
+                 test_accuracy=float(np.mean(metric.predict(f) == metric.predict(t))),
                  wall_time_s=time.perf_counter() - t0, converged=model.converged_)
     print(json.dumps({k: final[k] for k in ("round", "objective", "test_loss", "test_accuracy")}))
     if getattr(model, "nonprivate_coef_", None) is not None:
-        ref = model.loss_.mean(model.decision_function_nonprivate([b[1] for b in blocks]), t)
+        ref = metric.mean(model.decision_function_nonprivate([b[1] for b in blocks]), t)
         final["test_loss_nonprivate"] = ref
         if final["test_loss"] > ref:
             final["dp_warning"] = (
@@ -162,6 +166,12 @@ def print_privacy_summary(reports):
     for r in reports:
         cfg, tot = r["config"], r["totals"]
         led = r["ledger"]["entries"]
+        if "label_epsilon" in cfg:      # the label owner's randomized response (pure ε)
+            e = led[0] if led else {}
+            print(f"  label owner: {r['mechanism']} ({e.get('labels', '?')} labels, flip probability "
+                  f"{e.get('flip_probability', float('nan')):.4g}); ε spent: "
+                  + ", ".join(f"{k}={v:.4g}" for k, v in tot.items()))
+            continue
         sig = sorted({round(e["sigma"], 6) for e in led})
         print(f"  party {r['party_id']}: budget (ε={cfg['epsilon']}, δ={cfg['delta']}), calibration="
               f"{cfg['calibration']} [{r['neighbouring_relation']}]")

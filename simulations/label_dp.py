@@ -151,7 +151,7 @@ def plot(summary, path):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].axhline(0.8498, color="grey", lw=0.8)
-    axes[0].set_ylim(0.80, 0.86)
+    axes[0].set_ylim(0.76, 0.86)
     axes[1].axhline(0.3238, color="grey", lw=0.8)
     axes[1].set_ylim(0.31, 0.60)
     axes[1].legend(fontsize=8)

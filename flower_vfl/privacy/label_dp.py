@@ -128,13 +128,22 @@ class LabelPrivacy:
     epsilon: float
     seed: object = None
     entries: list = field(default_factory=list)
+    seeded: bool = False
 
     def __post_init__(self):
+        self.seeded = self.seeded or self.seed is not None
         eps = check_label_epsilon(self.epsilon)
         if eps is None:
             raise ValueError(f"label_epsilon={self.epsilon!r} means no label privacy; "
                              "build LabelPrivacy only for a finite epsilon > 0")
         self.epsilon = eps
+
+    def __getstate__(self):
+        # a pickled model never carries the seed: with it, a party that saw the signs of its
+        # duals (-t~) could undo the flips
+        state = dict(self.__dict__)
+        state["seed"] = None
+        return state
 
     @property
     def flip_probability(self) -> float:
@@ -162,7 +171,7 @@ class LabelPrivacy:
             "party_id": "label owner",
             "mechanism": "randomized response on the training labels, once before training",
             "config": {"label_epsilon": self.epsilon,
-                       "noise_source": "os-entropy" if self.seed is None else "seed (kept by the label owner)"},
+                       "noise_source": "seed (kept by the label owner)" if self.seeded else "os-entropy"},
             "neighbouring_relation": NEIGHBOURING_RELATION,
             "protects": "each training label (pure epsilon-label-DP); every dual y, z, intercept "
                         "and model is post-processing of the privatized labels",
