@@ -191,12 +191,15 @@ def cmd_simulate(args):
     for k, v in rc.items():
         items.append(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}")
     env = dict(os.environ, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    if rc.get("dp"):    # the parties' own settings, as their node configs (flower_vfl.client_app)
-        import tempfile
-        path = os.path.join(tempfile.mkdtemp(prefix="flower-vfl-nodes-"), "node-config.json")
-        with open(path, "w") as fh:
-            json.dump({str(m): cfg for m, cfg in nodes.items()}, fh)
-        env["FLOWER_VFL_NODE_CONFIG"] = path
+    # The simulated parties' own settings, as their node configs (flower_vfl.client_app reads the
+    # file at every message). One stable path, rewritten every time: a local SuperLink started
+    # by an earlier run keeps that run's environment, so a fresh temporary path would go stale.
+    from pathlib import Path
+    path = Path(os.environ.get("FLOWER_VFL_NODE_CONFIG") or Path.home() / ".flower-vfl" / "simulate-node-config.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({str(m): cfg for m, cfg in nodes.items()} if rc.get("dp") else {}))
+    env["FLOWER_VFL_NODE_CONFIG"] = str(path)
+    if rc.get("dp"):
         print(f"private parties' node configs: {path} (FLOWER_VFL_NODE_CONFIG)")
     # `flwr run --stream` exits 0 even when the ServerApp failed: submit, stream the log, then
     # read the run's status from Flower (flower_vfl.deploy) and exit non-zero unless it completed

@@ -133,10 +133,29 @@ def _figure(runs, title):
         else:
             ax.text(0.5, 0.5, "no data in this run" if name != "privacy" else "no private party",
                     ha="center", va="center", transform=ax.transAxes, color="gray")
+    for ax, (panel, keys, logy) in zip(axes, PANELS):
+        if not logy and panel != "test accuracy":
+            _cut_spikes(ax, [r[1] for r in runs], keys)
     _final_table(axes[-1], runs)
     fig.suptitle(title)
     fig.tight_layout()
     return fig, plt
+
+
+def _cut_spikes(ax, cols_list, keys):
+    """An early spike (an SGD step near its stability limit) would flatten every curve: cut the
+    axis at 3x the largest final value when the curves rise above it, and say so."""
+    finals, peak, low = [], -math.inf, math.inf
+    for cols in cols_list:
+        for key in keys:
+            vals = [v for v in cols.get(key, []) if not math.isnan(v)]
+            if vals:
+                finals.append(vals[-1])
+                peak, low = max(peak, max(vals)), min(low, min(vals))
+    if finals and max(finals) > 0 and peak > 3 * max(finals):
+        top = 3 * max(finals)
+        ax.set_ylim(low - 0.05 * (top - low), top)
+        ax.set_title(ax.get_title() + f" (axis cut at 3x the final value; peak {peak:.3g})", fontsize=9)
 
 
 def _final_table(ax, runs):

@@ -38,7 +38,6 @@ def fmnist(T):
 
 
 def flower_vs_engine(T):
-    from flwr.app import RecordDict  # noqa: F401
     from sklearn.datasets import load_digits
 
     from flower_vfl.clients import DPIADMMClient

@@ -75,12 +75,16 @@ def plot_fig1(out, eps_list=(0.05, 0.1, 1.0)):
                 ax.plot(ts, vals.mean(1) * scale, color=COLORS.get(v), label=LABELS.get(v, v))
                 ax.fill_between(ts, np.percentile(vals, 20, 1) * scale, np.percentile(vals, 80, 1) * scale,
                                 color=COLORS.get(v), alpha=0.2)
+        for v in dict.fromkeys(r["variant"] for r in rows):     # non-private reference, dotted
+            sel = sorted((int(r["t"]), float(r["test_error"])) for r in rows if r["variant"] == v and r["eps_bar"] == "inf")
+            if sel:
+                axes[1, j].plot([t for t, _ in sel], [x * 100 for _, x in sel], ls=":", color=COLORS.get(v),
+                                label=f"{LABELS.get(v, v)}, non-private")
         axes[0, j].set_title(f"ε̄ = {e} per iteration")
-        axes[0, j].set_yscale("log")
         axes[0, j].set_ylabel("mean |noise| per coordinate")
         axes[1, j].set_ylabel("test error (%)")
         axes[1, j].set_xlabel("iteration t")
-        axes[1, j].set_ylim(0, 60)
+        axes[1, j].set_ylim(0, 100)
         for i in range(2):
             axes[i, j].grid(alpha=0.3)
     axes[1, 0].legend(fontsize=7)
@@ -91,7 +95,50 @@ def plot_fig1(out, eps_list=(0.05, 0.1, 1.0)):
     plt.close(fig)
 
 
+
+
+def merge(dirs, out):
+    """Concatenate final.csv / curves.csv / anchors.csv of several runs (e.g. variants run as
+    separate processes) into ``out`` and draw the figures there."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("final.csv", "curves.csv", "anchors.csv"):
+        rows = []
+        for d in dirs:
+            if (Path(d) / name).exists():
+                rows += _read(Path(d) / name)
+        if rows:
+            keys = list(dict.fromkeys(k for r in rows for k in r))
+            with open(out / name, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=keys)
+                w.writeheader()
+                w.writerows(rows)
+    plot_fig2a(out)
+    plot_fig1(out)
+
+
+def markdown(out):
+    """The final table (test error % at T, 20/80 percentiles, privacy totals) as Markdown."""
+    rows = _read(Path(out) / "final.csv")
+    lines = ["| variant | ε̄ per iteration | seeds | test error % (p20–p80) | total ε over T, PLD (δ=1e-5) | basic T·ε̄ |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        tot = r.get("epsilon_total_pld_max") or "—"
+        lines.append(f"| {LABELS.get(r['variant'], r['variant'])} | {r['eps_bar']} | {r['seeds']} | "
+                     f"{float(r['test_error_mean']) * 100:.2f} ({float(r['test_error_p20']) * 100:.2f}–"
+                     f"{float(r['test_error_p80']) * 100:.2f}) | {float(tot):.3g} | {r.get('epsilon_total_basic') or '—'} |"
+                     if tot != "—" else
+                     f"| {LABELS.get(r['variant'], r['variant'])} | non-private | {r['seeds']} | "
+                     f"{float(r['test_error_mean']) * 100:.2f} | — | — |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     import sys
-    plot_fig2a(sys.argv[1])
-    plot_fig1(sys.argv[1])
+    # python simulations/horizontal_plots.py OUT [RUN_DIR ...]: merge the runs into OUT, draw, print the table
+    if len(sys.argv) > 2:
+        merge(sys.argv[2:], sys.argv[1])
+    else:
+        plot_fig2a(sys.argv[1])
+        plot_fig1(sys.argv[1])
+    print(markdown(sys.argv[1]))

@@ -121,3 +121,15 @@ def test_privacy_curve_ends_at_the_partys_own_total():
     assert rounds[0] == 0 and eps[0] == 0.0 and eps == sorted(eps)
     assert eps[-1] == pytest.approx(rep[0]["totals"][cfg.accountant], rel=1e-9)
     assert eps[-1] <= cfg.epsilon * (1 + 1e-9)
+
+
+def test_server_app_writes_the_run_picture(tmp_path):
+    from flwr.app import Context, RecordDict
+    rc = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 6, "out-dir": str(tmp_path), "eval-every": 2}
+    grid = LocalGrid({"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify},
+                     {100: {"partition-id": 0}, 101: {"partition-id": 1}}, rc)
+    sa.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    assert (tmp_path / "run.png").stat().st_size > 10_000
+    cols = read_metrics(tmp_path)
+    assert all(o > t for o, t in zip(cols["objective"], cols["train_loss"]))
+    assert [r for r, v in zip(cols["round"], cols["test_loss"]) if v == v] == [2.0, 4.0, 6.0]

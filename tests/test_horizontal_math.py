@@ -199,3 +199,13 @@ def test_bad_params(kw, msg):
     with pytest.raises(ValueError) as e:
         DPIADMMParams(**kw).validate()
     assert str(e.value) == msg
+
+
+@pytest.mark.parametrize("variant, total, T", [("objt", 1.0, 20), ("objp", 4.0, 50), ("outp", 0.5, 30)])
+def test_eps_bar_for_total_inverts_the_accountant(variant, total, T):
+    from flower_vfl.horizontal.privacy import eps_bar_for_total
+    eb = eps_bar_for_total(total, T, 1e-5, variant)
+    scale = math.sqrt(2 * math.log(1.25 / 1e-6)) / eb if variant == "outp" else 1.0 / eb
+    got = account([ledger_entry(t, variant, eb, 1e-6, scale, 1.0) for t in range(T)], 1e-5)
+    assert got["epsilon_pld"] == pytest.approx(total, rel=2e-3)
+    assert total / T < eb < total if variant != "outp" else eb > 0

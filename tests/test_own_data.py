@@ -103,6 +103,13 @@ def test_server_view_holds_no_id_outside_the_intersection(tmp_path, a9a_small):
     # IDs are 'u000123', 't000123' and '10000012': none appears in plaintext
     for b in blobs:
         assert b"u00" not in b and b"t00" not in b and b"1000000" not in b
+    # no part of a party's model reaches the server: saving answers with an acknowledgement,
+    # and no array the server receives has a block's width (40, 40, 43) — only N-vectors
+    saved = [rep for rep in seen if "saved" in rep.content]
+    assert len(saved) == 3 and all(set(rep.content.keys()) == {"saved"} for rep in saved)
+    for rep in seen:
+        for rec in rep.content.array_records.values():
+            assert all(rec[k].numpy().shape[0] not in (40, 43) for k in rec)
 
 
 def test_no_common_ids_and_too_few_common_rows(tmp_path):
@@ -207,3 +214,53 @@ def test_cli_fit_on_party_files_and_model_show(tmp_path, a9a_small, capsys):
     assert main(["model", "show", str(tmp_path / "out" / "model.npz")]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["kind"] == "estimator" and shown["n_features_in"] == [40, 40, 43] and shown["rounds"] == 15
+
+
+def test_docs_example_of_plugging_the_classes_into_an_existing_flower_app(tmp_path, a9a_small):
+    """The code in docs/own-data.md ("Plugging the Flower classes into an existing Flower app"),
+    run as written: PSI alignment, then the strategy; same intercept as the engine."""
+    import re
+    from pathlib import Path
+
+    from flower_vfl.io import read_party, source_from_config
+    from flower_vfl.io.bundled import write_party_files
+    from flower_vfl.local_grid import LocalGrid
+    from flwr.app import Context, RecordDict
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "own-data.md").read_text()
+    code = re.search(r"## Plugging the Flower classes.*?```python\n(.*?)```", doc, re.S).group(1)
+    server_src, client_src = code.split("\n# client_app.py")
+    client_src = client_src.split("\n", 1)[1]
+    X, y, _ = a9a_small
+    files = write_party_files(X, y, [f"u{i}" for i in range(X.shape[0])], [(0, 60), (60, 123)], tmp_path, "csv",
+                              seed=1, missing={1: 0.1})
+    owner = read_party(source_from_config({"data-path": str(files[0]), "label-column": "label"}))
+    server_ns = {"load_my_labels": lambda: (owner.ids, owner.y)}
+    exec(server_src, server_ns)
+    client_ns = {}
+    exec(client_src, client_ns)
+    handlers = {"query.psi_answer": client_ns["psi_party"].psi_answer,
+                "query.psi_order": client_ns["psi_party"].psi_order,
+                "query.identify": client_ns["identify"], "train": client_ns["train"],
+                "evaluate": client_ns["evaluate"]}
+    nodes = {100: {"partition-id": 0, "data-path": str(files[0]), "label-column": "label"},
+             101: {"partition-id": 1, "data-path": str(files[1])}}
+    grid = LocalGrid(handlers, nodes, {})
+    captured = {}
+    orig = server_ns["VerticalADMMStrategy"].start
+
+    def start(self, grid, **kw):
+        captured["strategy"] = self
+        return orig(self, grid, **kw)
+    server_ns["VerticalADMMStrategy"].start = start
+    try:
+        server_ns["main"](grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+    finally:
+        server_ns["VerticalADMMStrategy"].start = orig
+    st = captured["strategy"]
+    tabs = [read_party(source_from_config(nodes[100 + m])) for m in range(2)]
+    order = [i for i in owner.ids if i in set(tabs[1].ids)]
+    from _own_data_helpers import _rows
+    from flower_vfl import VerticalADMM
+    model = VerticalADMM(max_rounds=50, tol=0).fit([t.X[_rows(t, order)] for t in tabs], owner.y[_rows(owner, order)])
+    assert st.central.n == len(order) == round(0.9 * X.shape[0])
+    assert float(st.central.b) == pytest.approx(float(model.intercept_), abs=1e-9)

@@ -93,12 +93,13 @@ def _aligned_idx(context: Context, split: str, table) -> np.ndarray:
     rec = context.state.get(STATE_ALIGN + split) if hasattr(context.state, "get") else None
     if rec is None:
         raise DataError(f"party {_party_id(context)}: the rows of {table.path} are not aligned for split "
-                        f"{split!r}; the run must start with the PSI step (run-config psi=true)")
+                        f"{split!r}; the run must start with the PSI step (the label owner's run config names its "
+                        "labels-path, or score-ids-path for mode=predict)")
     return rec["idx"].numpy().astype(np.int64)
 
 
 def own_blocks(context: Context):
-    """(D, D_test, preprocessor, columns): the party's aligned training (and held-out) rows,
+    """(D, D_test, preprocessor, ids): the party's aligned training (and held-out) rows,
     preprocessed with statistics fitted on its aligned training rows."""
     tr = _table(context, "train")
     idx = _aligned_idx(context, "train", tr)

@@ -137,8 +137,8 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         block's shape and logs the choice (logger ``flower_vfl.core``).
     acceleration : {'anderson', 'none'}, default='anderson'
         Type-II Anderson acceleration of the round (:mod:`flower_vfl.core.accel`): same
-        fixed point, far fewer rounds. Used when alpha = 1 and no party is private ('none'
-        otherwise); the Flower strategy runs the same code.
+        fixed point, far fewer rounds. Used when alpha = 1, no party is private and the penalty
+        is 'l2' without a constraint ('none' otherwise); the Flower strategy runs the same code.
     label_epsilon : float or None, default=None
         Label DP for the label owner (loss='logistic'): the training labels are privatized once
         by randomized response (epsilon-label-DP, pure) and training uses the forward-corrected
@@ -260,7 +260,8 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
             from tqdm.auto import tqdm
             bar = tqdm(total=sum(r for r, _, _ in phases), desc="ADMM rounds", unit="round")
         k = 0
-        acc = make_accelerator(getattr(self, "acceleration", "none"), central, private)
+        acc = make_accelerator(getattr(self, "acceleration", "none"), central, private,
+                               self.penalty, self.constraint is not None)
         for i_phase, (n_rounds, active, use_tol) in enumerate(phases):
             if i_phase == 1:     # end of the warm start: the non-private parties' model alone
                 self.nonprivate_coef_ = [None if pr else p.x.copy() for p, pr in zip(parties, private)]

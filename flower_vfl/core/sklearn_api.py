@@ -106,6 +106,8 @@ class SklearnAPIMixin:
             state["_private_mask_"] = [hasattr(p, "ledger") for p in parties]
         for key in _TRAINING_STATE:
             state.pop(key, None)
+        if state.get("label_seed") is not None:
+            state["label_seed"] = None   # the label owner's flip seed never leaves it
         return state
 
     def _released_decision(self, blocks):
@@ -161,6 +163,8 @@ def estimator_meta(est) -> tuple[dict, dict]:
     """(arrays, meta) of a fitted estimator, for :func:`flower_vfl.model_io.save_estimator`."""
     params, text = {}, {}
     for k, v in est.get_params().items():
+        if k == "label_seed":
+            continue                 # the label owner's flip seed never leaves it (label_dp.py)
         try:
             json.dumps(v)
             params[k] = v

@@ -75,6 +75,11 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     party_keys : str, dict or None, default=None
         Party -> SHA-256 fingerprint of the SuperNode auth key allowed to serve it (a dict or
         the path of a JSON file); a node whose key and claimed party disagree is refused.
+    acceleration : {'anderson', 'none'}, default='anderson'
+        Anderson acceleration of the round (core/accel.py), the engine's default: off with
+        alpha != 1, private parties, stragglers='stale', or a penalty other than 'l2' / a
+        constraint (pass the parties' ``penalty`` and ``constraint`` from the run config).
+    penalty, constraint : the parties' penalty and constraint (only decide the acceleration).
     label_epsilon : float or None, default=None
         Label DP (loss='logistic'): randomized response on ``y_train`` once, here, and the
         forward-corrected loss; None, 0 or inf: labels not protected (``label-epsilon``).
@@ -85,7 +90,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", rho="auto", alpha=1.0,
                  variant="sharing", fit_intercept=True, max_rounds=50, tol=0.0, tol_abs=1e-9,
                  eval_every=0, timeout=600.0, party_wait=120.0, stragglers="wait", max_staleness=5,
-                 state_dir=None, resume=None, party_keys=None, acceleration="anderson",
+                 state_dir=None, resume=None, party_keys=None, acceleration="anderson", penalty="l2", constraint=None,
                  label_epsilon=None, label_seed=None):
         check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
         if variant not in ("sharing", "paper"):
@@ -114,6 +119,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         make_accelerator(acceleration, self.central, [])          # checks the name
         #: 'anderson': core/accel.py, the engine's default; off with private parties or stragglers='stale'
         self.acceleration, self._acc, self._qs = acceleration, None, None
+        self.penalty, self.constraint = penalty, constraint   # the parties' (run config): see make_accelerator
         self.node_to_party: dict[int, int] = {}
         #: party -> planned training releases, for the parties that declared themselves private
         self.private_parties: dict[int, int] = {}
@@ -334,7 +340,8 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         self._last_s: dict[int, np.ndarray] = {}
         self._stale: dict[int, int] = {}
         self._acc = make_accelerator(self.acceleration, self.central,
-                                     [self.stragglers == "stale", bool(self.private_parties)])
+                                     [self.stragglers == "stale", bool(self.private_parties)],
+                                     self.penalty, self.constraint is not None)
         self._qs = None
         k, phase0, j0, stopped0 = 0, 0, 0, False
         if self.resume:
