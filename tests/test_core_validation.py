@@ -13,8 +13,8 @@ Y = np.where(rng.random(20) < 0.5, 1, -1)
 @pytest.mark.parametrize("blocks,y,kw,match", [
     ([A, B[:10]], Y, {}, "same rows"),
     ([A, np.where(B > 1, np.nan, B)], Y, {}, "NaN or inf"),
-    ([A, B], np.where(Y > 0, 2, np.where(Y < 0, 0, 1)) + (np.arange(20) % 3 == 0), {}, "binary labels"),
-    ([A, B], np.ones(20), {}, "both classes"),
+    ([A, B], np.where(Y > 0, 2, np.where(Y < 0, 0, 1)) + (np.arange(20) % 3 == 0), {}, "Only binary classification is supported.*y has 4 classes"),
+    ([A, B], np.ones(20), {}, "y has 1 class .*it needs exactly 2"),
     ([A, np.empty((20, 0))], Y, {}, "empty"),
     ([A, B[:, 0]], Y, {}, "must be 2-D"),
     ([A, B], Y, {"lam": -1.0}, "lam must be"),
