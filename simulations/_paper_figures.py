@@ -45,7 +45,7 @@ def admm_curve(B, y, Bt, yt, lam, rounds, **kw):
                      "test_loss": logloss(f, yt), "test_accuracy": float(np.mean(np.sign(f) == yt)),
                      "messages": 2 * M * k, "bytes": 3 * M * n * 8 * k, "steps": k,
                      "primal_residual": h["primal_residual"], "dual_residual": h["dual_residual"]})
-    VerticalADMM(lam=lam, max_rounds=rounds, tol=0, callback=cb, **kw).fit(B, y)
+    VerticalADMM(lam=lam, max_rounds=rounds, tol=0, callback=cb, verbose=True, **kw).fit(B, y)
     return rows
 
 

@@ -133,3 +133,12 @@ def test_server_app_writes_the_run_picture(tmp_path):
     cols = read_metrics(tmp_path)
     assert all(o > t for o, t in zip(cols["objective"], cols["train_loss"]))
     assert [r for r, v in zip(cols["round"], cols["test_loss"]) if v == v] == [2.0, 4.0, 6.0]
+
+
+def test_sgd_node_without_partition_id_is_refused_naming_the_fix():
+    grid = LocalGrid(SGD_HANDLERS, {100: {}}, {"dataset": "breast_cancer", "num-parties": 1})
+    y, _ = labels("breast_cancer")
+    from flower_vfl.strategies.replies import PartyFailed
+    with pytest.raises(PartyFailed, match=r"party 0 \(node 100\) failed in the identify request .*node config has "
+                                          r"no partition-id: start it with --node-config"):
+        VerticalSGDStrategy(y, num_parties=1).start(grid)

@@ -109,7 +109,10 @@ class VerticalSGDPartyClient:
 def make_sgd_client(context: Context) -> VerticalSGDPartyClient:
     """The party of this node, loading its block as the ADMM ClientApp does."""
     rc, nc = context.run_config, context.node_config
-    party = int(nc.get("partition-id", 0))
+    if "partition-id" not in nc:
+        raise ValueError("this SuperNode's node config has no partition-id: start it with "
+                         "--node-config \"partition-id=<m> ...\" (the party it serves, 0..num-parties-1)")
+    party = int(nc["partition-id"])
     D, D_test = party_block(str(run_setting("dataset", rc, nc)), party, int(run_setting("num-parties", rc, nc)),
                             run_setting("data-dir", rc, nc) or None)
     return VerticalSGDPartyClient(party, D, D_test, lam=float(run_setting("lam", rc, nc)))
