@@ -55,7 +55,7 @@ def main(argv=None):
             print(f"pair {i + 1} {mode:9s}: {s:.2f} s/round (exit {code})", flush=True)
     load = Path("/proc/loadavg").read_text().split()[:3]
     ratio = [f / s for f, s in zip(out["flower"], out["strategy"])]
-    print(f"load average {' '.join(load)}; flower/strategy per pair: {[round(r, 2) for r in ratio]}")
+    print(f"load average {' '.join(load)}; flower/strategy per pair: {[round(float(r), 2) for r in ratio]}")
     (Path(__file__).parent / "results" / "bench_loopback_rounds.json").write_text(
         json.dumps({"config": rc, "seconds_per_round": out, "ratio": ratio, "loadavg": load}, indent=2))
 

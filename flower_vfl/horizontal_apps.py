@@ -89,6 +89,8 @@ def main(grid: Grid, context: Context) -> None:
     out = str(_get("out-dir", context.run_config))
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
+        import numpy as np
+        np.save(Path(out) / "w.npy", st.w)
         (Path(out) / "report.json").write_text(json.dumps(
             {"run_config": dict(context.run_config), "history": st.history_, "final": st.final_,
              "privacy_per_agent": st.privacy_}, indent=1, default=str))

@@ -152,8 +152,9 @@ def plot(out):
     import matplotlib.pyplot as plt
     with open(Path(out) / "comparison.csv") as f:
         rows = list(csv.DictReader(f))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), sharey=True)
     agents = sorted({int(r["agents"]) for r in rows if r["setting"].startswith("horizontal")})
+    fig, axes = plt.subplots(1, len(agents), figsize=(5.2 * len(agents), 4.8), sharey=True, squeeze=False)
+    axes = axes[0]
     for ax, P in zip(axes, agents):
         for s in dict.fromkeys(r["setting"] for r in rows):
             sel = [r for r in rows if r["setting"] == s and r["epsilon"] != "inf"
@@ -172,11 +173,30 @@ def plot(out):
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy")
     axes[0].set_ylim(0.74, 0.86)
-    axes[-1].legend(fontsize=7, loc="lower right")
+    axes[0].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(Path(out) / "comparison.png", dpi=130)
     plt.close(fig)
 
 
+
+
+def markdown(out):
+    """The comparison table (test accuracy and log-loss at each total epsilon) as Markdown."""
+    with open(Path(out) / "comparison.csv") as f:
+        rows = list(csv.DictReader(f))
+    lines = ["| setting | agents / parties | total ε (PLD, from the ledger) | T | ρ constants | test acc (mean ± sd) | test log-loss |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        spent = r["epsilon_spent_pld"]
+        spent = "∞" if spent == "inf" else f"{float(spent):.3g}"
+        lines.append(f"| {r['setting']} | {r['agents']} | {spent} | {r['T']} | {r.get('rho_set') or '—'} | "
+                     f"{float(r['test_acc']):.4f} ± {float(r['test_acc_sd']):.4f} | {float(r['test_logloss']):.4f} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        print(markdown(sys.argv[2]))
+    else:
+        main()

@@ -73,6 +73,21 @@ def test_l1_on_the_gram_is_exact_by_its_kkt_conditions():
     assert np.array_equal(s.solve(v, rho, x0=x), x) and s.inner_iters_ == before
 
 
+def test_l1_on_a_singular_gram_meets_its_kkt_conditions():
+    """One-hot-like blocks (a9a) make G singular: the active-set step uses least squares."""
+    rng = np.random.default_rng(4)
+    A = rng.normal(size=(150, 8))
+    D = np.column_stack([A, A[:, :3], A[:, 0] + A[:, 1]])         # rank 8 of 12 columns
+    v = rng.normal(size=150)
+    lam, rho = 2.0, 1.0
+    s = XSolver(D, get_penalty("l1"), lam, method="gram")
+    x = s.solve(v, rho)
+    g = rho * D.T @ (v - D @ x)
+    on = x != 0
+    assert np.max(np.abs(g[on] - lam * np.sign(x[on]))) <= 1e-9
+    assert np.max(np.abs(g[~on])) <= lam * (1 + 1e-9)
+
+
 def test_ball_l2_matches_a_constrained_reference():
     D, v = _problem(3, 100, 8)
     s = XSolver(D, get_penalty("l2"), 0.1, Ball(0.05), method="gram")
@@ -193,3 +208,22 @@ def test_anderson_is_off_with_over_relaxation_or_l1_and_state_round_trips():
         elif k > 3:
             out_t = twin.targets(s_list, q, y, 0.5, 1.0)
             assert all(np.array_equal(u, v) for u, v in zip(out[0] + [out[1]], out_t[0] + [out_t[1]]))
+
+
+def test_cg_party_state_round_trip_is_bitwise_and_carries_dx():
+    """The Flower client rebuilds the party from context.state every message: the CG path's
+    carried (D x, D^T D x) go through get_state/set_state, so both paths compute the same bits."""
+    from flower_vfl.core.party import PartyUpdate
+    D = sp.csr_matrix(BLOCKS[0])
+    rng = np.random.default_rng(9)
+    one = PartyUpdate(D, get_penalty("l2"), 1e-2, x_solver="cg")
+    for k in range(6):
+        q, y = rng.normal(size=N), rng.normal(size=N) / N
+        s1 = one.train_release(k, q, y, 0.5, 1.0, 1 / 3)
+        fresh = PartyUpdate(D, get_penalty("l2"), 1e-2, x_solver="cg")
+        fresh.set_state({k2: np.array(v) for k2, v in (state if k else {}).items()})
+        s2 = fresh.train_release(k, q, y, 0.5, 1.0, 1 / 3)
+        state = fresh.get_state()
+        assert np.array_equal(s1, s2) and np.array_equal(one.x, fresh.x)
+        # the carried D x is D x (to round-off accumulated over the iterations)
+        assert np.max(np.abs(s1 - D @ one.x)) <= 1e-12 * max(1.0, np.max(np.abs(s1)))

@@ -16,7 +16,7 @@ iteration); no Python loop over samples.  No Flower imports here.
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import expit, log_expit, logsumexp, softmax
+from scipy.special import expit, softmax
 
 __all__ = ["Loss", "LogisticLoss", "SquaredLoss", "HingeLoss", "MultinomialLoss",
            "SigmoidLoss", "get_loss", "LOSSES"]

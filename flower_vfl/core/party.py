@@ -48,6 +48,8 @@ class PartyUpdate:
         #: rho / theta of the x-update that produced ``x`` (None before the first one); the
         #: sensitivity of anything released from x must use this value, not a later message's
         self.rho_x = None
+        #: (D x, D^T D x) of the current x, carried by the CG x-update (never sent)
+        self.carry = None
 
     def step(self, q, y, rho, alpha=1.0, theta=1.0):
         """One x-update (eq. 6); returns the exact ``D_m x_m`` (before any privacy noise).
@@ -68,10 +70,10 @@ class PartyUpdate:
         self.last_target = v          # kept for the privacy audit (never sent)
         # inexact (CG / FISTA-on-D) solvers tie their tolerance to the residual received
         outer = theta * _norm(q) if self.solver.inexact else None
-        self.x = self.solver.solve(v, rho_x, x0=self.x, outer=outer)
+        self.x = self.solver.solve(v, rho_x, x0=self.x, outer=outer, carry=self.carry)
         self.rho_x = float(rho_x)
-        Dx = self.solver.last_Dx          # carried along by the CG path: no extra mat-vec
-        return self.D @ self.x if Dx is None else Dx
+        self.carry = self.solver.last_carry   # the CG path carries D x: no extra mat-vec
+        return self.D @ self.x if self.carry is None else self.carry[0]
 
     def commit(self, s_released):
         """Cache the value actually sent (noisy when private): the next residual contains it."""
@@ -95,6 +97,8 @@ class PartyUpdate:
         state = {"x": self.x, "s": self.s, "z_loc": self.z_loc}
         if self.rho_x is not None:
             state["rho_x"] = np.array([self.rho_x])
+        if self.carry is not None:
+            state["Dx"], state["DtDx"] = self.carry
         return state
 
     def set_state(self, state: dict):
@@ -103,3 +107,7 @@ class PartyUpdate:
                 setattr(self, k, np.asarray(state[k], dtype=float).reshape(getattr(self, k).shape))
         if "rho_x" in state:
             self.rho_x = float(np.asarray(state["rho_x"]).ravel()[0])
+        if "x" in state:     # the carried products belong to this x (absent: recomputed)
+            self.carry = None if "Dx" not in state else (
+                np.array(state["Dx"], dtype=float).reshape(self.s.shape),
+                np.array(state["DtDx"], dtype=float).reshape(self.x.shape))

@@ -32,7 +32,7 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from .penalties import Ball, Box
+from .penalties import Ball
 
 __all__ = ["XSolver", "choose_method", "METHODS", "EIG_MAX", "GRAM_MAX"]
 
@@ -158,7 +158,7 @@ class XSolver:
         self._rho = None
         self._G = self._eig = self._chol = self._fac = None
         self._diag = None
-        self.last_Dx = None
+        self.last_carry = None
         self.inner_iters_ = 0
 
     # ------------------------------------------------------------------ setup
@@ -221,11 +221,12 @@ class XSolver:
                 self._diag = np.einsum("ij,ij->j", D, D)
 
     # ------------------------------------------------------------------ solve
-    def solve(self, v, rho, x0=None, outer=None):
+    def solve(self, v, rho, x0=None, outer=None, carry=None):
         """argmin_{x in X} lam R(x) + rho/2 ||D x - v||^2 (warm start ``x0``).
 
-        After a CG solve ``last_Dx`` holds D x (else None)."""
-        self.last_Dx = None
+        ``carry``: (D x0, D^T D x0) from the previous CG solve (else recomputed). After a CG
+        solve ``last_carry`` holds (D x, D^T D x) of the result (else None)."""
+        self.last_carry = None
         if self._rho != rho:
             self._factorize(rho)
         m = self.method_
@@ -238,7 +239,7 @@ class XSolver:
         if m == "cg" or (m == "chol" and not self.direct):
             rtol = self._outer_rtol(v, outer)
             if self.direct:
-                return self._cg(v, rho, x0, rtol)
+                return self._cg(v, rho, x0, rtol, carry)
             from .xsolve_prox import fista_on_D
             x, it = fista_on_D(self, v, rho, x0, rtol)
             self.inner_iters_ += it
@@ -263,18 +264,24 @@ class XSolver:
             return self.inner_tol
         return max(self.inner_tol, min(0.1, FORCING * outer / max(_norm(v), 1e-300)))
 
-    def _cg(self, v, rho, x0, rtol):
+    def _cg(self, v, rho, x0, rtol, carry=None):
         """Jacobi-preconditioned CG on (lam I + rho D^T D) x = rho D^T v, column-wise for (N, K).
 
-        2 + 2k mat-vecs for k iterations: the start's residual is rho D^T(v - D x0) - lam x0, and
-        D x is carried along (D x += a D p), so the party's release needs no further product
-        (``last_Dx``)."""
+        1 + 2k mat-vecs for k iterations: D x and D^T D x are carried along (D x += a D p,
+        D^T D x += a D^T D p) from one round to the next (``carry``, kept by the party), so the
+        start's residual rho D^T v - lam x0 - rho D^T D x0 costs one product and the party's
+        release D x none (``last_carry``). rho-independent, so a new rho costs nothing."""
         D, lam = self.D, self.lam
         K = v.shape[1:] if np.ndim(v) == 2 else ()
-        x = np.zeros((D.shape[1],) + K) if x0 is None else np.array(x0, dtype=float).reshape((D.shape[1],) + K)
-        Dx = D @ x
+        shape = (D.shape[1],) + K
+        x = np.zeros(shape) if x0 is None else np.array(x0, dtype=float).reshape(shape)
+        if carry is None or x0 is None:
+            Dx = D @ x
+            DtDx = D.T @ Dx
+        else:
+            Dx, DtDx = np.array(carry[0], dtype=float), np.array(carry[1], dtype=float).reshape(shape)
         b = rho * (D.T @ v)
-        r = rho * (D.T @ (v - Dx)) - lam * x
+        r = b - lam * x - rho * DtDx
         Minv = 1.0 / _col(lam + rho * self._diag, b)
         stop = rtol * np.maximum(np.sqrt(np.sum(b * b, axis=0)), 1e-300)
         zv = Minv * r
@@ -286,11 +293,13 @@ class XSolver:
                 it -= 1
                 break
             Dp = D @ p
-            Ap = lam * p + rho * (D.T @ Dp)
+            DtDp = D.T @ Dp
+            Ap = lam * p + rho * DtDp
             pAp = np.sum(p * Ap, axis=0)
             a = np.where(pAp > 0, rz / np.where(pAp > 0, pAp, 1.0), 0.0)
             x += a * p
             Dx += a * Dp
+            DtDx += a * DtDp
             r -= a * Ap
             zv = Minv * r
             rz_new = np.sum(r * zv, axis=0)
@@ -298,7 +307,7 @@ class XSolver:
             p = zv + beta * p
             rz = rz_new
         self.inner_iters_ += it
-        self.last_Dx = Dx
+        self.last_carry = (Dx, DtDx)
         return x
 
 

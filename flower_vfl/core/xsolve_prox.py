@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as sla
 
-from .xsolve import mm
+from .xsolve import mm, one_blas_thread
 
 __all__ = ["prox_on_gram", "fista_on_D", "ball_l2"]
 
@@ -33,11 +33,15 @@ def _prox(solver, u, t):
 
 
 def _lmax_gram(solver) -> float:
+    """Largest eigenvalue of G (rho-independent: computed once per solver)."""
     if solver._eig is not None and solver.method_ == "gram":
         return float(solver._eig[0][-1])
-    G = solver.gram()
-    d = G.shape[0]
-    return float(sla.eigh(G, eigvals_only=True, subset_by_index=[d - 1, d - 1])[0])
+    if getattr(solver, "_lmax", None) is None:
+        G = solver.gram()
+        d = G.shape[0]
+        with one_blas_thread():
+            solver._lmax = float(sla.eigh(G, eigvals_only=True, subset_by_index=[d - 1, d - 1])[0])
+    return solver._lmax
 
 
 def _fista(grad, prox, x, step, tol, scale, max_iter):
