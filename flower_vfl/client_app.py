@@ -14,7 +14,8 @@ from flwr.clientapp import ClientApp
 
 from .clients import psi_party
 from .clients.vertical_party import VerticalPartyClient
-from .config import privacy_from_config, run_setting
+from .config import PRIVACY_KEYS, privacy_from_config, run_setting
+from .schema import parse_node_config
 from .data import party_block
 
 app = ClientApp()
@@ -36,10 +37,9 @@ def party_node_config(context: Context) -> dict:
 
 def make_client(context: Context) -> VerticalPartyClient:
     rc, nc = context.run_config, party_node_config(context)
-    if "partition-id" not in nc:
-        from .schema import ConfigError
-        raise ConfigError("this SuperNode's node config has no partition-id: start it with "
-                          "--node-config \"partition-id=<m> ...\" (the party it serves, 0..num-parties-1)")
+    # every key typed and range-checked before anything is read; the run config's privacy
+    # values are not read at all (a party's privacy settings are its node config's)
+    parse_node_config(nc, {k: v for k, v in rc.items() if k not in PRIVACY_KEYS})
     party = int(run_setting("partition-id", rc, nc))
     num_parties = int(run_setting("num-parties", rc, nc))
     if psi_party.uses_own_data(context):      # the party's own export, PSI-aligned (docs/own-data.md)

@@ -146,6 +146,8 @@ class VerticalPartyClient:
         if self.privacy is not None:
             party = self._build(context, 1)
             info.update(_affordability(party))
+        else:   # the round this party's state in this run has reached (-1: none), for resume
+            info["last_train"] = int(self._meta(context)["last_train"])
         return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
 
     def train(self, msg: Message, context: Context) -> Message:
