@@ -1,5 +1,13 @@
 """flower-vfl: vertical federated learning (ADMM sharing) with differential privacy for Flower."""
-from .core.engine import VerticalADMM
 
 __version__ = "0.1.0"
 __all__ = ["VerticalADMM", "__version__"]
+
+
+def __getattr__(name):
+    # loaded on first use: the estimator imports scikit-learn (~1.5-6 s), which a party's message
+    # handler (a fresh process per message on a real SuperNode) does not need
+    if name == "VerticalADMM":
+        from .core.engine import VerticalADMM
+        return VerticalADMM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,7 +38,8 @@ def make_strategy(run_config, y=None, y_test=None) -> VerticalADMMStrategy:
                                 stragglers=get("stragglers"), max_staleness=get("max-staleness"),
                                 state_dir=state or (str(Path(out) / "state") if out else None),
                                 resume=get("resume") or None, party_keys=get("party-keys") or None,
-                                label_epsilon=float(get("label-epsilon")) or None)
+                                label_epsilon=float(get("label-epsilon")) or None,
+                                penalty=str(get("penalty")))   # acceleration is on only where the engine's is
 
 
 def write_outputs(strategy: VerticalADMMStrategy, run_config, final: dict | None = None) -> None:

@@ -1,7 +1,20 @@
-"""Flower party clients: ``from flower_vfl.clients import VerticalPartyClient``."""
-from .vertical_party import VerticalPartyClient
-from .dpiadmm import DPIADMMClient  # horizontal DP inexact ADMM agent
+"""Flower party clients: ``from flower_vfl.clients import VerticalPartyClient``.
 
-__all__ = ["VerticalPartyClient", "DPIADMMClient"]
-from .vertical_sgd import VerticalSGDPartyClient  # FDML-style vertical SGD baseline
-__all__ += ["VerticalSGDPartyClient"]
+Loaded on first use: on a real SuperNode every message starts a fresh process, which should
+import only the client it runs.
+"""
+
+from importlib import import_module
+
+_LAZY = {
+    "VerticalPartyClient": ".vertical_party",
+    "DPIADMMClient": ".dpiadmm",                    # horizontal DP inexact ADMM agent
+    "VerticalSGDPartyClient": ".vertical_sgd",      # FDML-style vertical SGD baseline
+}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,12 +20,11 @@ import numpy as np
 import scipy.sparse as sp
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..core.engine import make_constraint
+from ..core.constraints import make_constraint
 from ..core.party import PartyUpdate
 from ..core.penalties import get_penalty
 from ..privacy.boundary import InvalidMessage, Refused, inputs_hash, parse_round
-from ..privacy.ledger import BudgetExceeded
-from ..privacy.party import data_fingerprint
+
 
 __all__ = ["VerticalPartyClient"]
 
@@ -48,6 +47,7 @@ _STORES: dict = {}
 
 def _fingerprint(D) -> tuple:
     """Type, shape and a SHA-256 of the block's content."""
+    from ..privacy.store import data_fingerprint
     return type(D).__name__, tuple(D.shape), data_fingerprint(D)
 
 
@@ -162,7 +162,7 @@ class VerticalPartyClient:
                 s = self.party.train_release(inputs.round, None, None, inputs.rho, inputs=inputs)
             else:
                 s = self._public_train(inputs, meta, context)
-        except (Refused, BudgetExceeded) as exc:
+        except Refused as exc:
             return self._refusal(msg, exc)
         meta["n_outputs"] = n_out
         if self.privacy is None:
@@ -210,7 +210,7 @@ class VerticalPartyClient:
                     self.party.final_update(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
                     self.party.release_model(inputs.round, inputs_hash(context.run_id, "eval", inputs))
                 s_test = self.party.eval_release(inputs.round)
-        except (Refused, BudgetExceeded) as exc:
+        except Refused as exc:
             return self._refusal(msg, exc)
         return self._reply(msg, {"s_test": s_test}, inputs.round)
 
@@ -226,7 +226,7 @@ class VerticalPartyClient:
         return Message(content, reply_to=msg)
 
     def _refusal(self, msg, exc):
-        code = "budget" if isinstance(exc, BudgetExceeded) else getattr(exc, "code", "refused")
+        code = getattr(exc, "code", "refused")
         info = {"party": self.party_id, "reason": str(exc), "code": code}
         if getattr(exc, "field", None):
             info["field"] = exc.field

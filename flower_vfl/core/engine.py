@@ -15,6 +15,7 @@ from sklearn.base import BaseEstimator
 
 from .accel import make_accelerator
 from .central import CentralUpdate, residuals
+from .constraints import make_constraint  # noqa: F401  (re-exported)
 from .losses import get_loss
 from .party import PartyUpdate
 from .penalties import Ball, Box, get_penalty
@@ -46,18 +47,6 @@ def balance_rho(rho, r, d, loss, n_samples, mu=10.0, tau=2.0):
     :func:`default_rho` (> 2c/N, where the z-update stays strongly convex)."""
     new = rho * tau if r > mu * d else rho / tau if d > mu * r else rho
     return new if loss.convex else max(new, default_rho(loss, n_samples))
-
-
-def make_constraint(constraint):
-    """None, ('ball', r), ('box', lo, hi), or a Ball/Box instance."""
-    if constraint is None or isinstance(constraint, (Ball, Box)):
-        return constraint
-    if isinstance(constraint, (tuple, list)) and constraint and constraint[0] == "ball" and len(constraint) == 2:
-        return Ball(constraint[1])
-    if isinstance(constraint, (tuple, list)) and constraint and constraint[0] == "box" and len(constraint) == 3:
-        return Box(constraint[1], constraint[2])
-    raise ValueError(f"constraint={constraint!r} not understood; use None, ('ball', radius) "
-                     "or ('box', lower, upper)")
 
 
 def private_schedule(private, max_rounds, private_train_rounds):

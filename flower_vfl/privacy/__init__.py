@@ -1,38 +1,26 @@
 """Differential privacy for the vertical parties: accounting, the party's ledger, the noise.
 
 Nothing here imports flwr; opacus (and torch) are imported lazily, only for the
-``"rdp"`` and ``"prv"`` accounting methods.
+``"rdp"`` and ``"prv"`` accounting methods. Names load on first use, so a non-private
+party's message handler never imports dp-accounting.
 """
 
-from .accounting import (
-    METHODS,
-    available_methods,
-    composed_event,
-    epsilon_for_releases,
-    epsilon_spent,
-    noise_multiplier_for,
-    paper_round_epsilon,
-)
-from .ledger import BudgetExceeded, LedgerEntry, PrivacyLedger, calibrate_sigma
-from .mechanism import FORMS, GaussianOutputMechanism, ReplayMismatch, release_hash
-from .party import PrivacyConfig, PrivateParty
+from importlib import import_module
 
-__all__ = [
-    "METHODS",
-    "FORMS",
-    "BudgetExceeded",
-    "GaussianOutputMechanism",
-    "LedgerEntry",
-    "PrivacyConfig",
-    "PrivateParty",
-    "PrivacyLedger",
-    "ReplayMismatch",
-    "available_methods",
-    "calibrate_sigma",
-    "composed_event",
-    "epsilon_for_releases",
-    "epsilon_spent",
-    "noise_multiplier_for",
-    "paper_round_epsilon",
-    "release_hash",
-]
+_LAZY = {
+    "METHODS": "accounting", "available_methods": "accounting", "composed_event": "accounting",
+    "epsilon_for_releases": "accounting", "epsilon_spent": "accounting",
+    "noise_multiplier_for": "accounting", "paper_round_epsilon": "accounting",
+    "BudgetExceeded": "ledger", "LedgerEntry": "ledger", "PrivacyLedger": "ledger",
+    "calibrate_sigma": "ledger",
+    "FORMS": "mechanism", "GaussianOutputMechanism": "mechanism", "ReplayMismatch": "mechanism",
+    "release_hash": "mechanism",
+    "PrivacyConfig": "party", "PrivateParty": "party",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module("." + _LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 
 import dp_accounting
 
+from .boundary import Refused
+
 from .accounting import (
     _check_delta,
     _check_method,
@@ -46,8 +48,10 @@ KINDS = ("train", "eval")
 _RTOL = 1e-9
 
 
-class BudgetExceeded(RuntimeError):
+class BudgetExceeded(Refused):
     """A release would take a party past its own privacy budget."""
+
+    code = "budget"
 
     def __init__(self, party_id, *, round, kind, noise_multiplier, requested, spent,
                  budget, delta, method, releases):

@@ -30,7 +30,7 @@ from ..core.penalties import Ball, get_penalty
 from .accounting import epsilon_for_releases, noise_multiplier_for
 from .boundary import Refused, RoundInputs, inputs_hash
 from .ledger import _RTOL, BudgetExceeded, LedgerEntry, PrivacyLedger
-from .store import PartyStore
+from .store import PartyStore, data_fingerprint  # noqa: F401  (re-exported)
 from .mechanism import GaussianOutputMechanism
 from .sensitivity import (NEIGHBOURING_RELATIONS, paper_sensitivity, strict_param_sensitivity,
                           strict_sensitivity)
@@ -104,22 +104,6 @@ class PlanExceeded(Refused):
     """More releases of one kind than the party's plan (train_rounds / eval_rounds) allows."""
 
     code = "plan"
-
-
-def data_fingerprint(D) -> str:
-    """SHA-256 of a block's type, shape and content: what a party's budget is keyed by."""
-    import hashlib
-    h = hashlib.sha256(f"{type(D).__name__}|{tuple(D.shape)}|".encode())
-    if sp.issparse(D):
-        D = D.tocsr()
-        parts = (D.indptr, D.indices, D.data)
-    else:
-        parts = (np.asarray(D),)
-    for a in parts:
-        a = np.ascontiguousarray(a)
-        h.update(str(a.dtype).encode())
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()
 
 
 def normalize_rows(D):

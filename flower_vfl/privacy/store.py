@@ -31,6 +31,7 @@ per-run blob (the party's iterate) so a restarted node resumes.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -41,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Answer", "PartyStore", "default_state_dir", "pack_arrays", "unpack_arrays"]
+__all__ = ["Answer", "PartyStore", "data_fingerprint", "default_state_dir", "pack_arrays", "unpack_arrays"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS releases (
@@ -68,6 +69,21 @@ def default_state_dir() -> Path:
     """``$FLOWER_VFL_STATE_DIR`` or ``~/.flower-vfl/party-state`` (the party's own disk)."""
     env = os.environ.get("FLOWER_VFL_STATE_DIR")
     return Path(env) if env else Path.home() / ".flower-vfl" / "party-state"
+
+
+def data_fingerprint(D) -> str:
+    """SHA-256 of a block's type, shape and content: what a party's budget is keyed by."""
+    h = hashlib.sha256(f"{type(D).__name__}|{tuple(D.shape)}|".encode())
+    if hasattr(D, 'tocsr'):
+        D = D.tocsr()
+        parts = (D.indptr, D.indices, D.data)
+    else:
+        parts = (np.asarray(D),)
+    for a in parts:
+        a = np.ascontiguousarray(a)
+        h.update(str(a.dtype).encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
 
 
 def pack_arrays(arrays: dict) -> bytes:
