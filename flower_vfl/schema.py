@@ -9,8 +9,13 @@ Each key has a type, a default, a range or a set of allowed values, a meaning an
 ``node``
     only a SuperNode's node config sets it (``partition-id``: which party the node serves).
 ``node-first``
-    the run config gives a default, a party's node config wins. Every ``dp-*`` key: a party's
-    privacy settings and budget are its own.
+    the run config may ask, a party's node config wins: ``dp`` and ``dp-parties`` (a run-config
+    request can only make a party *more* private).
+``party``
+    a private party's own settings: read **only** from its node config (its budget is its own;
+    docs/privacy.md, "Trust model"). The run config may carry them for ``flwr run``'s
+    declaration check, but a party never reads them there; ``flower-vfl fit`` and ``simulate``
+    hand their ``--dp-*`` flags to the simulated parties as node configs.
 ``both``
     read from whichever config the reader owns: ``data-dir`` and ``state-dir`` are the label
     owner's folders in the run config and a party's own folders in its node config.
@@ -35,7 +40,7 @@ from .data import DATASETS
 __all__ = ["ConfigError", "Key", "SCHEMA", "run_defaults", "check_value", "parse_run_config",
            "parse_node_config", "setting", "markdown_table"]
 
-SCOPES = ("run", "node", "node-first", "both")
+SCOPES = ("run", "node", "node-first", "party", "both")
 #: dp-accountant values (flower_vfl.privacy.accounting.METHODS; rdp/prv need the opacus extra)
 ACCOUNTANTS = ("exact", "pld", "rdp", "prv", "paper")
 
@@ -124,21 +129,21 @@ SCHEMA: dict[str, Key] = dict([
     # --- a party's privacy: its own node config wins
     _k("dp", bool, False, "node-first", "this party releases under differential privacy"),
     _k("dp-parties", str, "", "node-first", "which parties are private, e.g. '1' or '0,2' (empty: all)"),
-    _k("dp-epsilon", float, 1.0, "node-first", "the party's total ε", lo=0.0, hi=100.0, lo_open=True),
-    _k("dp-delta", float, 1e-5, "node-first", "the party's total δ", lo=0.0, hi=0.1, lo_open=True),
-    _k("dp-train-rounds", int, 0, "node-first", "released training rounds after the warm start", lo=0,
+    _k("dp-epsilon", float, 1.0, "party", "the party's total ε", lo=0.0, hi=100.0, lo_open=True),
+    _k("dp-delta", float, 1e-5, "party", "the party's total δ", lo=0.0, hi=0.1, lo_open=True),
+    _k("dp-train-rounds", int, 0, "party", "released training rounds after the warm start", lo=0,
        hi=10_000),
-    _k("dp-eval-rounds", int, 1, "node-first", "evaluation releases budgeted", lo=0, hi=1000),
-    _k("dp-lam", float, 0.0, "node-first", "the private party's own λ (0: lam); on a9a 3e-3 to 1e-2 is what validation picks", lo=0.0),
-    _k("dp-b1", float, 2.0, "node-first", "ball radius of x_m", lo=0.0, lo_open=True),
-    _k("dp-clip", float, 10.0, "node-first", "clip of the x-update target and of released values",
+    _k("dp-eval-rounds", int, 1, "party", "evaluation releases budgeted", lo=0, hi=1000),
+    _k("dp-lam", float, 0.0, "party", "the private party's own λ (0: lam); on a9a 3e-3 to 1e-2 is what validation picks", lo=0.0),
+    _k("dp-b1", float, 2.0, "party", "ball radius of x_m", lo=0.0, lo_open=True),
+    _k("dp-clip", float, 10.0, "party", "clip of the x-update target and of released values",
        lo=0.0, lo_open=True),
-    _k("dp-calibration", str, "strict", "node-first", "'strict' (sample-level) or 'paper' (Lemma 1)",
+    _k("dp-calibration", str, "strict", "party", "'strict' (sample-level) or 'paper' (Lemma 1)",
        choices=("strict", "paper")),
-    _k("dp-noise", str, "output", "node-first", "'output' (Gaussian mechanism) or 'paper' (eq. 16)",
+    _k("dp-noise", str, "output", "party", "'output' (Gaussian mechanism) or 'paper' (eq. 16)",
        choices=("output", "paper")),
-    _k("dp-accountant", str, "exact", "node-first", "accountant of the party's ledger (rdp, prv need the opacus extra)", choices=ACCOUNTANTS),
-    _k("dp-seed", int, -1, "node-first", "noise seed (-1: fresh OS entropy; set it only to reproduce a run)", lo=-1, hi=2**63 - 1),
+    _k("dp-accountant", str, "exact", "party", "accountant of the party's ledger (rdp, prv need the opacus extra)", choices=ACCOUNTANTS),
+    _k("dp-seed", int, -1, "party", "noise seed (-1: fresh OS entropy; set it only to reproduce a run)", lo=-1, hi=2**63 - 1),
     # --- a SuperNode's identity and guards
     _k("partition-id", int, None, "node", "the party this SuperNode serves (required)", lo=0),
     _k("num-partitions", int, None, "node", "set by Flower's simulation engine; informational", lo=1),
@@ -281,7 +286,7 @@ def setting(key: str, run_config=None, node_config=None):
             raise ConfigError(f"node config key {key!r}={node_config[key]!r} is refused: only the run config "
                               f"may set {key!r} ({spec.help}); remove it from --node-config")
         return check_value(key, node_config[key], "node config")
-    if key in run_config and spec.scope != "node":
+    if key in run_config and spec.scope not in ("node", "party"):
         return check_value(key, run_config[key], "run config")
     return spec.default
 
