@@ -21,35 +21,62 @@ def _read(path):
         return list(csv.DictReader(f))
 
 
+def _setting(out):
+    """'Fashion-MNIST IID, 10 agents' from the run's report.json (args of horizontal_fmnist.py)."""
+    import json
+    try:
+        a = json.loads((Path(out) / "report.json").read_text())["args"]
+    except (OSError, KeyError, ValueError):
+        return "Fashion-MNIST"
+    split = "IID" if a.get("split") == "iid" else f"Dirichlet α={a.get('alpha')}"
+    return f"Fashion-MNIST {split}, {a.get('agents')} agents"
+
+
 def plot_fig2a(out):
-    """Test error at T vs eps_bar (log axis), 20/80-percentile bars; non-private as lines."""
+    """Test error at T vs the per-iteration eps_bar (left, the paper's axis) and vs the run's total
+    epsilon over T iterations (right, PLD at delta=1e-5, with the DP-SGD anchors at their own
+    accountant's epsilon); mean with 20/80-percentile bars, non-private and FedAvg as lines."""
     out = Path(out)
     rows = _read(out / "final.csv")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for v in dict.fromkeys(r["variant"] for r in rows):
-        pr = sorted((float(r["eps_bar"]), r) for r in rows if r["variant"] == v and r["eps_bar"] != "inf")
-        if pr:
-            e = np.array([x for x, _ in pr])
-            m = np.array([float(r["test_error_mean"]) for _, r in pr]) * 100
-            lo = m - np.array([float(r["test_error_p20"]) for _, r in pr]) * 100
-            hi = np.array([float(r["test_error_p80"]) for _, r in pr]) * 100 - m
-            ax.errorbar(e, m, yerr=[lo, hi], marker="o", capsize=3, color=COLORS.get(v), label=LABELS.get(v, v))
-        for r in rows:
-            if r["variant"] == v and r["eps_bar"] == "inf":
-                ax.axhline(float(r["test_error_mean"]) * 100, ls=":", color=COLORS.get(v),
-                           label=f"{LABELS.get(v, v)}, non-private")
-    if (out / "anchors.csv").exists():
-        for r in _read(out / "anchors.csv"):
+    anchors = _read(out / "anchors.csv") if (out / "anchors.csv").exists() else []
+    fig, axes = plt.subplots(1, 2, figsize=(12, 6.2), sharey=True)
+    for k, ax in enumerate(axes):
+        xkey = "eps_bar" if k == 0 else "epsilon_total_pld_max"
+        for v in dict.fromkeys(r["variant"] for r in rows):
+            pr = sorted((float(r[xkey]), r) for r in rows if r["variant"] == v and r["eps_bar"] != "inf")
+            if pr:
+                e = np.array([x for x, _ in pr])
+                m = np.array([float(r["test_error_mean"]) for _, r in pr]) * 100
+                lo = m - np.array([float(r["test_error_p20"]) for _, r in pr]) * 100
+                hi = np.array([float(r["test_error_p80"]) for _, r in pr]) * 100 - m
+                ax.errorbar(e, m, yerr=[lo, hi], marker="o", ms=4, capsize=3, color=COLORS.get(v),
+                            label=LABELS.get(v, v))
+            for r in rows:
+                if r["variant"] == v and r["eps_bar"] == "inf":
+                    ax.axhline(float(r["test_error_mean"]) * 100, ls=":", color=COLORS.get(v),
+                               label=f"{LABELS.get(v, v)}, non-private")
+        for r in anchors:
             if r["anchor"] == "fedavg":
-                ax.axhline(float(r["test_error"]) * 100, ls="--", color="k", label="FedAvg (non-private)")
+                ax.axhline(float(r["test_error"]) * 100, ls="--", color="k",
+                           label=f"FedAvg, non-private ({r['rounds']} rounds)")
+        if k == 1:
+            dp = sorted((float(r["epsilon_spent_max"]), float(r["test_error"]) * 100) for r in anchors
+                        if r["anchor"] == "dpsgd-opacus")
+            if dp:
+                ax.plot([x for x, _ in dp], [y for _, y in dp], "k*-", ms=9,
+                        label="opacus DP-SGD (FedAvg), its RDP ε")
+        ax.set_xscale("log")
+        ax.grid(alpha=0.3, which="both")
     T = rows[0]["T"]
-    ax.set_xscale("log")
-    ax.set_xlabel("ε̄ (per-iteration guarantee of the paper; NOT the run's total)")
-    ax.set_ylabel(f"test error at T={T} (%)")
-    ax.set_title("Fashion-MNIST, 10 agents: test error vs per-iteration ε̄ (Fig. 2a analogue)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    axes[0].set_xlabel("ε̄ per iteration (the paper's axis; NOT the run's privacy)")
+    axes[1].set_xlabel(f"total ε of the run: T={T} releases composed (PLD, δ=1e-5); DP-SGD: its accountant")
+    axes[0].set_ylabel(f"test error at T={T} (%)")
+    axes[0].set_title("vs per-iteration ε̄ (Fig. 2a analogue)", fontsize=10)
+    axes[1].set_title("vs total ε over the run", fontsize=10)
+    h, lab = axes[1].get_legend_handles_labels()
+    fig.legend(h, lab, fontsize=8, loc="lower center", ncol=3, frameon=False)
+    fig.suptitle(f"{_setting(out)}: test error, mean and 20/80-percentile bars over noise seeds", fontsize=11)
+    fig.tight_layout(rect=(0, 0.17, 1, 1))
     fig.savefig(out / "fig2a.png", dpi=130)
     plt.close(fig)
 
@@ -61,7 +88,7 @@ def plot_fig1(out, eps_list=(0.05, 0.1, 1.0)):
     eps_list = [e for e in eps_list if any(r["eps_bar"] != "inf" and float(r["eps_bar"]) == e for r in rows)]
     if not eps_list:
         return
-    fig, axes = plt.subplots(2, len(eps_list), figsize=(4.2 * len(eps_list), 6.5), squeeze=False)
+    fig, axes = plt.subplots(2, len(eps_list), figsize=(4.6 * len(eps_list), 7.5), squeeze=False)
     for j, e in enumerate(eps_list):
         for v in dict.fromkeys(r["variant"] for r in rows):
             sel = [r for r in rows if r["variant"] == v and r["eps_bar"] != "inf" and float(r["eps_bar"]) == e]
@@ -85,16 +112,48 @@ def plot_fig1(out, eps_list=(0.05, 0.1, 1.0)):
         axes[1, j].set_ylabel("test error (%)")
         axes[1, j].set_xlabel("iteration t")
         axes[1, j].set_ylim(0, 100)
+        if max(int(r["t"]) for r in rows) >= 1000:
+            for i in range(2):
+                axes[i, j].set_xscale("log")
+        axes[0, j].set_yscale("log")
         for i in range(2):
             axes[i, j].grid(alpha=0.3)
-    axes[1, 0].legend(fontsize=7)
-    fig.suptitle("Fashion-MNIST IID, 10 agents: mean and 20/80-percentile band over noise seeds (Fig. 1 analogue)",
+    h, lab = axes[1, 0].get_legend_handles_labels()
+    fig.legend(h, lab, fontsize=8, loc="lower center", ncol=4, frameon=False)
+    fig.suptitle(f"{_setting(out)}: mean and 20/80-percentile band over noise seeds (Fig. 1 analogue)",
                  fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     fig.savefig(out / "fig1.png", dpi=130)
     plt.close(fig)
 
 
+
+
+def plot_settle(out, optimum=None):
+    """Test error vs iteration (log axis) of every run in curves.csv, one line per setting
+    (mean over seeds): where the curves settle."""
+    out = Path(out)
+    rows = _read(out / "curves.csv")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = {"inf": "-", "5.0": "--", "1.0": "-.", "0.1": (0, (1, 1)), "0.05": ":"}
+    for key in dict.fromkeys((r["variant"], r["eps_bar"]) for r in rows):
+        sel = [r for r in rows if (r["variant"], r["eps_bar"]) == key]
+        ts = sorted({int(r["t"]) for r in sel})
+        m = [np.mean([float(r["test_error"]) for r in sel if int(r["t"]) == t]) * 100 for t in ts]
+        lab = f"{LABELS.get(key[0], key[0])}, " + ("non-private" if key[1] == "inf" else f"ε̄={key[1]}")
+        ax.plot(ts, m, ls=styles.get(key[1], "-"), color=COLORS.get(key[0]), label=lab)
+    if optimum is not None:
+        ax.axhline(optimum, color="k", lw=0.8, label=f"centralized optimum ({optimum:.2f} %)")
+    ax.set_xscale("log")
+    ax.set_xlabel("iteration t")
+    ax.set_ylabel("test error (%)")
+    ax.set_ylim(10, 90)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title(f"{_setting(out)}: where the error curves settle (one noise seed)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "settle.png", dpi=130)
+    plt.close(fig)
 
 
 def merge(dirs, out):
@@ -126,7 +185,7 @@ def markdown(out):
         tot = r.get("epsilon_total_pld_max") or "—"
         lines.append(f"| {LABELS.get(r['variant'], r['variant'])} | {r['eps_bar']} | {r['seeds']} | "
                      f"{float(r['test_error_mean']) * 100:.2f} ({float(r['test_error_p20']) * 100:.2f}–"
-                     f"{float(r['test_error_p80']) * 100:.2f}) | {float(tot):.3g} | {r.get('epsilon_total_basic') or '—'} |"
+                     f"{float(r['test_error_p80']) * 100:.2f}) | {float(tot):.3g} | {float(r['epsilon_total_basic']):.4g} |"
                      if tot != "—" else
                      f"| {LABELS.get(r['variant'], r['variant'])} | non-private | {r['seeds']} | "
                      f"{float(r['test_error_mean']) * 100:.2f} | — | — |")
@@ -136,6 +195,9 @@ def markdown(out):
 if __name__ == "__main__":
     import sys
     # python simulations/horizontal_plots.py OUT [RUN_DIR ...]: merge the runs into OUT, draw, print the table
+    if len(sys.argv) > 2 and sys.argv[1] == "--settle":
+        plot_settle(sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else None)
+        sys.exit()
     if len(sys.argv) > 2:
         merge(sys.argv[2:], sys.argv[1])
     else:

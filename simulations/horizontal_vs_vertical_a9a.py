@@ -195,8 +195,26 @@ def markdown(out):
     return "\n".join(lines)
 
 
+def probe(T=1000):
+    """Single fits on all training rows at a longer T than the selection grid (why rows of the
+    comparison sit at the majority class): name, agents, total epsilon (None: non-private), rho set."""
+    X, y, Xt, yt = a9a_dense()
+    for name, P, total, rs in [("objp", 10, None, "mnist"), ("objp", 10, None, "femnist"),
+                               ("objt-code", 10, None, "mnist"), ("objt-code", 2, 8, "mnist"),
+                               ("outp", 10, 1, "mnist")]:
+        t0 = time.perf_counter()
+        W, eb, spent = fit(X, y, P, name, total, T, agent_seeds(1, 1 if total is None else 3, P), 1e-5,
+                           "replace", rs)
+        acc, ll = scores(W, Xt, yt)
+        print(f"{name} agents={P} total_eps={total} T={T} rho={rs}: eps_bar={eb} spent(PLD)={spent} "
+              f"test acc {np.round(acc, 4)} log-loss {np.round(ll, 4)} ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+    if len(sys.argv) == 2 and sys.argv[1] == "--probe":
+        probe()
+    elif len(sys.argv) == 3 and sys.argv[1] == "--table":
         print(markdown(sys.argv[2]))
     else:
         main()

@@ -209,3 +209,41 @@ def test_eps_bar_for_total_inverts_the_accountant(variant, total, T):
     got = account([ledger_entry(t, variant, eb, 1e-6, scale, 1.0) for t in range(T)], 1e-5)
     assert got["epsilon_pld"] == pytest.approx(total, rel=2e-3)
     assert total / T < eb < total if variant != "outp" else eb > 0
+
+
+def test_many_settings_at_once_equal_separate_runs(problem):
+    """run_dpiadmm_many shares the agents' GEMMs between settings; each result must be the
+    run of that setting alone (unequal agent sizes, private and non-private, all variants)."""
+    from flower_vfl.horizontal.engine import run_dpiadmm_many
+    X, y, *_ = problem
+    parts = ([X[:40], X[40:170], X[170:]], [y[:40], y[40:170], y[170:]])
+    ps = [DPIADMMParams(variant="objt", eps_bar=0.5, beta=BETA), DPIADMMParams(variant="outp", eps_bar=2.0, beta=BETA),
+          DPIADMMParams(variant="objp", beta=BETA), DPIADMMParams(variant="objt", trust="constant", eps_bar=3.0, beta=BETA)]
+    seeds = [agent_seeds(5, 2, P), agent_seeds(6, 3, P), agent_seeds(7, 1, P), agent_seeds(8, 2, P)]
+    many = run_dpiadmm_many(*parts, ps, 12, seeds, K=K)
+    for p, s, m in zip(ps, seeds, many):
+        one = run_dpiadmm(*parts, p, 12, s, K=K)
+        assert np.abs(m.W - one.W).max() < 1e-12 and np.abs(m.Lam - one.Lam).max() < 1e-12
+        assert m.ledgers == one.ledgers
+
+
+def test_objt_dual_is_the_noisy_gradient(problem):
+    """Where neither W nor the radius binds, ObjT's z_p = w + (lam_p - xi_p - g_p)/rho, so (4c)
+    gives lam_p^{t+1} = f_p'(z_p^t) + xi_p^t exactly: the dual carries this iteration's noise
+    un-averaged, and w moves by -(1/rho) mean_p(2 lam^{t+1} - lam^t), a gradient step of size
+    1/(P rho_t) on F (docs/reproduction-horizontal.md, 'Why')."""
+    from flower_vfl.horizontal.privacy import standard_draw
+    X, y, *_ = problem
+    parts = ([X[i * N:(i + 1) * N] for i in range(P)], [y[i * N:(i + 1) * N] for i in range(P)])
+    p = DPIADMMParams(variant="objt", trust="constant", a=50.0, box=50.0, eps_bar=1.0, beta=BETA)
+    seeds = agent_seeds(3, 1, P)
+    r1, r2 = (run_dpiadmm(*parts, p, T, seeds, K=K) for T in (1, 2))
+    Xs = np.stack(parts[0])
+    Ys = one_hot(np.stack(parts[1]), K)
+    G = local_gradient(r1.Z[0], Xs, Ys, P * N, BETA, P)
+    xi = np.stack([r2.ledgers[0][q][1]["scale"] * standard_draw(seeds[0, q], 2, (J, K), "objt") for q in range(P)])
+    assert np.abs(r2.Lam[0] - (G + xi)).max() < 1e-12
+    rho = rho_schedule(2, p)
+    r3 = run_dpiadmm(*parts, p, 3, seeds, K=K)
+    step = -(2 * r2.Lam[0] - r1.Lam[0]).mean(axis=0) / rho
+    assert np.abs(r3.W[0] - r2.W[0] - step).max() < 1e-12

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .admm import DPIADMMParams, agent_update, dual_step, outp_constants, rho_schedule, server_step
-from .model import error_rate, local_gradient, one_hot, per_sample_l1
+from .model import error_rate, local_gradient_blocks, one_hot
 from .privacy import account, ledger_entry, standard_draw
 
-__all__ = ["pad_agents", "agent_seeds", "DPIADMMResult", "run_dpiadmm"]
+__all__ = ["pad_agents", "agent_seeds", "DPIADMMResult", "run_dpiadmm", "run_dpiadmm_many"]
 
 
 def pad_agents(X_parts, y_parts, K: int):
@@ -84,46 +84,102 @@ def run_dpiadmm(X_parts, y_parts, params: DPIADMMParams, T: int, seeds, K: int |
     X_test, y_test : optional
         Held-out data; test error of w^{t+1} every ``eval_every`` iterations and at T.
     """
-    params.validate()
+    return run_dpiadmm_many(X_parts, y_parts, [params], T, [seeds], K, X_test, y_test, eval_every,
+                            progress, keep_ledger, dtype, stream)[0]
+
+
+def run_dpiadmm_many(X_parts, y_parts, params_list, T: int, seeds_list, K: int | None = None,
+                     X_test=None, y_test=None, eval_every: int = 10, progress: bool = False,
+                     keep_ledger: bool = True, dtype=np.float64, stream: int = 0) -> list[DPIADMMResult]:
+    """Several settings (variant, eps_bar, ...) on the same agents at once: one result per
+    ``params_list[i]`` with seeds ``seeds_list[i]`` (S_i, P), identical to running each alone.
+
+    The settings share each agent's two GEMMs per iteration (all their seeds folded into the
+    columns, :func:`~.model.local_gradient_blocks`); every other step runs per setting. Agents
+    of unequal sizes are not padded.
+    """
+    if len(params_list) != len(seeds_list) or not params_list:
+        raise ValueError(f"params_list/seeds_list: {len(params_list)} vs {len(seeds_list)} settings; "
+                         "give one seed array per setting")
+    for p in params_list:
+        p.validate()
     if int(T) < 1:
         raise ValueError(f"T={T!r}; run at least one iteration")
+    n_p = np.array([len(y) for y in y_parts])
+    if len(X_parts) != len(y_parts) or (n_p == 0).any():
+        raise ValueError(f"X_parts/y_parts: {len(X_parts)} vs {len(y_parts)} agents, sizes {n_p.tolist()}; "
+                         "every agent needs at least one sample")
     K = int(K or max(int(np.max(y)) for y in y_parts) + 1)
-    X, Y, n_p = pad_agents(X_parts, y_parts, K)
-    X, Y = X.astype(dtype, copy=False), Y.astype(dtype, copy=False)
-    seeds = np.asarray(seeds, dtype=object).reshape(-1, len(n_p))
-    S, P, J, I = seeds.shape[0], len(n_p), X.shape[2], int(n_p.sum())
-    Z = np.zeros((S, P, J, K), dtype=dtype)
+    Xs = [np.ascontiguousarray(x, dtype=dtype) for x in X_parts]
+    Ys = [one_hot(np.asarray(y), K).astype(dtype) for y in y_parts]
+    x_l1 = [np.abs(x).sum(axis=1) for x in Xs]                 # ||x_i||_1, constant over the run
+    P, J, I = len(n_p), Xs[0].shape[1], int(n_p.sum())
+    seeds_list = [np.asarray(s, dtype=object).reshape(-1, P) for s in seeds_list]
+    sizes = [len(s) for s in seeds_list]
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    Z = np.zeros((bounds[-1], P, J, K), dtype=dtype)           # all settings' seeds stacked
     Lam = np.zeros_like(Z)
-    c1, c3 = outp_constants(n_p, I, J, params)
-    res = DPIADMMResult(params, None, Z, Lam, ledgers=[[[] for _ in range(P)] for _ in range(S)])
+    Wall = np.zeros((bounds[-1], J, K), dtype=dtype)
+    any_private = any(p.private for p in params_list)
+    consts = [outp_constants(n_p, I, J, p) for p in params_list]
+    results = [DPIADMMResult(p, None, None, None, ledgers=[[[] for _ in range(P)] for _ in range(S)])
+               for p, S in zip(params_list, sizes)]
+    Xt = None if X_test is None else np.asarray(X_test, dtype=dtype)
     it = range(1, int(T) + 1)
     if progress:
         from tqdm.auto import tqdm
-        it = tqdm(it, desc=f"{params.variant} eps={params.eps_bar}", leave=False)
+        it = tqdm(it, desc=", ".join(f"{p.variant} eps={p.eps_bar}" for p in params_list)[:60], leave=False)
     for t in it:
-        rho = rho_schedule(t, params)
-        W = server_step(Z, Lam, rho)                                        # (4a)
-        G, R = local_gradient(Z, X, Y, I, params.beta, P, return_residual=True)
-        l1 = per_sample_l1(X, R, I) if params.private else None
-        draw = None
-        if params.private:
-            draw = np.stack([np.stack([standard_draw(seeds[s, p], t, (J, K), params.variant, stream)
-                                       for p in range(P)]) for s in range(S)]).astype(dtype, copy=False)
-        Z, info = agent_update(Z, Lam, W[:, None], G, l1, draw, rho, t, params, I, c1, c3)
-        Lam = dual_step(Lam, W, Z, rho)                                      # (4c)
-        if params.private and keep_ledger:
-            sc, se = np.broadcast_to(info["scale"], (S, P)), np.broadcast_to(info["sensitivity"], (S, P))
-            for s in range(S):
-                for p in range(P):
-                    res.ledgers[s][p].append(ledger_entry(t, params.variant, params.eps_bar,
-                                                          params.delta_bar, sc[s, p], se[s, p]))
-        if X_test is not None and (t % eval_every == 0 or t == T or t == 1):
-            err = error_rate(W, np.asarray(X_test, dtype=dtype), y_test)
-            cv = np.abs(W[:, None] - Z).sum(axis=(1, 2, 3))                 # App. A.10
-            nm = info.get("noise_abs_mean")
-            for s in range(S):
-                res.history.append({"t": t, "seed": s, "test_error": float(err[s]), "rho": rho,
-                                    "consensus_violation": float(cv[s]),
-                                    "noise_abs_mean": float(np.mean(nm[s])) if nm is not None else 0.0})
-    res.W, res.Z, res.Lam = W, Z, Lam          # w^{T+1} of the last iteration (paper indexing)
-    return res
+        rhos = [rho_schedule(t, p) for p in params_list]
+        for i, rho in enumerate(rhos):                                       # (4a)
+            sl = slice(bounds[i], bounds[i + 1])
+            Wall[sl] = server_step(Z[sl], Lam[sl], rho)
+        if len({p.beta for p in params_list}) == 1:                          # agents' gradients
+            G, l1max = local_gradient_blocks(Z, Xs, Ys, I, params_list[0].beta, x_l1 if any_private else None)
+        else:
+            G, l1max = _gradient_per_beta(Z, Xs, Ys, I, params_list, bounds, x_l1, any_private)
+        evaluate = Xt is not None and (t % eval_every == 0 or t == T or t == 1)
+        for i, (params, rho, res) in enumerate(zip(params_list, rhos, results)):
+            sl = slice(bounds[i], bounds[i + 1])
+            seeds, S = seeds_list[i], sizes[i]
+            W = Wall[sl]
+            draw = None
+            l1 = None
+            if params.private:
+                draw = np.stack([np.stack([standard_draw(seeds[s, p], t, (J, K), params.variant, stream)
+                                           for p in range(P)]) for s in range(S)]).astype(dtype, copy=False)
+                l1 = l1max[sl][..., None]                                     # max already taken
+            Zi, info = agent_update(Z[sl], Lam[sl], W[:, None], G[sl], l1, draw, rho, t, params, I, *consts[i])
+            Lam[sl] = dual_step(Lam[sl], W, Zi, rho)                           # (4c)
+            Z[sl] = Zi
+            if params.private and keep_ledger:
+                sc = np.broadcast_to(info["scale"], (S, P))
+                se = np.broadcast_to(info["sensitivity"], (S, P))
+                for s in range(S):
+                    for p in range(P):
+                        res.ledgers[s][p].append(ledger_entry(t, params.variant, params.eps_bar,
+                                                              params.delta_bar, sc[s, p], se[s, p]))
+            if evaluate:
+                err = error_rate(W, Xt, y_test)
+                cv = np.abs(W[:, None] - Zi).sum(axis=(1, 2, 3))                # App. A.10
+                nm = info.get("noise_abs_mean")
+                for s in range(S):
+                    res.history.append({"t": t, "seed": s, "test_error": float(err[s]), "rho": rho,
+                                        "consensus_violation": float(cv[s]),
+                                        "noise_abs_mean": float(np.mean(nm[s])) if nm is not None else 0.0})
+    for i, res in enumerate(results):        # w^{T+1} of the last iteration (paper indexing)
+        sl = slice(bounds[i], bounds[i + 1])
+        res.W, res.Z, res.Lam = Wall[sl].copy(), Z[sl].copy(), Lam[sl].copy()
+    return results
+
+
+def _gradient_per_beta(Z, Xs, Ys, I, params_list, bounds, x_l1, any_private):
+    """Settings with different beta: one gradient call per setting."""
+    G = np.empty_like(Z)
+    l1 = np.empty(Z.shape[:2], dtype=Z.dtype)
+    for i, p in enumerate(params_list):
+        sl = slice(bounds[i], bounds[i + 1])
+        G[sl], li = local_gradient_blocks(Z[sl], Xs, Ys, I, p.beta, x_l1 if any_private else None)
+        if li is not None:
+            l1[sl] = li
+    return G, l1

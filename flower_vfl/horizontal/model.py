@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["one_hot", "softmax", "xz", "local_gradient", "objective", "per_sample_l1",
-           "predict", "error_rate"]
+__all__ = ["one_hot", "softmax", "xz", "local_gradient", "local_gradient_blocks", "objective",
+           "per_sample_l1", "predict", "error_rate"]
 
 
 def one_hot(y, K: int) -> np.ndarray:
@@ -73,6 +73,33 @@ def local_gradient(Z, X, Y, I: int, beta: float, P: int, return_residual: bool =
         R = np.where(pad, 0.0, R)
     G = xt_r(X, R) / I + (2.0 * beta / P) * Z
     return (G, R) if return_residual else G
+
+
+def local_gradient_blocks(Z, X_parts, Y_parts, I: int, beta: float, x_l1=None):
+    """:func:`local_gradient` for agents of unequal sizes, without padding (the engine's path).
+
+    Z: (S, P, J, K); X_parts[p]: (I_p, J); Y_parts[p]: one-hot (I_p, K). Every agent does one
+    (I_p x J)(J x S*K) product for its logits and one for its gradient (seeds folded into the
+    columns). With ``x_l1`` (the agents' per-sample ||x_i||_1, constant over the run) also
+    returns eq. (20)'s max_i ||x_i||_1 ||h_i - y_i||_1 / I per seed and agent, shape (S, P).
+    Returns G (S, P, J, K) and the sensitivities (or None).
+    """
+    S, P, J, K = Z.shape
+    G = np.empty_like(Z)
+    l1max = np.empty((S, P), dtype=Z.dtype) if x_l1 is not None else None
+    for p in range(P):
+        Xp, Yp = X_parts[p], Y_parts[p]
+        Zc = Z[:, p].transpose(1, 0, 2).reshape(J, S * K)
+        R = np.matmul(Xp, Zc).reshape(-1, S, K)                 # logits, then h, then h - y in place
+        R -= R.max(axis=-1, keepdims=True)
+        np.exp(R, out=R)
+        R /= R.sum(axis=-1, keepdims=True)
+        R -= Yp[:, None, :]
+        Gp = np.matmul(Xp.T, R.reshape(-1, S * K)).reshape(J, S, K).transpose(1, 0, 2)
+        G[:, p] = Gp / I + (2.0 * beta / P) * Z[:, p]
+        if x_l1 is not None:
+            l1max[:, p] = (x_l1[p][:, None] * np.abs(R).sum(axis=-1)).max(axis=0) / I
+    return G, l1max
 
 
 def per_sample_l1(X, R, I: int) -> np.ndarray:

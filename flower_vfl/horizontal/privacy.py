@@ -17,6 +17,7 @@ alongside). OutP's iterations are Gaussian mechanisms (Huang et al.), composed t
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from collections import Counter
@@ -58,15 +59,23 @@ def ledger_entry(t: int, variant: str, eps_bar: float, delta_bar: float, scale: 
 
 
 def _events(entries):
-    import dp_accounting
     # group identical noise multipliers (scale / sensitivity); round to 12 digits to merge
     mult = Counter((e["mechanism"], round(e["scale"] / e["sensitivity"], 12)) for e in entries
                    if e["sensitivity"] > 0)
-    events = []
-    for (mech, z), n in mult.items():
+    return tuple(sorted(mult.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _pld_epsilon(events, delta: float) -> float:
+    """PLD epsilon of the composition ``events`` ((mechanism, multiplier), count) at delta
+    (cached: every agent of a run usually has the same ledger signature)."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+    acc = PLDAccountant(value_discretization_interval=1e-3)
+    for (mech, z), n in events:
         ev = dp_accounting.LaplaceDpEvent(z) if mech == "laplace" else dp_accounting.GaussianDpEvent(z)
-        events.append(dp_accounting.SelfComposedDpEvent(ev, n))
-    return events
+        acc.compose(dp_accounting.SelfComposedDpEvent(ev, n))
+    return float(acc.get_epsilon(delta))
 
 
 def account(entries, delta: float = 1e-5) -> dict:
@@ -77,7 +86,6 @@ def account(entries, delta: float = 1e-5) -> dict:
     sum of delta_bar for OutP). Iterations with a zero sensitivity (an agent whose
     residuals vanished) release nothing data-dependent and cost nothing.
     """
-    from dp_accounting.pld import PLDAccountant
     if not 0 < delta < 1:
         raise ValueError(f"delta={delta!r}; must lie in (0, 1)")
     entries = list(entries)
@@ -87,10 +95,7 @@ def account(entries, delta: float = 1e-5) -> dict:
     out["eps_bar"] = float(entries[-1]["eps_bar"])
     out["epsilon_basic"] = float(sum(e["eps_bar"] for e in entries))
     out["delta_basic"] = float(sum(e["delta_bar"] for e in entries))
-    acc = PLDAccountant(value_discretization_interval=1e-3)
-    for ev in _events(entries):
-        acc.compose(ev)
-    eps = acc.get_epsilon(delta)
+    eps = _pld_epsilon(_events(entries), float(delta))
     out["epsilon_pld"] = float(eps) if math.isfinite(eps) else math.inf
     return out
 
