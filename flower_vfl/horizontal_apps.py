@@ -25,6 +25,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from .clients.dpiadmm import DPIADMMClient, agent_privacy_from_node_config
+from .errors import install_log_filter, reply_user_errors
 from .strategies.dpiadmm import DPIADMMStrategy
 
 __all__ = ["server", "client", "make_agent", "make_server_strategy"]
@@ -35,6 +36,7 @@ DEFAULTS = {"hz-variant": "objt", "hz-iterations": 100, "hz-num-agents": 10, "hz
 
 server = ServerApp()
 client = ClientApp()
+install_log_filter()     # our user-facing errors: one line, no traceback (flower_vfl.errors)
 
 
 def _get(key, run_config):
@@ -57,14 +59,18 @@ def make_agent(context: Context) -> DPIADMMClient:
     return DPIADMMClient(pid, Xp, yp, 10, privacy, store=store)
 
 
-@client.query("identify")
 def identify(msg: Message, context: Context) -> Message:
     return make_agent(context).identify(msg, context)
 
 
-@client.train()
 def train(msg: Message, context: Context) -> Message:
     return make_agent(context).train(msg, context)
+
+
+# registered through reply_user_errors (flower_vfl.errors): a refusal or a data error is one line
+# on the agent's node and an error reply naming it; called directly, the handlers raise
+client.query("identify")(reply_user_errors(identify))
+client.train()(reply_user_errors(train))
 
 
 def make_server_strategy(run_config) -> DPIADMMStrategy:

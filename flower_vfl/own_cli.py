@@ -32,7 +32,11 @@ def add_own_args(p, predict: bool = False):
 
 def _has_features(path, id_column, label_column) -> bool:
     """Whether the label owner's file holds columns besides the ID and the label."""
-    from .io import source_from_config
+    from pathlib import Path
+
+    from .io import DataError, source_from_config
+    if not Path(path).is_file():
+        raise DataError(f"the label owner's file {path} does not exist; fix --labels")
     fmt = source_from_config({"data-path": path}).resolved_format()
     if fmt == "libsvm":
         return True

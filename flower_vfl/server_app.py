@@ -10,6 +10,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from .config import run_setting
+from .errors import install_log_filter
 from .schema import parse_run_config
 from .data import labels
 from .report import write_report
@@ -17,6 +18,7 @@ from .strategies import own_data
 from .strategies.vertical_admm import VerticalADMMStrategy
 
 app = ServerApp()
+install_log_filter()     # our user-facing errors: one line, no traceback; the run still fails (flower_vfl.errors)
 
 
 def make_strategy(run_config, y=None, y_test=None) -> VerticalADMMStrategy:
@@ -39,7 +41,8 @@ def make_strategy(run_config, y=None, y_test=None) -> VerticalADMMStrategy:
                                 state_dir=state or (str(Path(out) / "state") if out else None),
                                 resume=get("resume") or None, party_keys=get("party-keys") or None,
                                 label_epsilon=float(get("label-epsilon")) or None,
-                                penalty=str(get("penalty")))   # acceleration is on only where the engine's is
+                                penalty=str(get("penalty")),   # acceleration is on only where the engine's is
+                                acceleration=str(get("acceleration")))
 
 
 def write_outputs(strategy: VerticalADMMStrategy, run_config, final: dict | None = None) -> None:

@@ -44,7 +44,10 @@ def _cli(args, env):
 def test_flower_simulation_own_data_train_and_predict(tmp_path):
     """`flower-vfl simulate --labels ... --party ...` then `flower-vfl predict` in Flower's
     simulation engine: the predictions file equals the engine on the aligned intersection
-    (1e-9); a party file with duplicated IDs makes the run fail with a non-zero exit status."""
+    (1e-9). Bad data fails the run (non-zero exit status) with one clear line naming the file
+    and no traceback anywhere in the output: a party file with duplicated IDs (the party's
+    error, answered as an error reply) and a party with no ID in common with the label owner
+    (the ServerApp's own error)."""
     if shutil.which("flwr") is None:
         pytest.skip("flwr CLI not on PATH")
     from test_flower import _own_local_superlink, _stop_local_superlink
@@ -68,10 +71,22 @@ def test_flower_simulation_own_data_train_and_predict(tmp_path):
         bad.write_text("\n".join(lines + lines[1:3]) + "\n")           # two IDs twice
         fail = _cli(["simulate", "--labels", str(train[0]), "--party", str(train[1]), "--party", str(bad),
                      *common], env)
+        other = tmp_path / "other_ids.csv"                                # no ID in common with the owner
+        other.write_text("\n".join([lines[0]] + [ln.replace('"u', '"x', 1) for ln in lines[1:]]) + "\n")
+        disjoint = _cli(["simulate", "--labels", str(train[0]), "--party", str(train[1]), "--party", str(other),
+                         *common], env)
     finally:
         _stop_local_superlink(home)
-    assert fail.returncode != 0
-    assert "2 duplicated ID(s) in column 'id'" in fail.stdout + fail.stderr
+    out = fail.stdout + fail.stderr
+    assert fail.returncode != 0, out[-3000:]
+    assert "Simulation raised an exception: PartyFailed: node " in out, out[-3000:]
+    assert f"failed the PSI answer step for split 'train': DataError: {bad}: 2 duplicated ID(s) in column 'id'" in out
+    assert "finished:failed" in out and "Traceback" not in out, out[-5000:]
+    out = disjoint.stdout + disjoint.stderr
+    assert disjoint.returncode != 0, out[-3000:]
+    assert ("Simulation raised an exception: AlignmentError: party 2 has no training ID in common with the "
+            "label owner's" in out), out[-3000:]
+    assert "Traceback" not in out, out[-5000:]
     nodes = node_configs(train, score, "csv", tmp_path)
     _, _, sorder, f_ref = reference(nodes, {"lam": 1e-3, "max-rounds": 15})
     with open(model_dir / "predictions.csv") as fh:
@@ -80,3 +95,30 @@ def test_flower_simulation_own_data_train_and_predict(tmp_path):
     assert np.max(np.abs(np.array([float(r["score"]) for r in rows]) - f_ref)) <= 1e-9
     for m in range(3):
         assert (model_dir / f"party-{m}.npz").is_file()
+
+
+@pytest.mark.slow
+def test_real_superlink_bad_data_is_one_line_and_a_failed_run(tmp_path):
+    """On a real SuperLink with one SuperNode per party (loopback): a party file with duplicated
+    IDs fails the run (exit status 1, finished:failed) with the party's one-line error in the
+    ServerApp's log and on the party's node, and no traceback in any log."""
+    if shutil.which("flower-superlink") is None:
+        pytest.skip("flower-superlink not on PATH")
+    from flower_vfl.deploy import deploy_local
+    X, y, Xt, _ = load_all("a9a")
+    train, _ = write_a9a_files(tmp_path, X[:600], y[:600], Xt[:100], "csv")
+    bad = tmp_path / "dup.csv"
+    lines = Path(train[2]).read_text().splitlines()
+    bad.write_text("\n".join(lines + lines[1:3]) + "\n")
+    ncs = {0: {"data-path": str(train[0]), "label-column": "label"}, 1: {"data-path": str(train[1])},
+           2: {"data-path": str(bad)}}
+    rc = {"num-parties": 3, "max-rounds": 3, "labels-path": str(train[0]), "label-column": "label",
+          "model-dir": str(tmp_path / "m"), "party-wait": 30.0}
+    res = deploy_local(tmp_path / "w", 3, rc, node_configs=ncs, tls=False, auth=False, timeout=600)
+    assert res["exit_code"] == 1 and res["record"]["status"] == "finished:failed"
+    why = f"DataError: {bad}: 2 duplicated ID(s) in column 'id'"
+    assert why in res["record"]["status-details"]
+    logs = {p.name: p.read_text(errors="replace") for p in Path(res["logs"]).glob("*.log")}
+    assert "ServerApp raised an exception: PartyFailed: node " in logs["run.log"] and why in logs["run.log"]
+    assert f"query.psi_answer failed (DataError): {bad}: 2 duplicated ID(s)" in logs["node2.log"]
+    assert not [name for name, text in logs.items() if "Traceback" in text]

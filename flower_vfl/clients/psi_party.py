@@ -24,6 +24,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from .. import model_io, psi
+from ..schema import ConfigError
+from ..scoring import party_scores
 from ..io import DataError, Preprocessor, align_rows, read_party, source_from_config
 
 __all__ = ["psi_answer", "psi_order", "save_model", "predict", "own_blocks", "party_source", "model_path",
@@ -160,12 +162,13 @@ def save_model(msg: Message, context: Context) -> Message:
     if private:
         x = party.x_released          # the only model block a private party ever shows
         if x is None:
-            raise RuntimeError(f"party {_party_id(context)} is private and has not released its model x̃ "
+            raise ConfigError(f"party {_party_id(context)} is private and has not released its model x̃ "
                                "(the release happens in the final evaluation): give the run held-out rows "
                                "(labels-test-path and each party's test-path)")
     else:
         if getattr(party, "rho_x", None) is None and not np.any(party.x):
-            raise RuntimeError(f"party {_party_id(context)} has no trained block to save (no training round ran)")
+            raise ConfigError(f"party {_party_id(context)} has no trained block to save (no training round ran): "
+                              "set max-rounds >= 1")
         x = party.x
     path = model_path(context)
     model_io.save_party_model(path, _party_id(context), x, pre.feature_names_, pre.to_dict(),
@@ -192,9 +195,7 @@ def predict(msg: Message, context: Context) -> Message:
                         f"{missing[:5]}; export the same columns as for training (or fix the key columns)")
     cols = [table.columns.index(c) for c in pre.columns_]        # the model's column order, by name
     D = pre.transform(table.X[idx][:, cols], {c: v[idx] for c, v in table.categorical.items()})
-    if meta.get("private"):            # x̃ was fitted on normalized rows (flower_vfl.privacy)
-        from ..privacy.party import normalize_rows
-        D = normalize_rows(D)
-    s = np.asarray(D @ m["x"], dtype=float)      # post-processing of the saved block: no new release
+    # the evaluate handler's code (flower_vfl.scoring); a private party's x̃ is post-processed, free
+    s = party_scores(D, m["x"], private=bool(meta.get("private")))
     return Message(RecordDict({"release": ArrayRecord({"s_score": Array(s)}),
                                "meta": ConfigRecord({"party": _party_id(context)})}), reply_to=msg)

@@ -24,6 +24,7 @@ from ..core.constraints import make_constraint
 from ..core.party import PartyUpdate
 from ..core.penalties import get_penalty
 from ..privacy.boundary import InvalidMessage, Refused, inputs_hash, parse_round
+from ..scoring import party_scores
 
 
 __all__ = ["VerticalPartyClient"]
@@ -68,11 +69,14 @@ class VerticalPartyClient:
         The party's own privacy settings and budget; None releases exact values.
     n_parties : int, default=2
         M (only used by the paper's Lemma 1 calibration).
+    x_solver : {'auto', 'gram', 'cg', 'dual', 'chol'}, default='auto'
+        The x-update method (:mod:`flower_vfl.core.xsolve`).
     """
 
     def __init__(self, party_id, D, D_test, penalty="l2", lam=1e-4, constraint=None, l1_ratio=0.5,
-                 privacy=None, n_parties=2, state_dir=None, max_answers=0):
+                 privacy=None, n_parties=2, state_dir=None, max_answers=0, x_solver="auto"):
         self.party_id = int(party_id)
+        self.x_solver = x_solver          # the x-update method (core/xsolve.py; run config x-solver)
         self.D, self.D_test = D, D_test
         self.penalty, self.lam, self.constraint, self.l1_ratio = penalty, lam, constraint, l1_ratio
         self.privacy = privacy
@@ -97,8 +101,9 @@ class VerticalPartyClient:
             party.restore()                # the iterate is in the store (a restarted node resumes)
             return party
         party = PartyUpdate(self.D, get_penalty(self.penalty, self.l1_ratio), self.lam,
-                            make_constraint(self.constraint), n_outputs=n_outputs)
-        key = (_fingerprint(self.D), str(self.penalty), float(self.l1_ratio), float(self.lam), repr(self.constraint))
+                            make_constraint(self.constraint), n_outputs=n_outputs, x_solver=self.x_solver)
+        key = (_fingerprint(self.D), str(self.penalty), float(self.l1_ratio), float(self.lam), repr(self.constraint),
+               str(self.x_solver))
         if key in _SOLVERS:
             party.solver = _SOLVERS[key]       # same block and parameters: reuse its factorization
             _SOLVERS.move_to_end(key)
@@ -200,8 +205,8 @@ class VerticalPartyClient:
             inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
                                  needs_vectors=final, n_outputs=n_out)
             self.party = self._build(context, n_out)
-            if self.privacy is None:
-                s_test = self.D_test @ self.party.x
+            if self.privacy is None:      # flower_vfl.scoring: the predict job's code on the held-out rows
+                s_test = party_scores(self.D_test, self.party.x)
             else:
                 if self.party.x_released is None:
                     if not final:
@@ -209,7 +214,7 @@ class VerticalPartyClient:
                                       "final update; evaluation before that is refused (no budget spent)")
                     self.party.final_update(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
                     self.party.release_model(inputs.round, inputs_hash(context.run_id, "eval", inputs))
-                s_test = self.party.eval_release(inputs.round)
+                s_test = party_scores(self.D_test, self.party.x_released, private=True)   # x~: free
         except Refused as exc:
             return self._refusal(msg, exc)
         return self._reply(msg, {"s_test": s_test}, inputs.round)

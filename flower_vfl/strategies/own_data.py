@@ -34,9 +34,12 @@ from flwr.serverapp import Grid
 
 from .. import model_io
 from ..core.losses import get_loss
-from ..io import read_party, source_from_config
-from ..core.sklearn_api import BINARY_LOSSES, decode_scores, encode_classes
+from ..io import DataError, read_party, source_from_config
+from ..core.sklearn_api import BINARY_LOSSES, encode_classes
+from ..schema import ConfigError
+from ..scoring import combine, decode
 from .psi_align import PSIAlignment
+from .replies import PartyFailed, check_release
 
 __all__ = ["OWN_DATA_DEFAULTS", "enabled", "owner_labels", "train", "predict", "owner_model_path"]
 
@@ -85,7 +88,7 @@ def train(grid: Grid, run_config, make_strategy, progress=None, timeout: float =
     if _get(run_config, "labels-test-path"):
         ids_te, y_te = owner_labels(run_config, "labels-test-path")
         al_te = _align(grid, ids_te, num_parties, "test", run_config, timeout)
-        t_test = _encode_like(y_te[al_te.order], classes, loss_name)
+        t_test = _encode_like(y_te[al_te.order], classes, loss_name, str(_get(run_config, "labels-test-path")))
     strategy = make_strategy(run_config, t[al.order], t_test)
     strategy.start(grid, progress=progress)
     # every party saves its own block on its own disk; only an acknowledgement comes back
@@ -94,7 +97,8 @@ def train(grid: Grid, run_config, make_strategy, progress=None, timeout: float =
             for nid in sorted(al.node_to_party)]
     for rep in grid.send_and_receive(msgs, timeout=timeout):
         if rep.has_error():
-            raise RuntimeError(f"a party failed to save its model: {rep.error.reason}")
+            raise PartyFailed(f"a party (node {rep.metadata.src_node_id}) failed to save its model: "
+                              f"{rep.error.reason}")
     path = model_io.save_owner_model(owner_model_path(run_config), np.asarray(strategy.central.b), loss_name,
                                      classes, {k: v for k, v in dict(run_config).items()}, strategy.history_,
                                      extra={"n_train": int(al.order.size), "parties": num_parties})
@@ -103,42 +107,45 @@ def train(grid: Grid, run_config, make_strategy, progress=None, timeout: float =
     return strategy
 
 
-def _encode_like(y, classes, loss_name):
+def _encode_like(y, classes, loss_name, path="the held-out file"):
     if classes is None or loss_name not in BINARY_LOSSES:
         return encode_classes(y, loss_name)[0]
     unknown = sorted(set(np.asarray(y).tolist()) - set(classes.tolist()))
     if unknown:
-        raise ValueError(f"held-out labels {unknown[:5]} are not among the training classes {classes.tolist()}")
+        raise DataError(f"{path}: held-out labels {unknown[:5]} are not among the training classes "
+                        f"{classes.tolist()}; give held-out rows labelled like the training rows")
     return np.where(np.asarray(y) == classes[1], 1.0, -1.0)
 
 
 def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
     """Score the rows named by ``score-ids-path``: PSI against each party's scoring file, each
-    party returns D_m x_m from its saved model, the label owner writes the predictions."""
+    party returns D_m x_m from its saved model, the label owner writes the predictions.
+
+    The same code as the evaluation rounds during training (:mod:`flower_vfl.scoring`): the
+    party's handler calls :func:`~flower_vfl.scoring.party_scores`, the label owner checks each
+    reply as a training-time release (:func:`~flower_vfl.strategies.replies.check_release`) and
+    calls :func:`~flower_vfl.scoring.combine` and :func:`~flower_vfl.scoring.decode`."""
     num_parties = int(run_config.get("num-parties", 2))
+    if not _get(run_config, "score-ids-path"):
+        raise ConfigError("mode=predict needs the run-config key score-ids-path (a file with the IDs to score)")
     m = model_io.load_model(owner_model_path(run_config))
     meta = m["meta"]
     loss = get_loss(meta["loss"])
     classes = None if meta["classes"] is None else np.asarray(meta["classes"])
-    if not _get(run_config, "score-ids-path"):
-        raise ValueError("mode=predict needs the run-config key score-ids-path (a file with the IDs to score)")
     ids, _ = owner_labels(run_config, "score-ids-path", labels=False)
     al = _align(grid, ids, num_parties, "score", run_config, timeout)
     msgs = [Message(RecordDict({"config": ConfigRecord({"split": "score"})}), dst_node_id=nid,
                     message_type="query.predict") for nid in sorted(al.node_to_party)]
+    shape = (int(al.order.size),) + np.shape(m["intercept"])
     parts = {}
     for rep in grid.send_and_receive(msgs, timeout=timeout):
         nid = rep.metadata.src_node_id
+        party = al.node_to_party.get(nid, "?")
         if rep.has_error():
-            raise RuntimeError(f"party {al.node_to_party.get(nid, '?')} (node {nid}) failed to score: "
-                               f"{rep.error.reason}")
-        parts[int(rep.content["meta"]["party"])] = rep.content["release"]["s_score"].numpy()
-    missing = sorted(set(range(num_parties)) - set(parts))
-    if missing:
-        raise RuntimeError(f"parties {missing} returned no scores; prediction needs every party's block "
-                           "(no zero-filling): restart their SuperNodes and run mode=predict again")
-    f = sum(parts[k] for k in sorted(parts)) + m["intercept"]
-    labels, proba = decode_scores(f, loss, classes)
+            raise PartyFailed(f"party {party} (node {nid}) failed to score: {rep.error.reason}")
+        parts[party] = check_release(rep, party, "s_score", shape, "predict")
+    f = combine(parts, m["intercept"], range(num_parties), "scores for the predict job")
+    labels, proba = decode(f, loss, classes)
     scored = [ids[i] for i in al.order]
     out = Path(str(_get(run_config, "predictions-path") or owner_model_path(run_config).parent / "predictions.csv"))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from .. import psi
+from ..schema import ConfigError
+from .replies import PartyFailed, PartyLost, ReplyError
 
 __all__ = ["PSIAlignment", "AlignResult"]
 
@@ -65,12 +67,12 @@ class PSIAlignment:
         for rep in replies:
             nid = dst_by_mid.get(rep.metadata.reply_to_message_id, rep.metadata.src_node_id)
             if rep.has_error():
-                raise RuntimeError(f"node {nid} failed the PSI {what} step for split {self.split!r}: "
-                                   f"{rep.error.reason}")
+                raise PartyFailed(f"node {nid} failed the PSI {what} step for split {self.split!r}: "
+                                  f"{rep.error.reason}")
             by_id[nid] = rep.content["psi"]
         missing = sorted({m.metadata.dst_node_id for m in msgs} - set(by_id))
         if missing:
-            raise RuntimeError(f"nodes {missing} did not answer the PSI {what} step within {self.timeout} s")
+            raise PartyLost(f"nodes {missing} did not answer the PSI {what} step within {self.timeout} s")
         return by_id
 
     def run(self, grid: Grid) -> AlignResult:
@@ -86,15 +88,15 @@ class PSIAlignment:
             m = int(rec["party"])
             if m in pairwise:
                 other = [n for n, p in node_to_party.items() if p == m][0]
-                raise ValueError(f"nodes {other} and {nid} both claim party {m}; give each SuperNode a distinct "
-                                 "partition-id in its node config")
+                raise ConfigError(f"nodes {other} and {nid} both claim party {m}; give each SuperNode a distinct "
+                                  "partition-id in its node config")
             node_to_party[nid] = m
             pairwise[m] = owner.intersect(bytes(rec["setup"]), bytes(rec["response"]), f"party {m} (node {nid})")
             sizes[m] = _setup_size(bytes(rec["setup"]))
         missing = sorted(set(range(self.num_parties)) - set(pairwise))
         if missing:
-            raise RuntimeError(f"parties {missing} did not take part in the PSI step (nodes seen: {sorted(nodes)}); "
-                               f"start one SuperNode per party or set num-parties={len(pairwise)}")
+            raise PartyLost(f"parties {missing} did not take part in the PSI step (nodes seen: {sorted(nodes)}); "
+                            f"start one SuperNode per party or set num-parties={len(pairwise)}")
         order = psi.agree_order(len(self.ids), pairwise, self.min_rows,
                                 {"train": "training", "test": "held-out", "score": "scoring"}[self.split])
         agreed = [self.ids[i] for i in order]
@@ -103,8 +105,8 @@ class PSIAlignment:
                         dst_node_id=nid, message_type="query.psi_order") for nid in sorted(answers)]
         for nid, rec in self._exchange(grid, msgs, "order").items():
             if str(rec["digest"]) != digest or int(rec["n_rows"]) != len(agreed):
-                raise RuntimeError(f"party {node_to_party[nid]} (node {nid}) aligned {int(rec['n_rows'])} rows to a "
-                                   f"different order than the {len(agreed)} agreed ones")
+                raise ReplyError(f"party {node_to_party[nid]} (node {nid}) aligned {int(rec['n_rows'])} rows to a "
+                                 f"different order than the {len(agreed)} agreed ones")
         log(INFO, "PSI %s: %d of the label owner's %d rows are common to all %d parties (pairwise %s)",
             self.split, len(agreed), len(self.ids), len(pairwise),
             {m: len(i) for m, i in sorted(pairwise.items())})

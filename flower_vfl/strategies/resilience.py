@@ -26,7 +26,7 @@ from logging import INFO, WARNING
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 
-from .replies import LOST_CODES, PartyLost, ReplyError, match_replies, message_key
+from .replies import LOST_CODES, PartyFailed, PartyLost, ReplyError, match_replies, message_key
 
 __all__ = ["ResilientRounds", "key_fingerprint", "load_party_keys", "send_and_receive"]
 
@@ -114,7 +114,7 @@ class ResilientRounds:
                 if rep.error.code in LOST_CODES:
                     log(WARNING, "node %s went away before identifying itself: %s", nid, rep.error.reason)
                     continue
-                raise RuntimeError(f"node {nid} failed to identify itself: {rep.error.reason}")
+                raise PartyFailed(f"node {nid} failed to identify itself: {rep.error.reason}")
             ok[nid] = rep
         out = {}
         for nid, rep in ok.items():
@@ -192,11 +192,11 @@ class ResilientRounds:
                 break
             time.sleep(POLL_S)
         if missing:
-            raise RuntimeError(f"parties {missing} did not answer the identify query within party-wait="
-                               f"{self.party_wait:g} s (nodes seen: {sorted(grid.get_node_ids())}): num-parties={self.num_parties} "
-                               f"but {len(asked)} SuperNodes answered. Start one SuperNode per party (simulation: "
-                               f"--federation-config \"num-supernodes={self.num_parties}\") or set num-parties="
-                               f"{len(asked)}")
+            raise PartyLost(f"parties {missing} did not answer the identify query within party-wait="
+                            f"{self.party_wait:g} s (nodes seen: {sorted(grid.get_node_ids())}): num-parties={self.num_parties} "
+                            f"but {len(asked)} SuperNodes answered. Start one SuperNode per party (simulation: "
+                            f"--federation-config \"num-supernodes={self.num_parties}\") or set num-parties="
+                            f"{len(asked)}")
         self.node_to_party = mapping
         log(INFO, "parties: %s", ", ".join(f"{p} -> node {n}" for n, p in sorted(mapping.items(), key=lambda t: t[1])))
         return mapping

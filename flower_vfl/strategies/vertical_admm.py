@@ -28,6 +28,7 @@ from ..privacy.label_dp import privatize_labels
 from ..core.validation import check_params
 from ..checkpoint import load_checkpoint, save_checkpoint
 from ..report import to_jsonable
+from ..scoring import combine
 from .replies import PartyFailed, PartyLost, ReplyError, check_release
 from .resilience import ResilientRounds, load_party_keys
 
@@ -75,8 +76,8 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     party_keys : str, dict or None, default=None
         Party -> SHA-256 fingerprint of the SuperNode auth key allowed to serve it (a dict or
         the path of a JSON file); a node whose key and claimed party disagree is refused.
-    acceleration : {'anderson', 'none'}, default='anderson'
-        Anderson acceleration of the round (core/accel.py), the engine's default: off with
+    acceleration : {'auto', 'anderson', 'spectral', 'anderson+spectral', 'none'}, default='auto'
+        As the engine's (core/accel.py; run config ``acceleration``). Anderson is off with
         alpha != 1, private parties, stragglers='stale', or a penalty other than 'l2' / a
         constraint (pass the parties' ``penalty`` and ``constraint`` from the run config).
     penalty, constraint : the parties' penalty and constraint (only decide the acceleration).
@@ -90,7 +91,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", rho="auto", alpha=1.0,
                  variant="sharing", fit_intercept=True, max_rounds=50, tol=0.0, tol_abs=1e-9,
                  eval_every=0, timeout=600.0, party_wait=120.0, stragglers="wait", max_staleness=5,
-                 state_dir=None, resume=None, party_keys=None, acceleration="anderson", penalty="l2", constraint=None,
+                 state_dir=None, resume=None, party_keys=None, acceleration="auto", penalty="l2", constraint=None,
                  label_epsilon=None, label_seed=None):
         check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
         if variant not in ("sharing", "paper"):
@@ -104,7 +105,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         self.t_test = None if y_test is None else self.loss.encode_labels(np.asarray(y_test))
         self.num_parties = int(num_parties)
         n = self.t.shape[0]
-        self.central = CentralUpdate(self.loss, self.t, default_rho(self.loss, n) if rho in (None, "auto", 0) else rho,
+        self.central = CentralUpdate(self.loss, self.t, default_rho(self.loss, n, penalty) if rho in (None, "auto", 0) else rho,
                                      alpha=alpha, theta=1.0 if variant == "paper" else 1.0 / num_parties,
                                      fit_intercept=fit_intercept)
         self.max_rounds, self.tol, self.tol_abs = max_rounds, tol, tol_abs
@@ -234,8 +235,9 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
 
     def aggregate_evaluate(self, server_round, replies, suffix=""):
         """``replies``: party -> checked D_test x_m. ``suffix='_nonprivate'``: the score of the
-        non-private parties alone (private parties are never asked before their final update)."""
-        f = sum(replies[m] for m in sorted(replies)) + self.central.b
+        non-private parties alone (private parties are never asked before their final update).
+        The scores are combined by :func:`flower_vfl.scoring.combine`, as in the predict job."""
+        f = combine(replies, self.central.b, sorted(replies) if suffix else range(self.num_parties), "test scores")
         if not suffix:
             self.decision_test_ = f
         # test labels are clean: with label DP score them with the plain logistic loss (log-loss)
@@ -363,9 +365,8 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
                                                   self.tol_abs)
                     stop = use_tol and self.tol > 0 and r <= eps_pri and d <= eps_dual
                     if self._acc is not None and not stop:   # the engine's call (core/accel.py)
-                        c = self.central
-                        self._qs, c.y = self._acc.targets([self._last_s[m] for m in range(self.num_parties)],
-                                                          c.q, c.y, c.theta, c.rho)
+                        self._qs = self._acc.step([self._last_s[m] for m in range(self.num_parties)],
+                                                  self.central)
                     done = last_phase and (j == n_rounds or stop)
                     if self.t_test is not None and not done and self.eval_every and k % self.eval_every == 0:
                         self._evaluate(grid, k)
