@@ -18,6 +18,7 @@ bytes. Writes benchmarks/results/bench_scale.{csv,json,png}.
 
     python benchmarks/bench_scale.py                       # full (about 10-20 min on 2 cores)
     python benchmarks/bench_scale.py --rows 10000,100000 --d-factors 1,2 --skip text,wide
+    python benchmarks/bench_scale.py --one sparse1m      # one JSON line (text: --one text)
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def plot(rows, path):
             ax[1].loglog(x, [r["sklearn_s"] for r in rs], marker + "--", label=f"scikit-learn fit (pooled), {name}")
         ax[2].semilogx(x, [r["peak_over_data"] for r in rs], marker + "-", label=f"ours, {name}")
     ax[0].set(xlabel="N (circles) or d (squares)", ylabel="CPU ms",
-              title="Time per round vs MV (x-solver gram; cg from N = 300k)")
+              title="Time per round vs MV (x-solver 'auto': gram on these sets)")
     ax[1].set(xlabel="N (circles) or d (squares)", ylabel="CPU s",
               title="First round (setup + round 1) vs sklearn's whole fit")
     ax[2].set(xlabel="N (circles) or d (squares)", ylabel="fit's peak allocation / data bytes", title="Peak memory of the fit")
@@ -161,9 +162,37 @@ def main(argv=None):
     plot(rows, args.out + ".png")
 
 
+def one(which, rounds=20, memory=True):
+    """One configuration, one JSON line: for interleaved A/B runs of two package trees
+    (``PYTHONPATH=<other tree> python benchmarks/bench_scale.py --one sparse1m``), whose
+    difference survives the machine's load where absolute CPU times do not."""
+    import flower_vfl
+    B, y = _synth.sparse_binary() if which == "sparse1m" else _synth.text_like()
+    marks = []
+    start = time.process_time()
+    m = VerticalADMM(lam=1e-4, max_rounds=rounds, tol=0,
+                     callback=lambda k, e: marks.append(time.process_time())).fit(B, y)
+    cpu = np.diff([start] + marks)
+    row = {"tree": flower_vfl.__file__.rsplit("/flower_vfl/", 1)[0], "data": which,
+           "first_round_s": float(cpu[0]), "fit_s": float(cpu.sum()),
+           "round_ms": 1e3 * float(np.median(cpu[1:])), "mv_ms": 1e3 * mv_time(B),
+           "solvers": "/".join(p.solver.method_ for p in m._parties),
+           "objective": m.history_[-1]["objective"]}
+    if memory:
+        tracemalloc.start()
+        VerticalADMM(lam=1e-4, max_rounds=3, tol=0).fit(B, y)
+        row["peak_over_data"] = tracemalloc.get_traced_memory()[1] / nbytes(B)
+        tracemalloc.stop()
+    with open("/proc/loadavg") as fh:
+        row["load"] = fh.read().split()[0]
+    print(json.dumps(row), flush=True)
+
+
 if __name__ == "__main__":
     import sys
-    if sys.argv[1:2] == ["--replot"]:          # redraw the PNG from the JSON of the last run
+    if sys.argv[1:2] == ["--one"]:
+        one(sys.argv[2])
+    elif sys.argv[1:2] == ["--replot"]:          # redraw the PNG from the JSON of the last run
         plot(json.load(open(str(C.RESULTS / "bench_scale.json")))["rows"], str(C.RESULTS / "bench_scale.png"))
     else:
         main(sys.argv[1:])

@@ -33,7 +33,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from .core.accel import ACCELERATIONS
 from .core.losses import LOSSES
+from .core.xsolve import METHODS as X_SOLVERS
 from .core.penalties import PENALTIES
 from .data import DATASETS
 
@@ -95,10 +97,16 @@ SCHEMA: dict[str, Key] = dict([
     _k("loss", str, "logistic", "run", "loss of the label owner", choices=tuple(LOSSES)),
     _k("penalty", str, "l2", "run", "the parties' regularizer", choices=tuple(PENALTIES)),
     _k("lam", float, 1e-4, "run", "regularization coefficient λ", lo=0.0),
-    _k("rho", float, 0.0, "run", "ADMM penalty ρ; 0 = default 0.2·c/N (3·c/N for the nonconvex sigmoid)",
+    _k("rho", float, 0.0, "run", "ADMM penalty ρ; 0 = default 0.2·c/N (0.2·c/(8N) with l1/elasticnet, 3·c/N for the nonconvex sigmoid)",
        lo=0.0),
     _k("alpha", float, 1.0, "run", "over-relaxation (Boyd 3.4.3)", lo=0.0, hi=2.0, lo_open=True, hi_open=True),
     _k("fit-intercept", bool, True, "run", "the label owner fits an unpenalized intercept"),
+    _k("acceleration", str, "auto", "run", "fewer rounds (core/accel.py): 'auto' = Anderson for L2 without a "
+                                          "constraint, none otherwise; 'anderson', 'spectral' (adaptive ρ, "
+                                          "Xu et al. 2017), 'anderson+spectral' or 'none'",
+       choices=ACCELERATIONS),
+    _k("x-solver", str, "auto", "run", "the parties' x-update method (core/xsolve.py): 'auto' chooses by "
+                                      "the block's shape", choices=X_SOLVERS),
     _k("max-rounds", int, 50, "run", "ADMM rounds", lo=1, hi=1_000_000),
     _k("tol", float, 0.0, "run", "relative residual tolerance (Boyd 3.3.1); 0 runs every round", lo=0.0),
     _k("eval-every", int, 0, "run", "evaluate every k rounds (0: only at the end)", lo=0),

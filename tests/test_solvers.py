@@ -104,7 +104,8 @@ def test_choose_method_by_shape():
     assert choose_method(np.zeros((500, 100)), l2, None) == "gram"
     assert choose_method(sp.csr_matrix((500, 100)), l1, None) == "gram"
     assert choose_method(sp.csr_matrix((50, 100)), l2, None) == "cg"          # d > N, sparse
-    assert choose_method(sp.csr_matrix((300_000, 100)), l2, None) == "cg"     # huge N, sparse
+    # huge N, sparse: 'cg' only when the pair-counting Gram is dear (tests/test_scale_paths.py)
+    assert choose_method(sp.csr_matrix((300_000, 100)), l2, None) == "gram"
     assert choose_method(np.zeros((100, 5000)), l2, None) == "dual"           # wide dense, small N
     assert choose_method(np.zeros((3000, 5000)), l2, None) == "cg"
 
@@ -114,7 +115,8 @@ def test_bad_solver_and_acceleration_names():
         XSolver(X, get_penalty("l2"), 1e-2, method="qr")
     with pytest.raises(ValueError, match=r"x_solver='dual' needs a dense block with N <= 1500 and penalty='l2'"):
         XSolver(sp.csr_matrix(X), get_penalty("l2"), 1e-2, method="dual")
-    with pytest.raises(ValueError, match=r"acceleration='nesterov' is not supported; choose one of \['anderson', 'none'\]"):
+    with pytest.raises(ValueError, match=r"acceleration='nesterov' is not supported; choose one of "
+                                         r"\['auto', 'anderson', 'spectral', 'anderson\+spectral', 'none'\]"):
         VerticalADMM(acceleration="nesterov", max_rounds=2).fit(BLOCKS, Y)
 
 

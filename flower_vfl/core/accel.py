@@ -24,16 +24,21 @@ Safeguard: when ||g|| exceeds ``safeguard`` times the smallest ||g|| since the l
 is not finite), the memory is dropped and the plain ADMM step u+ = T(u) is taken. A fixed point
 of the accelerated iteration (g = 0) is a fixed point of T, i.e. the ADMM solution, so the
 result is unchanged; only the number of rounds is. Both the engine and the Flower strategy call
-:meth:`Anderson.targets` after the central step, so the two paths stay identical.
+the accelerator's ``step(s_list, central)`` (:func:`make_accelerator`) after the central step,
+so the two paths stay identical.
+
+:class:`SpectralRho` is spectral (Barzilai-Borwein) adaptive rho (Xu, Figueiredo & Goldstein
+2017) from the same N-vectors; :class:`Chain` runs it before Anderson. Measured on a9a, breast
+cancer and a wide set it is an option, not a default (docs/benchmarks.md, issue 9).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Anderson", "ACCELERATIONS", "make_accelerator"]
+__all__ = ["Anderson", "SpectralRho", "Chain", "ACCELERATIONS", "make_accelerator"]
 
-ACCELERATIONS = ("anderson", "none")
+ACCELERATIONS = ("auto", "anderson", "spectral", "anderson+spectral", "none")
 
 
 class Anderson:
@@ -47,7 +52,17 @@ class Anderson:
         Tikhonov regularization of the least-squares problem, relative to ||Y||_F^2 / mem.
     safeguard : float, default=10.0
         Reset when ||g|| > safeguard * min ||g|| since the last reset.
+
+    The history S, Y is stored in float32 once a state vector has ``F32_MIN`` entries or more
+    ((M + 1) N: 1 MB a vector; N >= 32,768 rows with 3 parties): 2 mem (M + 1) N * 4 bytes
+    instead of * 8, i.e. 160 MB less at 1M rows x 3 parties. Its inner products and the
+    combination are still accumulated in float64 (einsum casts as it reads), so only the stored differences are
+    rounded (relative 6e-8 of a difference that vanishes at the fixed point, which is unchanged).
+    Below that size (a9a: 97,683) the history stays float64. The float32 history is slower per
+    round (the casts: 81 vs 73 ms at 1M x 3 parties, CPU under load); it is there for memory.
     """
+
+    F32_MIN = 1 << 17
 
     def __init__(self, mem: int = 5, reg: float = 1e-10, safeguard: float = 10.0):
         if int(mem) < 1:
@@ -67,6 +82,12 @@ class Anderson:
         self.k, self.g_min = 0, np.inf
         self.g = self.Yg = None
         self.resets += 1
+
+    def step(self, s_list, central):
+        """The round's acceleration after the central step (engine and strategy call this):
+        sets ``central.y`` to the next round's dual and returns the per-party q_m."""
+        qs, central.y = self.targets(s_list, central.q, central.y, central.theta, central.rho)
+        return qs
 
     def targets(self, s_list, q, y, theta, rho):
         """After the central step: the per-party residuals q_m and the dual y of the next round.
@@ -171,7 +192,8 @@ class Anderson:
         L = g.shape[0]
         if self.S is None or self.S.shape[1] != L:
             # S holds Delta u + Delta g (= S + Y of the docstring): u+ = T(u) - gamma (S + Y)
-            self.S, self.Y = np.empty((self.mem, L)), np.empty((self.mem, L))
+            dt = np.float32 if L >= self.F32_MIN else np.float64
+            self.S, self.Y = np.empty((self.mem, L), dt), np.empty((self.mem, L), dt)
             self.A, self.Yg = np.zeros((self.mem, self.mem)), None
         fresh = None
         if self.g is not None:
@@ -185,14 +207,15 @@ class Anderson:
         if m == 0:
             np.copyto(out, Tu)
             return out
-        # einsum, not BLAS (2 OpenBLAS threads stalled these products under load). Y g costs one
-        # pass over Y; the new row of A = Y Y^T reuses last round's Y g_prev for the rows that did
-        # not change: (g - g_prev) . Y_j = (Y g)_j - (Y g_prev)_j
+        # einsum, not BLAS (2 OpenBLAS threads stalled these products under load; one BLAS
+        # thread measured no faster at a9a's size); a float32 history is summed in float64. Y g
+        # costs one pass over Y; the new row of A = Y Y^T reuses last round's Y g_prev for the
+        # rows that did not change: (g - g_prev) . Y_j = (Y g)_j - (Y g_prev)_j
         Yg = np.einsum("ij,j->i", self.Y[:m], g)
         row = np.empty(m)
         for j in range(m):
             if j == fresh or self.Yg is None or j >= self.Yg.shape[0]:
-                row[j] = float(np.einsum("i,i->", self.Y[fresh], self.Y[j]))
+                row[j] = float(np.einsum("i,i->", self.Y[fresh], self.Y[j], dtype=np.float64))
             else:
                 row[j] = Yg[j] - self.Yg[j]
         self.A[fresh, :m] = row
@@ -232,20 +255,173 @@ def _small_spd_solve(A, b):
     return x
 
 
+class SpectralRho:
+    """Spectral (Barzilai-Borwein) adaptive rho: Xu, Figueiredo & Goldstein 2017, "Adaptive ADMM
+    with spectral penalty parameter selection" (AADMM), on the sharing form of the round.
+
+    Boyd's sharing ADMM (docs/math.md Section 2) has one constraint per party, s_m - zeta'_m = 0,
+    penalty rho_x = rho / theta, the parties' f_m on one side and g(sum_m zeta_m) on the other,
+    with the common dual y. After round k (start state zeta_m, y; releases s_m; central step to
+    y', q = a - z):
+
+        party side  (dual estimate of each x-update)   yhat_m = y + rho_x (s_m - zeta_m),
+                     -s_m is the gradient of f_m^* at yhat_m
+        central side                                    zeta'_m = s_m - theta q,  dual y' for all m.
+
+    Every ``every`` rounds, with the differences since the last update (Delta yhat, Delta s;
+    Delta y, Delta zeta'), the two curvature estimates are the paper's hybrid of the steepest-
+    descent and minimum-gradient BB steps,
+
+        a_SD = |Dyhat|^2 / c_H,  a_MG = c_H / |Ds|^2,   c_H = -sum_m <Ds_m, Dyhat_m> (>= 0),
+        b_SD = M |Dy|^2 / c_G,   b_MG = c_G / sum_m |Dzeta'_m|^2,   c_G = <Dz, Dy> (>= 0),
+        a = a_MG if 2 a_MG > a_SD else a_SD - a_MG / 2   (b likewise),
+
+    with correlations cor_H = c_H / (|Ds| |Dyhat|), cor_G = c_G / (|Dzeta'| sqrt(M) |Dy|):
+    rho_x <- sqrt(a b) when both exceed ``eps_cor``, a or b when only one does, unchanged
+    otherwise; rho = theta rho_x. Every quantity is an N-vector the central node already holds
+    (the s_m it received, the state it sent), so nothing more crosses the wire; the parties
+    receive the new rho in the next round's message as always. A change is bounded by the
+    factor 1 + ``c_cg`` / k^2 (the paper's condition for convergence: the sum of the eta_k is
+    finite). A new rho costs the parties no pass over the data (docs/math.md Section 6).
+    Memory: (4 M + 2) N-vectors.
+    """
+
+    def __init__(self, every: int = 2, eps_cor: float = 0.2, c_cg: float = 1e10):
+        if int(every) < 1:
+            raise ValueError(f"spectral every={every!r} must be >= 1")
+        self.every, self.eps_cor, self.c_cg = int(every), float(eps_cor), float(c_cg)
+        self.k = 0              # rounds seen
+        self.k0 = 0             # round of the reference point
+        self.start = None       # [zeta_1..zeta_M, y] the next round starts from
+        self.ref = None         # [yhat_1..M, s_1..M, zeta'_1..M, y'] at round k0
+        self.changes = 0
+
+    def step(self, s_list, central):
+        """After the central step (``central.q``, ``central.y`` = T(u)'s): maybe a new rho, set
+        on ``central`` (the next message carries it). Returns None (q is the central's)."""
+        theta, rho = central.theta, central.rho
+        q, y = central.q, central.y
+        zeta_new = [np.asarray(s) - theta * q for s in s_list]
+        self.k += 1
+        new_rho = rho
+        if self.start is not None:
+            rho_x = rho / theta
+            yhat = [self.start[-1] + rho_x * (np.asarray(s) - z0) for s, z0 in zip(s_list, self.start[:-1])]
+            cur = yhat + [np.asarray(s) for s in s_list] + zeta_new + [y]
+            if self.ref is None:
+                self.ref, self.k0 = [np.array(v, dtype=float) for v in cur], self.k
+            elif self.k - self.k0 >= self.every:
+                tau = self._tau(cur, len(s_list), rho_x)
+                self.ref, self.k0 = [np.array(v, dtype=float) for v in cur], self.k
+                if tau is not None:
+                    bound = 1.0 + self.c_cg / float(self.k) ** 2
+                    new_rho = theta * min(max(tau, rho_x / bound), rho_x * bound)
+        if new_rho != rho:
+            self.changes += 1
+            central.set_rho(new_rho)
+        self.start = zeta_new + [np.array(y, dtype=float)]
+        return None
+
+    def restart_from(self, s_list, qs, y, theta):
+        """The next round starts from an accelerated state (Anderson's q_m, y), not T(u)."""
+        self.start = [np.asarray(s) - theta * np.asarray(qm) for s, qm in zip(s_list, qs)] + \
+            [np.array(y, dtype=float)]
+
+    def _tau(self, cur, M, rho_x):
+        ref = self.ref
+        d = [_dot(c - r, c - r) for c, r in zip(cur, ref)]
+        dyh, ds, dz, dy = (slice(0, M), slice(M, 2 * M), slice(2 * M, 3 * M), 3 * M)
+        c_h = -sum(_dot(cur[M + m] - ref[M + m], cur[m] - ref[m]) for m in range(M))
+        c_g = _dot(sum(cur[2 * M + m] - ref[2 * M + m] for m in range(M)), cur[dy] - ref[dy])
+        n_yh, n_s, n_z, n_y = sum(d[dyh]), sum(d[ds]), sum(d[dz]), M * d[dy]
+        a = b = None
+        if c_h > 0 and n_s > 0 and n_yh > 0 and c_h > self.eps_cor * np.sqrt(n_s * n_yh):
+            a = _hybrid(n_yh / c_h, c_h / n_s)
+        if c_g > 0 and n_z > 0 and n_y > 0 and c_g > self.eps_cor * np.sqrt(n_z * n_y):
+            b = _hybrid(n_y / c_g, c_g / n_z)
+        if a is not None and b is not None:
+            tau = float(np.sqrt(a * b))
+        else:
+            tau = a if a is not None else b
+        return tau if tau is not None and np.isfinite(tau) and tau > 0 else None
+
+    _KEYS = ("start", "ref")
+
+    def get_state(self) -> tuple[dict, dict]:
+        arrays = {}
+        for key in self._KEYS:
+            for i, v in enumerate(getattr(self, key) or []):
+                arrays[f"sr{key}{i}"] = v
+        return arrays, {"k": self.k, "k0": self.k0, "changes": self.changes,
+                        "n_start": len(self.start or []), "n_ref": len(self.ref or [])}
+
+    def set_state(self, arrays: dict, scalars: dict):
+        self.k, self.k0, self.changes = int(scalars["k"]), int(scalars["k0"]), int(scalars["changes"])
+        for key in self._KEYS:
+            n = int(scalars["n_" + key])
+            setattr(self, key, [np.asarray(arrays[f"sr{key}{i}"], dtype=float) for i in range(n)] or None)
+
+
+def _hybrid(sd, mg):
+    """Xu et al. 2017's safeguarded hybrid of the two Barzilai-Borwein step sizes."""
+    return mg if 2.0 * mg > sd else sd - 0.5 * mg
+
+
+def _dot(a, b) -> float:
+    a, b = np.ravel(a), np.ravel(b)
+    return float(np.einsum("i,i->", a, b))
+
+
+class Chain:
+    """Spectral rho, then Anderson on the new rho (its memory restarts when rho changes)."""
+
+    def __init__(self, spectral: SpectralRho, anderson: Anderson):
+        self.spectral, self.anderson = spectral, anderson
+
+    def step(self, s_list, central):
+        self.spectral.step(s_list, central)
+        qs = self.anderson.step(s_list, central)
+        self.spectral.restart_from(s_list, qs, central.y, central.theta)
+        return qs
+
+    def get_state(self):
+        a_arr, a_sc = self.anderson.get_state()
+        s_arr, s_sc = self.spectral.get_state()
+        return {**a_arr, **s_arr}, {"aa": a_sc, "sr": s_sc}
+
+    def set_state(self, arrays, scalars):
+        self.anderson.set_state(arrays, scalars["aa"])
+        self.spectral.set_state(arrays, scalars["sr"])
+
+
 def make_accelerator(acceleration, central, private, penalty="l2", constrained=False, mem: int = 5):
-    """The accelerator of a run, or None. Shared by the engine and the strategy.
+    """The accelerator of a run, or None. Shared by the engine and the strategy, which both call
+    ``acc.step(s_list, central)`` after the central step (it may set ``central.y`` and
+    ``central.rho``) and send party m ``qs[m]`` (or ``central.q`` when it returns None).
 
     ``'anderson'`` applies when alpha = 1, no party is private (a noisy release makes T random)
     and the x-update is smooth (penalty 'l2' without a constraint set): on a9a with L1 the
     accelerated iteration stalled at ||g|| = 0.18 from round ~50 and then left the optimum
     (objective 122 after its resets) while the plain one converged, so it is off for
-    non-smooth x-updates ('none' then). ``'none'`` never accelerates."""
+    non-smooth x-updates ('none' then). ``'spectral'`` (:class:`SpectralRho`) applies when
+    alpha = 1, no party is private and the loss is convex, for every penalty;
+    ``'anderson+spectral'`` is both where both apply. ``'auto'`` (the default) is 'anderson'
+    for a smooth x-update and 'none' otherwise: spectral rho lost to the plain iteration on
+    a9a and breast cancer with L1 (docs/benchmarks.md, issue 9). ``'none'`` never accelerates."""
     if acceleration not in ACCELERATIONS:
         raise ValueError(f"acceleration={acceleration!r} is not supported; choose one of "
                          f"{list(ACCELERATIONS)}")
     if acceleration == "none" or central.alpha != 1.0 or any(private):
         return None
-    if getattr(penalty, "name", penalty) != "l2" or constrained:
-        return None
-    return Anderson(mem=mem)
-
+    smooth = getattr(penalty, "name", penalty) == "l2" and not constrained
+    if acceleration == "auto":
+        acceleration = "anderson" if smooth else "none"
+        if not smooth:
+            return None
+    use_aa = "anderson" in acceleration and smooth
+    use_sr = "spectral" in acceleration and bool(getattr(central.loss, "convex", False))
+    if use_aa and use_sr:
+        return Chain(SpectralRho(), Anderson(mem=mem))
+    if use_aa:
+        return Anderson(mem=mem)
+    return SpectralRho() if use_sr else None

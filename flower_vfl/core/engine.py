@@ -25,11 +25,13 @@ from .validation import check_blocks, check_params
 __all__ = ["VerticalADMM", "default_rho", "make_constraint", "private_schedule"]
 
 
-def default_rho(loss, n_samples: int) -> float:
+def default_rho(loss, n_samples: int, penalty="l2") -> float:
     """Default penalty: the loss is averaged over N, so its curvature is ~c/N; rho is
     set to that scale (c = the loss's curvature bound, 1 for non-smooth losses).
 
-    Convex l: 0.2 c/N (measured on a9a (N=32561) and breast cancer: see docs/benchmarks.md).
+    Convex l: 0.2 c/N (measured on a9a (N=32561) and breast cancer: see docs/benchmarks.md);
+    with a non-smooth penalty ('l1', 'elasticnet') 0.2 c/(8N): rounds to a relative gap of 1e-4
+    with logistic L1, a9a > 400 -> 55, breast cancer 300 -> 75 (docs/math.md Section 4).
     Nonconvex l: with L = c/N the Lipschitz constant of grad l, Assumption 1.2 of the paper
     needs gamma(rho) = rho - L > 0 (strongly convex z-update) and rho * gamma(rho) > 2 L^2,
     i.e. rho > 2L strictly (at rho = 2L the descent constant gamma/2 - L^2/rho of Lemma 4 is
@@ -38,6 +40,8 @@ def default_rho(loss, n_samples: int) -> float:
     c = loss.curvature if loss.curvature is not None else 1.0
     if not loss.convex:
         return 3.0 * c / n_samples
+    if getattr(penalty, "name", penalty) in ("l1", "elasticnet"):
+        return 0.025 * c / n_samples
     return 0.2 * c / n_samples
 
 
@@ -124,10 +128,11 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
     x_solver : {'auto', 'gram', 'cg', 'dual', 'chol'}, default='auto'
         The parties' x-update method (:mod:`flower_vfl.core.xsolve`); 'auto' chooses by the
         block's shape and logs the choice (logger ``flower_vfl.core``).
-    acceleration : {'anderson', 'none'}, default='anderson'
-        Type-II Anderson acceleration of the round (:mod:`flower_vfl.core.accel`): same
-        fixed point, far fewer rounds. Used when alpha = 1, no party is private and the penalty
-        is 'l2' without a constraint ('none' otherwise); the Flower strategy runs the same code.
+    acceleration : {'auto', 'anderson', 'spectral', 'anderson+spectral', 'none'}, default='auto'
+        Fewer rounds, same fixed point (:mod:`flower_vfl.core.accel`): type-II Anderson
+        acceleration of the round and/or spectral adaptive rho (Xu et al. 2017). 'auto' is
+        Anderson where it applies (alpha = 1, no private party, penalty 'l2' without a
+        constraint) and 'none' otherwise; the Flower strategy runs the same code.
     label_epsilon : float or None, default=None
         Label DP for the label owner (loss='logistic'): the training labels are privatized once
         by randomized response (epsilon-label-DP, pure) and training uses the forward-corrected
@@ -150,7 +155,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
                  max_rounds=100, tol=1e-6, tol_abs=1e-9, alpha=1.0, variant="sharing",
                  adaptive_rho=False, l1_ratio=0.5, constraint=None, random_state=None,
                  privacy=None, verbose=False, callback=None, x_solver="auto",
-                 acceleration="anderson", label_epsilon=None, label_seed=None):
+                 acceleration="auto", label_epsilon=None, label_seed=None):
         self.loss = loss
         self.penalty = penalty
         self.lam = lam
@@ -196,7 +201,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         if penalty.name == "l2" and self.lam == 0 and self.constraint is None:
             pass  # the direct solver reports a singular system if D_m is rank-deficient
         n = t.shape[0]
-        rho = default_rho(loss, n) if self.rho in (None, "auto") else float(self.rho)
+        rho = default_rho(loss, n, penalty) if self.rho in (None, "auto") else float(self.rho)
         M = len(blocks)
         theta = 1.0 if self.variant == "paper" else 1.0 / M
         constraint = make_constraint(self.constraint)
@@ -286,8 +291,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
                 if self.adaptive_rho:
                     central.set_rho(balance_rho(central.rho, r, d, loss, t.shape[0]))
                 if acc is not None:     # the same call as the Flower strategy's (core/accel.py)
-                    qs, central.y = acc.targets([p.s for p in parties], central.q, central.y,
-                                                central.theta, central.rho)
+                    qs = acc.step([p.s for p in parties], central)
         for p, pr in zip(parties, private):
             if pr:   # internal, never released: costs no privacy
                 p.final_update(central.q, central.y, central.rho, central.alpha, central.theta)

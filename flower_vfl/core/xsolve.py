@@ -6,17 +6,20 @@ Every party solves, in completed-square form,
 
 Methods (``method=``; 'auto' picks one from the shape and logs the choice):
 
-- ``'gram'``: keep the rho-independent Gram G = D^T D (d x d) and, for d <= ``EIG_MAX``, its
+- ``'gram'``: keep the rho-independent Gram G = D^T D (d x d; sparse blocks: :func:`sparse_gram`,
+  counting the pairs of nonzeros within rows) and, for d <= ``EIG_MAX``, its
   eigendecomposition G = V diag(e) V^T. A new rho then costs O(d^2) (eig) or one O(d^3/3)
   Cholesky of lam I + rho G (d > EIG_MAX), never a pass over the N rows. L2:
   x = V (V^T rho D^T v) / (rho e + lam), one D^T v per round. L1 / elastic net: an active-set
   Newton on the support, with FISTA in d-space (gradient rho (G x - D^T v), O(d^2) per step)
   until the support is found; box / ball: FISTA in d-space; L2 on a ball: the exact secular
   equation on the eigendecomposition.
-- ``'cg'``: no Gram at all; warm-started Jacobi-preconditioned conjugate gradients on
+- ``'cg'``: no Gram at all; warm-started preconditioned conjugate gradients on
   (lam I + rho D^T D) x = rho D^T v (2 mat-vecs per iteration) for sparse blocks with d > N or
-  very large N. Inexact: relative residual <= max(inner_tol, min(0.1, 1e-3 ||theta q|| / ||v||)),
-  i.e. tied to the ADMM residual the party received (docs/math.md, Section 6). Non-smooth
+  very large N and many nonzeros per row (``GRAM_PAIRS_PER_NNZ``); the preconditioner is
+  Jacobi plus the rank-one term of the column means (``XSolver._preconditioner``). Inexact:
+  relative residual <= max(inner_tol, min(0.1, 1e-3 ||theta q|| / ||v||)), i.e. tied to the
+  ADMM residual the party received (docs/math.md, Section 6). Non-smooth
   penalties use FISTA on D with the same tolerance rule.
 - ``'dual'``: the N x N form (lam I + rho D D^T) w = rho v, x = D^T w, through the
   eigendecomposition of D D^T (N <= EIG_MAX, dense blocks only), L2 without constraints.
@@ -34,7 +37,7 @@ import scipy.sparse.linalg as spla
 
 from .penalties import Ball
 
-__all__ = ["XSolver", "choose_method", "METHODS", "EIG_MAX", "GRAM_MAX"]
+__all__ = ["XSolver", "choose_method", "sparse_gram", "METHODS", "EIG_MAX", "GRAM_MAX"]
 
 LOG = logging.getLogger("flower_vfl.core")
 METHODS = ("auto", "gram", "cg", "dual", "chol")
@@ -42,27 +45,32 @@ METHODS = ("auto", "gram", "cg", "dual", "chol")
 EIG_MAX = 1500
 #: largest d for which the dense d x d Gram is formed
 GRAM_MAX = 4000
-#: sparse blocks with more rows than this use CG (the sparse Gram costs ~15 ns per
-#: sum_i nnz_i^2 term, hundreds of mat-vecs at 1M rows: benchmarks/bench_scale.py)
+#: sparse blocks with more rows than this use CG unless their Gram is cheap (below)
 CG_ROWS = 200_000
+#: ... i.e. unless the pairs of nonzeros within rows, sum_i nnz_i (nnz_i - 1) / 2, are at most
+#: this many per stored entry. The pair-counting Gram (:func:`sparse_gram`) costs ~5-9 ns a
+#: pair and CG ~3 more mat-vecs a round than 'gram' (~1.3 ns per entry each), so the Gram
+#: pays for itself within ~1.3-2 x this many rounds (1M x 300 binary at 5 %: 7.5 pairs per
+#: entry, ~10 rounds; measured in benchmarks/bench_scale.py)
+GRAM_PAIRS_PER_NNZ = 16
 #: inner relative tolerance = FORCING * ||theta q|| / ||v|| (floored at inner_tol): Anderson
 #: extrapolates the round map, so it needs T evaluated well beyond the ADMM residual
 FORCING = 1e-3
 
 
-def _gram_terms(D) -> float:
-    """sum over rows of nnz_i^2: the multiply-adds of a sparse D^T D."""
-    if sp.issparse(D):
-        nz = np.diff(D.tocsr().indptr).astype(float)
-        return float(nz @ nz)
-    return float(D.shape[0]) * D.shape[1] ** 2
+def _gram_pairs(D) -> float:
+    """sum over rows of nnz_i (nnz_i - 1) / 2: the pairs :func:`sparse_gram` counts."""
+    nz = np.diff(D.tocsr().indptr).astype(float)
+    return float(np.einsum("i,i->", nz, nz - 1.0)) / 2.0
 
 
 def choose_method(D, penalty, constraint) -> str:
     """The x-update method for a block: see the module docstring. Pure function of the shape."""
     n, d = D.shape
     if sp.issparse(D):
-        if d > GRAM_MAX or d > n or n > CG_ROWS:
+        if d > GRAM_MAX or d > n:
+            return "cg"
+        if n > CG_ROWS and _gram_pairs(D) > GRAM_PAIRS_PER_NNZ * max(D.nnz, 1):
             return "cg"
         return "gram"
     if d <= GRAM_MAX:
@@ -78,19 +86,31 @@ def choose_method(D, penalty, constraint) -> str:
 SMALL_MM = 1_000_000
 
 
+_CONTROLLER = []
+
+
 def one_blas_thread():
-    """Context limiting BLAS/LAPACK to one thread for the one-off setup (Gram, eigh, Cholesky).
+    """Context limiting BLAS/LAPACK to one thread (setup: Gram, eigh, Cholesky; Anderson's
+    products over its history).
 
     Measured on this 2-core machine under load (1-min load 15): eigh of a 300 x 300 Gram took
-    1.4-10.8 s with OpenBLAS's 2 threads and 72-108 ms with 1; 1000 x 1000: 7-25 s vs 1.0-1.3 s.
-    On a quiet machine 1 thread costs at most the 2x of the second core; the context itself
-    costs ~0.1-8 ms, once per block and rho."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:                      # pragma: no cover - shipped with scikit-learn
+    1.4-10.8 s with OpenBLAS's 2 threads and 72-108 ms with 1; 1000 x 1000: 7-25 s vs 1.0-1.3 s;
+    a 5 x 4M gemv (Anderson at 1M rows) 15.9 ms with 2 threads and 12.0 ms with 1 (it is memory
+    bound). On a quiet machine 1 thread costs at most the 2x of the second core. The
+    ``threadpoolctl`` controller is built once per process (``threadpool_limits(1)`` rescans
+    the loaded libraries every time: 0.7-0.85 ms a call, against 16 us for ``limit`` on the
+    cached controller), so the context is cheap enough for a per-round kernel."""
+    if not _CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _CONTROLLER.append(ThreadpoolController())
+        except ImportError:                  # pragma: no cover - shipped with scikit-learn
+            _CONTROLLER.append(None)
+    ctl = _CONTROLLER[0]
+    if ctl is None:                          # pragma: no cover
         import contextlib
         return contextlib.nullcontext()
-    return threadpool_limits(1)
+    return ctl.limit(limits=1, user_api="blas")
 
 
 def mm(A, B, trans=False):
@@ -178,8 +198,11 @@ class XSolver:
     def gram(self):
         """G = D^T D, dense d x d, formed once (the only pass over the data)."""
         if self._G is None:
-            G = self.D.T @ self.D
-            self._G = G.toarray() if sp.issparse(G) else np.asarray(G)
+            if self.sparse:
+                self._G = sparse_gram(self.D)
+            else:
+                with one_blas_thread():
+                    self._G = np.asarray(self.D.T @ self.D)
         return self._G
 
     def _eigh(self):
@@ -212,13 +235,8 @@ class XSolver:
             self._chol = sla.cho_factor(A, lower=False, check_finite=False) if self.direct else None
         elif m == "chol":
             self._fac = _direct_factor(self.D, rho, self.lam) if self.direct else None
-        elif m == "cg" and self._diag is None:    # column norms^2, one pass and no copy of D
-            D = self.D
-            if self.sparse:
-                D = D.tocsr()
-                self._diag = np.bincount(D.indices, weights=D.data * D.data, minlength=D.shape[1])
-            else:
-                self._diag = np.einsum("ij,ij->j", D, D)
+        elif m == "cg" and self._diag is None:    # column sums and norms^2: one pass, no copy of D
+            self._diag, self._colsum = _column_stats(self.D)
 
     # ------------------------------------------------------------------ solve
     def solve(self, v, rho, x0=None, outer=None, carry=None):
@@ -269,12 +287,16 @@ class XSolver:
         return max(self.inner_tol, min(0.1, FORCING * outer / max(_norm(v), 1e-300)))
 
     def _cg(self, v, rho, x0, rtol, carry=None):
-        """Jacobi-preconditioned CG on (lam I + rho D^T D) x = rho D^T v, column-wise for (N, K).
+        """Preconditioned CG on (lam I + rho D^T D) x = rho D^T v, column-wise for (N, K).
 
         1 + 2k mat-vecs for k iterations: D x and D^T D x are carried along (D x += a D p,
-        D^T D x += a D^T D p) from one round to the next (``carry``, kept by the party), so the
-        start's residual rho D^T v - lam x0 - rho D^T D x0 costs one product and the party's
-        release D x none (``last_carry``). rho-independent, so a new rho costs nothing."""
+        D^T D x += a D^T D p) from one round to the next (``carry``, kept by the party; D^T D x
+        is updated in place, D x copied since it is returned as the release), so the start's
+        residual rho D^T v - lam x0 - rho D^T D x0 costs one product and the party's release
+        D x none (``last_carry``). rho-independent, so a new rho costs nothing. Work vectors:
+        x, r, z, p and one scratch d-vector, updated in place together with the two products
+        scipy allocates per iteration (A p is never formed: p^T A p from two dots, r -= a A p in
+        two steps); on the text-like 50k x 200k blocks a d-vector is 1.6 MB, 14 % of the data."""
         D, lam = self.D, self.lam
         K = v.shape[1:] if np.ndim(v) == 2 else ()
         shape = (D.shape[1],) + K
@@ -283,36 +305,168 @@ class XSolver:
             Dx = D @ x
             DtDx = D.T @ Dx
         else:
-            Dx, DtDx = np.array(carry[0], dtype=float), np.array(carry[1], dtype=float).reshape(shape)
-        b = rho * (D.T @ v)
-        r = b - lam * x - rho * DtDx
-        Minv = 1.0 / _col(lam + rho * self._diag, b)
-        stop = rtol * np.maximum(np.sqrt(np.sum(b * b, axis=0)), 1e-300)
-        zv = Minv * r
+            # D x becomes the party's release s (a fresh array each round); D^T D x is private
+            Dx, DtDx = np.array(carry[0], dtype=float), _own(carry[1], shape)
+        r = D.T @ v
+        r *= rho
+        stop = rtol * np.maximum(np.sqrt(_cdot(r, r)), 1e-300)    # rtol * ||rho D^T v||
+        tmp = np.multiply(DtDx, rho)
+        r -= tmp
+        r -= np.multiply(x, lam, out=tmp)
+        precond = self._preconditioner(rho, r)
+        zv = precond(r, np.empty(shape), tmp)
         p = zv.copy()
-        rz = np.sum(r * zv, axis=0)
+        rz = _cdot(r, zv)
         it = 0
         for it in range(1, self.inner_max_iter + 1):
-            if np.all(np.sqrt(np.sum(r * r, axis=0)) <= stop):
+            if np.all(np.sqrt(_cdot(r, r)) <= stop):
                 it -= 1
                 break
             Dp = D @ p
             DtDp = D.T @ Dp
-            Ap = lam * p + rho * DtDp
-            pAp = np.sum(p * Ap, axis=0)
+            pAp = rho * _cdot(p, DtDp) + lam * _cdot(p, p)       # p^T A p without forming A p
             a = np.where(pAp > 0, rz / np.where(pAp > 0, pAp, 1.0), 0.0)
-            x += a * p
-            Dx += a * Dp
-            DtDx += a * DtDp
-            r -= a * Ap
-            zv = Minv * r
-            rz_new = np.sum(r * zv, axis=0)
+            # in place, in the arrays scipy returned: a p, a D p, a D^T D p; then
+            # r -= a A p = rho (a D^T D p) + lam (a p)
+            p *= a
+            Dp *= a
+            DtDp *= a
+            x += p
+            Dx += Dp
+            DtDx += DtDp
+            DtDp *= rho
+            r -= DtDp
+            r -= np.multiply(p, lam, out=DtDp)
+            del Dp, DtDp
+            precond(r, zv, tmp)
+            rz_new = _cdot(r, zv)
             beta = np.where(rz > 0, rz_new / np.where(rz > 0, rz, 1.0), 0.0)
-            p = zv + beta * p
+            p *= np.where(a != 0, beta / np.where(a != 0, a, 1.0), 0.0)   # p holds a p
+            p += zv
             rz = rz_new
         self.inner_iters_ += it
         self.last_carry = (Dx, DtDx)
         return x
+
+    def _preconditioner(self, rho, like):
+        """r -> M^-1 r for M = lam I + rho (Dc^T Dc restricted to its diagonal + N mu mu^T).
+
+        D^T D = Dc^T Dc + N mu mu^T with Dc = D - 1 mu^T the column-centred block (mu = column
+        means). M keeps the centred Gram's diagonal and the mean's rank-one term, so its
+        diagonal is Jacobi's (lam + rho ||D_:j||^2) and it also captures the direction of the
+        mean, the top eigenvector of a non-negative block (binary / count features): on the
+        1M x 600 binary set CG needed ~3 iterations a round with Jacobi and ~1 with this.
+        Applied in O(d) by Sherman-Morrison; rho-dependent but formed from the cached column
+        statistics, so a new rho still costs no pass over the data."""
+        n = self.D.shape[0]
+        mu = self._colsum / n
+        dg = self.lam + rho * np.maximum(self._diag - self._colsum * mu, 0.0)
+        if not np.all(dg > 0):               # lam = 0 with a constant column: plain Jacobi
+            Minv = 1.0 / _col(self.lam + rho * self._diag, like)
+            return lambda r, out, tmp: np.multiply(Minv, r, out=out)
+        w = np.divide(mu, dg, out=mu)        # Dg^-1 mu
+        c = rho / (1.0 + rho * float(_cdot(self._colsum, w)))   # rho N / (1 + rho N mu^T w)
+        Dinv = np.divide(1.0, dg, out=dg)
+        Dinv, w, mu = _col(Dinv, like), _col(w, like), _col(self._colsum, like)   # N mu
+
+        def apply(r, out, tmp):
+            """M^-1 r into ``out`` (``tmp``: scratch of the same shape)."""
+            np.multiply(Dinv, r, out=out)
+            out -= np.multiply(w, c * _cdot(mu, out), out=tmp)
+            return out
+        return apply
+
+
+def sparse_gram(D, chunk=1 << 20):
+    """D^T D (dense d x d) of a sparse block by counting the pairs of each row's nonzeros.
+
+    scipy's sparse product costs ~15 ns per sum_i nnz_i^2 term (6.9 s for the 1M x 300 binary
+    block). Here the rows are grouped by their number k of nonzeros; for each group the codes
+    j * d + j' of the k (k - 1) / 2 pairs j < j' are formed in a reused buffer and counted by
+    ``np.bincount`` (weighted by the products of the values unless the block is binary), the
+    diagonal from the column sums of squares: ~5-9 ns per pair, i.e. per half term. Exact for
+    a binary block (integer counts); otherwise a sum of the same products in another order."""
+    D = D.tocsr()
+    n, d = D.shape
+    if not D.has_sorted_indices:
+        D = D.sorted_indices()
+    if D.nnz and D.has_canonical_format is False:
+        D = D.copy()
+        D.sum_duplicates()
+    ptr, idx, val = D.indptr, D.indices, D.data
+    binary = bool(np.all(val == 1.0))
+    nnz = np.diff(ptr)
+    counts = np.bincount(nnz)
+    # rows grouped by their count: a stable sort of small integers is numpy's radix sort
+    order = np.argsort(nnz.astype(np.uint16) if counts.size <= 1 << 16 else nnz, kind="stable")
+    acc = np.zeros(d * d)
+    buf = np.empty(chunk, dtype=np.intp)
+    wbuf = None if binary else np.empty(chunk)
+    start = 0
+    for k, n_k in enumerate(counts):
+        rows = order[start:start + n_k]
+        start += n_k
+        if k < 2 or n_k == 0:
+            continue
+        npair = k * (k - 1) // 2
+        if npair > chunk:                    # a row too long for the buffer: grow it
+            buf = np.empty(npair, dtype=np.intp)
+            wbuf = None if binary else np.empty(npair)
+            chunk = npair
+        step = max(1, chunk // npair)
+        for a0 in range(0, n_k, step):
+            r = rows[a0:a0 + step]
+            pos = ptr[r][:, None] + np.arange(k)
+            J = idx[pos].astype(np.intp)
+            J0 = J * d
+            V = None if binary else val[pos]
+            m, o = r.size, 0
+            for a in range(k - 1):
+                w = k - a - 1
+                np.add(J0[:, a:a + 1], J[:, a + 1:], out=buf[o:o + m * w].reshape(m, w))
+                if V is not None:
+                    np.multiply(V[:, a:a + 1], V[:, a + 1:], out=wbuf[o:o + m * w].reshape(m, w))
+                o += m * w
+            acc += np.bincount(buf[:o], weights=None if binary else wbuf[:o], minlength=d * d)
+    G = acc.reshape(d, d)
+    G += G.T.copy()                          # pairs j < j' were counted once; sorted rows: upper
+    G[np.diag_indices(d)] = _column_stats(D, sums=False)[0]
+    return G
+
+
+def _column_stats(D, chunk=1 << 18, sums=True):
+    """(sum_i D_ij^2, sum_i D_ij) per column, one pass and no copy of D.
+
+    Sparse: bincount over the stored entries in chunks with the indices cast to intp (numpy's
+    bincount on int32 indices took ~20 ns an entry, 0.3 s for the 15M entries of the 1M x 300
+    block; ~2.5 ns cast)."""
+    n, d = D.shape
+    if not sp.issparse(D):
+        return np.einsum("ij,ij->j", D, D), np.asarray(D.sum(axis=0)).ravel()
+    D = D.tocsr()
+    sq, s1 = np.zeros(d), np.zeros(d)
+    idx, val = D.indices, D.data
+    for p in range(0, idx.size, chunk):
+        i = idx[p:p + chunk].astype(np.intp)
+        v = val[p:p + chunk]
+        if sums:
+            s1 += np.bincount(i, weights=v, minlength=d)
+        sq += np.bincount(i, weights=v * v, minlength=d)
+    return sq, s1
+
+
+def _cdot(a, b):
+    """Column-wise inner products of (d,) or (d, K) arrays without a temporary (no BLAS)."""
+    return np.einsum("i,i->", a, b) if a.ndim == 1 else np.einsum("ij,ij->j", a, b)
+
+
+def _own(a, shape):
+    """A float64 array of ``shape`` to update in place: ``a`` itself when it is one (the carry
+    the solver produced last round), else a copy."""
+    if isinstance(a, np.ndarray) and a.dtype == np.float64 and a.flags.writeable and \
+            a.flags.c_contiguous and a.shape == tuple(shape):
+        return a
+    return np.array(a, dtype=float).reshape(shape)
 
 
 def _col(a, like):
