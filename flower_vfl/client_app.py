@@ -13,12 +13,14 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from .clients import psi_party
+from .errors import install_log_filter, reply_user_errors
 from .clients.vertical_party import VerticalPartyClient
 from .config import PRIVACY_KEYS, privacy_from_config, run_setting
 from .schema import parse_node_config
-from .data import party_block
+from .party_cache import cached_party_block
 
 app = ClientApp()
+install_log_filter()     # our user-facing errors: one line, no traceback (flower_vfl.errors)
 
 
 def party_node_config(context: Context) -> dict:
@@ -45,32 +47,37 @@ def make_client(context: Context) -> VerticalPartyClient:
     if psi_party.uses_own_data(context):      # the party's own export, PSI-aligned (docs/own-data.md)
         D, D_test = psi_party.own_blocks(context)[:2]
     else:
-        D, D_test = party_block(str(run_setting("dataset", rc, nc)), party, num_parties,
-                                run_setting("data-dir", rc, nc) or None)
+        # through the party's on-disk block cache: every message on a real SuperNode is a
+        # fresh process, and re-parsing a9a cost seconds per round (flower_vfl.party_cache)
+        D, D_test = cached_party_block(str(run_setting("dataset", rc, nc)), party, num_parties,
+                                       run_setting("data-dir", rc, nc) or None, nc.get("state-dir") or None)
     return VerticalPartyClient(party, D, D_test, penalty=str(run_setting("penalty", rc, nc)),
-                               lam=float(run_setting("lam", rc, nc)),
+                               lam=float(run_setting("lam", rc, nc)), x_solver=str(run_setting("x-solver", rc, nc)),
                                privacy=privacy_from_config(party, rc, nc), n_parties=num_parties,
                                state_dir=nc.get("state-dir") or None,
                                max_answers=int(nc.get("max-answers", 0)))
 
 
-@app.query("identify")
 def identify(msg: Message, context: Context) -> Message:
     return make_client(context).identify(msg, context)
 
 
-@app.train()
 def train(msg: Message, context: Context) -> Message:
     return make_client(context).train(msg, context)
 
 
-@app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     return make_client(context).evaluate(msg, context)
 
 
+# Flower calls every handler through reply_user_errors (flower_vfl.errors): a data or config
+# error is one line on this node and an error reply naming it, never a traceback (called
+# directly, as the tests do, the handlers raise)
+app.query("identify")(reply_user_errors(identify))
+app.train()(reply_user_errors(train))
+app.evaluate()(reply_user_errors(evaluate))
 # own data (flower_vfl.clients.psi_party): PSI alignment, the saved model, prediction
-app.query("psi_answer")(psi_party.psi_answer)
-app.query("psi_order")(psi_party.psi_order)
-app.query("save_model")(psi_party.save_model)
-app.query("predict")(psi_party.predict)
+app.query("psi_answer")(reply_user_errors(psi_party.psi_answer))
+app.query("psi_order")(reply_user_errors(psi_party.psi_order))
+app.query("save_model")(reply_user_errors(psi_party.save_model))
+app.query("predict")(reply_user_errors(psi_party.predict))

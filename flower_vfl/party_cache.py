@@ -1,0 +1,195 @@
+"""A party's on-disk cache of its own parsed column blocks (no Flower imports, no math).
+
+On real SuperNodes (flwr 1.41) every message runs in a fresh ``flwr-clientapp`` process, so
+without this each message parsed the bundled data again: for a9a, reading both LIBSVM files and
+slicing out the party's columns took 3-9 s of every round on a 2-core machine
+(docs/benchmarks.md, "Latency of a round on real SuperNodes"); loading the cached block takes
+milliseconds.
+
+What is kept: the party's own ``(D_train, D_test)`` exactly as :func:`flower_vfl.data.party_block`
+returns them (same class, dtypes and index arrays, so the privacy ledger's data fingerprint is
+unchanged), in ``<state-dir>/block-cache/`` on the party's own disk beside its ledger: the same
+trust domain as the data file it came from. Nothing else: no iterate, no noise, no model.
+
+The file name is a SHA-256 over the dataset name, the party and the number of parties, the
+content of the source files (a changed data file is a new key), and the source of the loader
+modules (a changed parser is a new key). A file that fails its own checksum is ignored and
+rewritten. ``FLOWER_VFL_BLOCK_CACHE=0`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["cache_enabled", "block_cache_dir", "source_fingerprint", "cached_party_block"]
+
+#: bump when the file layout below changes
+FORMAT = 1
+_LOADER_SOURCES = ("data.py", "io/__init__.py", "io/sources.py", "io/preprocess.py", "io/bundled.py")
+_HERE = Path(__file__).resolve().parent
+
+
+def cache_enabled() -> bool:
+    """False when ``FLOWER_VFL_BLOCK_CACHE`` is ``0``/``false``/``no``/``off``."""
+    return os.environ.get("FLOWER_VFL_BLOCK_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def block_cache_dir(state_dir=None) -> Path:
+    """``<state-dir>/block-cache`` (the party's own state folder, as for its ledger)."""
+    if not state_dir:
+        from .privacy.store import default_state_dir
+        state_dir = default_state_dir()
+    return Path(state_dir) / "block-cache"
+
+
+def _sha_file(h, path: Path) -> None:
+    h.update(f"{path.name}|{path.stat().st_size}|".encode())
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+
+
+def _source_files(name: str, data_dir) -> list[Path] | None:
+    """The files a bundled dataset is parsed from; None when one is missing (no caching: the
+    fresh load then raises its own error or writes the file first)."""
+    from .data import bundled_cache_dir, default_data_dir
+    if name == "a9a":
+        d = Path(data_dir) if data_dir else default_data_dir("a9a")
+        files = [d / "a9a", d / "a9a.t"]
+    elif name == "breast_cancer":
+        files = [bundled_cache_dir() / "breast_cancer.csv"]
+    else:
+        return None
+    return files if all(f.is_file() for f in files) else None
+
+
+def source_fingerprint(name: str, party: int, num_parties: int, data_dir=None) -> str | None:
+    """The cache key: SHA-256 of the request, the source files' content and the loader's code
+    (and, for breast_cancer, the scikit-learn version that splits it). None: not cacheable."""
+    files = _source_files(name, data_dir)
+    if files is None:
+        return None
+    h = hashlib.sha256(f"flower-vfl block cache v{FORMAT}|{name}|{int(party)}|{int(num_parties)}|".encode())
+    for f in files:
+        _sha_file(h, f)
+    for rel in _LOADER_SOURCES:
+        p = _HERE / rel
+        if p.is_file():
+            _sha_file(h, p)
+    if name == "breast_cancer":        # train_test_split(random_state=0) is sklearn's
+        from importlib.metadata import version
+        h.update(f"|sklearn {version('scikit-learn')}|numpy {np.__version__}".encode())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------ file layout
+def _pack(prefix: str, M, out: dict) -> None:
+    if hasattr(M, "tocsr"):
+        if M.format != "csr":
+            raise TypeError(f"block of format {M.format!r}; only CSR blocks are cached")
+        out[f"{prefix}.kind"] = np.array(type(M).__name__)
+        out[f"{prefix}.shape"] = np.array(M.shape, dtype=np.int64)
+        out[f"{prefix}.data"], out[f"{prefix}.indices"], out[f"{prefix}.indptr"] = M.data, M.indices, M.indptr
+        out[f"{prefix}.sorted"] = np.array(bool(M.has_sorted_indices))
+    else:
+        out[f"{prefix}.kind"] = np.array("ndarray")
+        out[f"{prefix}.data"] = np.asarray(M)
+
+
+def _unpack(prefix: str, f):
+    kind = str(f[f"{prefix}.kind"])
+    if kind == "ndarray":
+        return np.array(f[f"{prefix}.data"])
+    import scipy.sparse as sp
+    cls = {"csr_matrix": sp.csr_matrix, "csr_array": getattr(sp, "csr_array", sp.csr_matrix)}[kind]
+    shape = tuple(int(s) for s in f[f"{prefix}.shape"])
+    M = cls(shape, dtype=f[f"{prefix}.data"].dtype)
+    # set the arrays as stored: the constructor may change the index dtype, and the ledger's
+    # fingerprint covers dtypes
+    M.data, M.indices, M.indptr = f[f"{prefix}.data"], f[f"{prefix}.indices"], f[f"{prefix}.indptr"]
+    M.has_sorted_indices = bool(f[f"{prefix}.sorted"])
+    return M
+
+
+def _digest(arrays: dict) -> str:
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        a = np.ascontiguousarray(arrays[k])
+        h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _read(path: Path):
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
+        return None
+    digest = str(arrays.pop("checksum", ""))
+    if digest != _digest(arrays):
+        return None                       # torn or tampered file: parse again
+    return _unpack("train", arrays), (None if "test.kind" not in arrays else _unpack("test", arrays))
+
+
+def _write(path: Path, D, D_test) -> None:
+    arrays: dict = {}
+    _pack("train", D, arrays)
+    if D_test is not None:
+        _pack("test", D_test, arrays)
+    arrays["checksum"] = np.array(_digest(arrays))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".npz.tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)                  # atomic: a concurrent reader sees a whole file
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+#: blocks already returned in this process (a simulation actor serves many messages), keyed by
+#: the request and the source files' (size, mtime): no hashing or reading per message
+_MEMO: dict = {}
+
+
+def cached_party_block(name: str, party: int, num_parties: int, data_dir=None, state_dir=None):
+    """:func:`flower_vfl.data.party_block`, through the party's block cache when it is enabled
+    and the source files exist. Returns ``(D_train, D_test)``, bitwise those of a fresh parse
+    (shared objects: callers must not modify them in place)."""
+    from .data import party_block
+    data_dir = None if data_dir in (None, "") else str(data_dir)
+    files = _source_files(name, data_dir) if cache_enabled() else None
+    if files is None:
+        return party_block(name, party, num_parties, data_dir)
+    stats = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    memo = (name, int(party), int(num_parties), data_dir, str(block_cache_dir(state_dir)), stats)
+    if memo in _MEMO:
+        return _MEMO[memo]
+    key = source_fingerprint(name, party, num_parties, data_dir)
+    stem = f"{name}-p{int(party)}of{int(num_parties)}-"
+    folder = block_cache_dir(state_dir)
+    path = folder / f"{stem}{key[:32]}.npz"
+    got = _read(path) if path.is_file() else None
+    if got is None:
+        got = party_block(name, party, num_parties, data_dir)
+        try:
+            _write(path, *got)
+            for old in folder.glob(f"{stem}*.npz"):     # blocks of data that has changed since
+                if old != path:
+                    old.unlink(missing_ok=True)
+        except (OSError, TypeError):
+            pass                               # a read-only state dir only costs speed
+    while len(_MEMO) >= 8:                     # bounded: the oldest request goes first
+        _MEMO.pop(next(iter(_MEMO)))
+    _MEMO[memo] = got
+    return got
