@@ -9,14 +9,13 @@ consecutive rounds in report.json (so start-up, identify and round 1 are exclude
   started without the pyenv shim here too (deploy_local puts the interpreter's bin first);
 - ``after``: ``flower_vfl.deploy.deploy_local(isolation='subprocess')`` (Flower's isolation;
   the party's block cache, the SuperExec polling every 0.2 s);
-- ``warm``: ``deploy_local``'s default ``isolation='warm'``: SuperNodes with ``--isolation
+- ``warm``: ``isolation='warm'`` with Flower's own ``flower-supernode``: SuperNodes with ``--isolation
   process`` served by ``flower_vfl.warm_exec`` (each message's ClientApp process is forked
   from an interpreter that has already imported flwr, numpy and scipy);
-- ``floor``: ``after`` plus the SuperNode's hard-coded sleeps (3 s when idle, 0.5 s while
-  waiting for the ClientApp's reply, ``flwr/supernode/start_client_internal.py``) capped at
-  ``--sleep-cap`` (0.1 s) by a wrapper around ``flower-supernode`` **in this benchmark only**
-  (deploy_local does not offer it: it patches Flower);
-- ``warm-floor``: ``warm`` and ``floor`` together: the lowest this machine gives;
+- ``poll``: ``after`` with the SuperNodes started as ``flower-vfl-supernode --idle-poll``
+  (``--idle-poll``, 0.5 s: :mod:`flower_vfl.supernode`, Flower's ``flower-supernode`` with its
+  hard-coded 3 s idle sleep, ``flwr/supernode/start_client_internal.py``, capped);
+- ``warm-poll``: ``warm`` and ``poll`` together: ``deploy_local``'s default;
 - ``flower-pull``: ``after`` with the ServerApp pulling replies through Flower's own
   ``send_and_receive`` (3 s between pulls) instead of the strategy's loop.
 
@@ -24,7 +23,7 @@ Each deployment gets its own state dir (node config ``state-dir``), so the block
 cold in every deployment (the identify message fills it).
 
     nice python -W ignore benchmarks/bench_loopback_rounds.py --dataset a9a \\
-        --data-dir ../shared/data/a9a --rounds 4 --pairs 2 --modes before,after,warm,floor,warm-floor
+        --data-dir ../shared/data/a9a --rounds 5 --pairs 2 --modes before,after,warm,poll,warm-poll
 """
 
 from __future__ import annotations
@@ -41,44 +40,17 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_vfl.deploy import Processes, deploy_local
+from flower_vfl.deploy import deploy_local
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("before", "after", "floor", "warm", "warm-floor", "flower-pull")
-SLEEP_CAP_S = 0.1
-
-#: flower-supernode with ``time.sleep`` capped inside Flower's SuperNode loop module only
-#: (``{cap}``: --sleep-cap)
-_CAPPED_SUPERNODE = """
-import sys, time
-import flwr.supernode.start_client_internal as sci
-class _Time:
-    def __getattr__(self, name):
-        return getattr(time, name)
-    @staticmethod
-    def sleep(s):
-        time.sleep(min(s, {cap}))
-sci.time = _Time()
-from flwr.supernode.cli.flower_supernode import flower_supernode
-sys.argv[0] = "flower-supernode"
-sys.exit(flower_supernode())
-"""
-
-
-class _CappedNodes(Processes):
-    """Starts the SuperNodes through :data:`_CAPPED_SUPERNODE` (the ``floor`` modes)."""
-
-    def start(self, name, cmd, env=None, cwd=None):
-        if name.startswith("node") and str(cmd[0]) == "flower-supernode":
-            cmd = [sys.executable, "-c", _CAPPED_SUPERNODE.replace("{cap}", repr(float(SLEEP_CAP_S))), *cmd[1:]]
-        return super().start(name, cmd, env, cwd)
-
+MODES = ("before", "after", "warm", "poll", "warm-poll", "flower-pull")
+IDLE_POLL_S = 0.5
 
 _AFTER = {"FLOWER_VFL_BLOCK_CACHE": None, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": None, "FLOWER_VFL_GRID_PULL": None}
 ENV = {  # mode -> environment of the deployment (None: unset)
     "before": {"FLOWER_VFL_BLOCK_CACHE": "0", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0",
                "FLOWER_VFL_GRID_PULL": None},
-    "after": _AFTER, "floor": _AFTER, "warm": _AFTER, "warm-floor": _AFTER,
+    "after": _AFTER, "warm": _AFTER, "poll": _AFTER, "warm-poll": _AFTER,
     "flower-pull": {**_AFTER, "FLOWER_VFL_GRID_PULL": "flower"},
 }
 
@@ -89,14 +61,12 @@ def per_round(workdir, rc, mode, data_dir):
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     nodes = {m: {"state-dir": str(Path(workdir) / f"party{m}-state"), **({"data-dir": data_dir} if data_dir else {})}
              for m in range(2)}
-    procs = _CappedNodes(Path(workdir) / "logs") if mode in ("floor", "warm-floor") else None
     t0 = time.monotonic()
     try:
         res = deploy_local(workdir, 2, rc, node_configs=nodes, app_dir=ROOT, tls=False, auth=False, timeout=1800,
-                           processes=procs, isolation="warm" if mode.startswith("warm") else "subprocess")
+                           isolation="warm" if mode.startswith("warm") else "subprocess",
+                           idle_poll=IDLE_POLL_S if mode.endswith("poll") else None)
     finally:
-        if procs is not None:
-            procs.stop_all()
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     wall = time.monotonic() - t0
@@ -177,7 +147,7 @@ def stage_costs(data_dir: str, reps: int) -> dict:
 
 
 def main(argv=None):
-    global SLEEP_CAP_S
+    global IDLE_POLL_S
     # SIGTERM -> SystemExit: deploy_local's cleanup (every process group it started) runs
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,14 +155,14 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dataset", default="a9a")
     ap.add_argument("--data-dir", default="")
-    ap.add_argument("--modes", default="before,after,floor", help=f"comma-separated, of {MODES}")
-    ap.add_argument("--sleep-cap", type=float, default=SLEEP_CAP_S,
-                    help="seconds the floor modes cap the SuperNode's sleeps at (default 0.1)")
+    ap.add_argument("--modes", default="before,after,warm,poll,warm-poll", help=f"comma-separated, of {MODES}")
+    ap.add_argument("--idle-poll", type=float, default=IDLE_POLL_S,
+                    help="the poll modes' flower-vfl-supernode --idle-poll (seconds, default 0.5)")
     ap.add_argument("--stages", type=int, default=0,
                     help="also time a party's per-message stages in N fresh processes (needs --data-dir, a9a)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_loopback_rounds.json"))
     args = ap.parse_args(argv)
-    SLEEP_CAP_S = args.sleep_cap
+    IDLE_POLL_S = args.idle_poll
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -222,7 +192,7 @@ def main(argv=None):
     for m, r in ratios.items():
         print(f"{base}/{m} per repetition: {[round(v, 2) for v in r]}")
     Path(args.out).write_text(json.dumps({
-        "config": rc, "modes": modes, "sleep_cap_s": SLEEP_CAP_S, "seconds_per_round": out, "deployment_wall_s": walls,
+        "config": rc, "modes": modes, "idle_poll_s": IDLE_POLL_S, "seconds_per_round": out, "deployment_wall_s": walls,
         f"ratio_{base}_over": ratios, "loadavg_1min_after_each": loads, "stages_s": stages,
         "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(), *sys.argv[1:]])}, indent=2))
     print(f"wrote {args.out}")

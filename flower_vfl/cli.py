@@ -222,7 +222,7 @@ def cmd_deploy_local(args):
     data = {"data-dir": rc["data-dir"]} if rc.get("data-dir") else {}
     res = deploy_local(args.workdir, args.num_parties, rc, node_configs={m: dict(data) for m in range(args.num_parties)},
                        tls=not args.insecure, auth=not args.insecure, timeout=args.timeout,
-                       isolation=args.isolation)
+                       isolation=args.isolation, idle_poll=args.idle_poll or None)
     rec = res["record"]
     print(f"run {res['run_id']}: {rec.get('status')}"
           + (f" ({rec['status-details']})" if rec.get("status-details", "N/A") != "N/A" else ""))
@@ -333,6 +333,9 @@ def main(argv=None):
     p.add_argument("--isolation", choices=("warm", "subprocess"), default="warm",
                    help="warm: each message's ClientApp forked from a warm interpreter (default, "
                         "~3x faster rounds); subprocess: Flower's default, a new interpreter per message")
+    p.add_argument("--idle-poll", type=float, default=0.5,
+                   help="seconds an idle SuperNode waits between pulls (flower-vfl-supernode; "
+                        "0 = Flower's flower-supernode as shipped, which sleeps 3 s)")
     p.set_defaults(fn=cmd_deploy_local)
     p = sub.add_parser("ledger", help="a party's privacy spend across runs, from its own state-dir")
     p.add_argument("--state-dir", default="", help="the party's state-dir (default: $FLOWER_VFL_STATE_DIR "

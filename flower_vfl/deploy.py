@@ -269,7 +269,7 @@ def _node_config(items: dict) -> str:
 
 def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None, app_dir=".", tls=True,
                  auth=True, bind_keys=True, timeout=1800.0, processes=None, node_keys=None,
-                 isolation="warm") -> dict:
+                 isolation="warm", idle_poll=0.5) -> dict:
     """SuperLink + ``num_parties`` SuperNodes on loopback, one job, everything stopped after.
 
     ``node_configs[m]`` (extra node-config keys of party m); ``node_keys[m]`` (which generated
@@ -283,9 +283,17 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
     interpreter that has already imported flwr, numpy and scipy; ~2x faster rounds, see
     docs/benchmarks.md) or ``'subprocess'`` (Flower's default: the SuperNode's SuperExec starts
     a new ``flwr-clientapp`` interpreter per message).
+
+    ``idle_poll``: seconds an idle SuperNode waits between pulls (default 0.5): the SuperNodes
+    are started as ``flower-vfl-supernode --idle-poll`` (:mod:`flower_vfl.supernode`, Flower's
+    ``flower-supernode`` with its hard-coded 3 s idle sleep capped); ``None`` starts Flower's
+    ``flower-supernode`` as shipped.
     """
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation={isolation!r}; choose one of {ISOLATIONS}")
+    if idle_poll is not None:
+        from .supernode import check_idle_poll
+        idle_poll = check_idle_poll(idle_poll)
     workdir = Path(workdir).resolve()
     home, logs = workdir / "flwr_home", workdir / "logs"
     env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
@@ -320,8 +328,9 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
             run_config.setdefault("party-keys", str(keys))
         for m in range(num_parties):
             nc = {"partition-id": m, **(node_configs or {}).get(m, {})}
-            cmd = ["flower-supernode", "--superlink", f"127.0.0.1:{link}", "--port", free_port(),
-                   "--node-config", _node_config(nc)]
+            cmd = ["flower-supernode"] if idle_poll is None else \
+                [sys.executable, "-m", "flower_vfl.supernode", "--idle-poll", str(idle_poll)]
+            cmd += ["--superlink", f"127.0.0.1:{link}", "--port", free_port(), "--node-config", _node_config(nc)]
             cmd += ["--root-certificates", pki["ca"]] if tls else ["--insecure"]
             if auth:
                 cmd += ["--auth-supernode-private-key", pki["nodes"][(node_keys or {}).get(m, m)]["private"]]
