@@ -120,5 +120,9 @@ def test_real_superlink_bad_data_is_one_line_and_a_failed_run(tmp_path):
     assert why in res["record"]["status-details"]
     logs = {p.name: p.read_text(errors="replace") for p in Path(res["logs"]).glob("*.log")}
     assert "ServerApp raised an exception: PartyFailed: node " in logs["run.log"] and why in logs["run.log"]
-    assert f"query.psi_answer failed (DataError): {bad}: 2 duplicated ID(s)" in logs["node2.log"]
+    # the party's ClientApp runs in its node's warm executor (deploy_local's default isolation):
+    # its log line is in that node's exec log (in node2.log with isolation='subprocess')
+    party_log = logs["node2.log"] + logs.get("exec2.log", "")
+    assert f"query.psi_answer failed (DataError): {bad}: 2 duplicated ID(s)" in party_log
+    assert "psi_answer failed" not in logs["exec0.log"] + logs["exec1.log"]
     assert not [name for name, text in logs.items() if "Traceback" in text]
