@@ -22,6 +22,18 @@ from .config import RUN_DEFAULTS, privacy_from_config
 from .schema import SCHEMA, ConfigError, parse_run_config
 
 
+#: run-config keys that name a file or folder: made absolute on the command line, since the
+#: ServerApp and ClientApps they reach run in Flower's processes, from another working directory
+PATH_KEYS = ("out-dir", "resume", "party-keys", "data-dir", "state-dir", "labels-path", "labels-test-path",
+             "score-ids-path", "model-dir", "predictions-path")
+
+
+def absolute(path: str) -> str:
+    """``path`` made absolute against this process's working directory ('' stays '')."""
+    from pathlib import Path
+    return str(Path(path).expanduser().resolve()) if path else path
+
+
 def _run_config(args) -> dict:
     rc = {}
     for key in RUN_DEFAULTS:
@@ -29,6 +41,9 @@ def _run_config(args) -> dict:
         if hasattr(args, attr) and getattr(args, attr) is not None:
             rc[key] = getattr(args, attr)
     parse_run_config(rc, source="command line")     # every value checked before any round
+    for key in PATH_KEYS:
+        if isinstance(rc.get(key), str):
+            rc[key] = absolute(rc[key])
     return rc
 
 

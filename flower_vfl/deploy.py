@@ -308,7 +308,8 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
     conn = write_connection(home, "loopback", f"127.0.0.1:{link}", pki["ca"] if tls else None)
     procs = processes or Processes(logs)
     run_config = dict(run_config)
-    run_config.setdefault("out-dir", str(workdir / "out"))
+    if not run_config.get("out-dir"):           # '' (the CLI's default) too
+        run_config["out-dir"] = str(workdir / "out")
     try:
         cmd = ["flower-superlink", "--port", link, "--disable-runtime-dependency-installation"]
         cmd += ["--ssl-ca-certfile", pki["ca"], "--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"]] \

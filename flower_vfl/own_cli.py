@@ -56,10 +56,11 @@ def own_parties(args) -> list[dict]:
     lab = getattr(args, "label_column", None) or "label"
     if not args.labels:
         raise SystemExit("--party needs --labels (the label owner's file with the IDs and labels)")
+    from .cli import absolute      # the paths reach Flower's processes: absolute, from here
     parties = []
     if _has_features(args.labels, idc, lab):
-        parties.append({"data-path": args.labels, "label-column": lab})
-    parties += [{"data-path": p} for p in args.party]
+        parties.append({"data-path": absolute(args.labels), "label-column": lab})
+    parties += [{"data-path": absolute(p)} for p in args.party]
     for m, cfg in enumerate(parties):
         cfg.update({"partition-id": m, "id-column": idc, "preprocess": args.preprocess})
     return parties
@@ -110,17 +111,18 @@ def own_node_configs(args, rc: dict, nodes: dict) -> tuple[dict, dict, int]:
     simulation engine gives nodes no config of their own, and a local SuperLink started by an
     earlier ``flwr run`` keeps that run's environment, so a node-config file named by the
     environment could be stale."""
+    from .cli import absolute
     parties = own_parties(args)
     predict = str(rc.get("mode", "train")) == "predict"
-    model_dir = rc.get("model-dir") or rc.get("out-dir") or "vfl-model"
+    model_dir = absolute(rc.get("model-dir") or rc.get("out-dir") or "vfl-model")
     paths = ",".join(cfg["data-path"] for cfg in parties)
     rc = dict(rc, **{"num-parties": len(parties), "model-dir": model_dir,
                      "party-model-dirs": ",".join([model_dir] * len(parties)),
                      "id-column": parties[0]["id-column"], "preprocess": args.preprocess})
     if predict:                        # the same files name the rows to score
-        rc.update({"score-ids-path": args.labels, "party-score-paths": paths})
+        rc.update({"score-ids-path": absolute(args.labels), "party-score-paths": paths})
     else:
-        rc.update({"labels-path": args.labels, "party-data-paths": paths})
+        rc.update({"labels-path": absolute(args.labels), "party-data-paths": paths})
     nodes = {m: {**nodes.get(m, {}), "partition-id": m} for m in range(len(parties))}
     return rc, nodes, len(parties)
 

@@ -122,3 +122,20 @@ def test_pyproject_and_readme_follow_the_schema():
     readme = (ROOT / "README.md").read_text()
     table = readme.split("<!-- config-keys:start -->\n", 1)[1].split("\n<!-- config-keys:end -->", 1)[0]
     assert table == markdown_table()
+
+
+def test_command_line_paths_reach_flower_absolute(tmp_path, monkeypatch):
+    """The ServerApp and ClientApps run in Flower's processes, from another working directory: a
+    relative --data-dir on the command line failed there ('a9a data file not found:
+    ../shared/data/a9a/a9a'). Every path-valued key leaves the CLI absolute; '' stays ''."""
+    import argparse
+
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(data_dir="../data/a9a", out_dir="runs/x", state_dir="", model_dir="~/m",
+                              dataset="a9a", num_parties=2)
+    rc = cli._run_config(args)
+    assert rc["data-dir"] == str(tmp_path.parent / "data" / "a9a")
+    assert rc["out-dir"] == str(tmp_path / "runs" / "x")
+    assert rc["model-dir"] == str(Path.home() / "m")
+    assert rc["state-dir"] == ""
+    assert set(cli.PATH_KEYS) <= set(cli.RUN_DEFAULTS)
