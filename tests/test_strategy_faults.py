@@ -288,3 +288,23 @@ def test_party_keys_bind_registered_keys_to_parties(tmp_path, clean):
         run(FaultyGrid(nodes(), RC, keys=keys), **{"party-keys": swapped})
     with pytest.raises(PermissionError, match=r"node 100 claims party 0 but its SuperNode key is unknown"):
         run(FaultyGrid(nodes(), RC), **{"party-keys": path})
+
+
+def test_two_nodes_claiming_one_index_are_refused_by_name():
+    """The identify steps of every strategy (vertical, horizontal, SGD baseline, PSI) record
+    claims through one function: the same node again is fine, a second node is refused."""
+    from flower_vfl.schema import ConfigError
+    from flower_vfl.strategies.replies import claim
+
+    seen = {}
+    claim(seen, "agent", 3, 100)
+    claim(seen, "agent", 3, 100)
+    assert seen == {3: 100}
+    msg = ("nodes 100 and 101 both claim agent 3; give each SuperNode a distinct partition-id in its "
+           "node config")
+    with pytest.raises(ValueError) as err:
+        claim(seen, "agent", 3, 101)
+    assert str(err.value) == msg
+    with pytest.raises(ConfigError):
+        claim(seen, "agent", 3, 101, ConfigError)
+    assert seen == {3: 100}

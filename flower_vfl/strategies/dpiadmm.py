@@ -23,6 +23,7 @@ from flwr.serverapp.strategy import Strategy
 
 from ..horizontal.admm import DPIADMMParams, dual_step, rho_schedule, server_step
 from ..horizontal.model import error_rate
+from .replies import claim
 
 __all__ = ["DPIADMMStrategy", "AgentRefused"]
 
@@ -87,13 +88,11 @@ class DPIADMMStrategy(Strategy):
                 raise RuntimeError(f"node {nid} failed to identify itself: {rep.error.reason}")
             info = rep.content["identity"]
             agent = int(info["agent"])
-            if agent in seen:
-                raise ValueError(f"nodes {seen[agent]} and {nid} both claim agent {agent}; give each "
-                                 "SuperNode a distinct partition-id in its node config")
+            claim(seen, "agent", agent, nid)
             if int(info["num_features"]) != self.J:
                 raise ValueError(f"agent {agent} has {info['num_features']} features, the server expects "
                                  f"num_features={self.J}")
-            seen[agent], self.node_to_agent[nid] = nid, agent
+            self.node_to_agent[nid] = agent
             self.n_samples[agent] = int(info["n_samples"])
             eps[agent] = None if float(info["eps_bar"]) <= 0 else float(info["eps_bar"])
         missing = sorted(set(range(self.num_agents)) - set(seen))

@@ -18,7 +18,7 @@ from flwr.serverapp import Grid
 
 from .. import psi
 from ..schema import ConfigError
-from .replies import PartyFailed, PartyLost, ReplyError
+from .replies import PartyFailed, PartyLost, ReplyError, claim
 
 __all__ = ["PSIAlignment", "AlignResult"]
 
@@ -83,13 +83,10 @@ class PSIAlignment:
         msgs = [Message(RecordDict({"psi": ConfigRecord(cfg)}), dst_node_id=nid,
                         message_type="query.psi_answer") for nid in nodes]
         answers = self._exchange(grid, msgs, "answer")
-        node_to_party, pairwise, sizes = {}, {}, {}
+        node_to_party, pairwise, sizes, seen = {}, {}, {}, {}
         for nid, rec in sorted(answers.items()):
             m = int(rec["party"])
-            if m in pairwise:
-                other = [n for n, p in node_to_party.items() if p == m][0]
-                raise ConfigError(f"nodes {other} and {nid} both claim party {m}; give each SuperNode a distinct "
-                                  "partition-id in its node config")
+            claim(seen, "party", m, nid, ConfigError)
             node_to_party[nid] = m
             pairwise[m] = owner.intersect(bytes(rec["setup"]), bytes(rec["response"]), f"party {m} (node {nid})")
             sizes[m] = _setup_size(bytes(rec["setup"]))

@@ -12,7 +12,7 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.constant import ErrorCode
 
-__all__ = ["ReplyError", "PartyFailed", "PartyLost", "LOST_CODES", "match_replies", "check_release"]
+__all__ = ["ReplyError", "PartyFailed", "PartyLost", "LOST_CODES", "match_replies", "check_release", "claim"]
 
 #: error codes meaning "the node or its message went away" (a restarted SuperNode can take over);
 #: any other error reply (the party's handler raised, e.g. it refused an invalid message) is final
@@ -97,3 +97,12 @@ def check_release(rep: Message, party: int, key: str, shape: tuple, what: str) -
         raise ReplyError(f"{where} holds {int(np.size(v) - np.isfinite(v).sum())} NaN/inf values; refused "
                          "(it would poison z for every later round)")
     return np.asarray(v, dtype=np.float64)
+
+
+def claim(seen: dict, role: str, index: int, nid: int, error: type = ValueError) -> None:
+    """Record that node ``nid`` serves ``role`` ``index`` (``seen``: index -> node id); a second
+    node claiming the same index stops the run, naming both nodes and the fix."""
+    if index in seen and seen[index] != nid:
+        raise error(f"nodes {seen[index]} and {nid} both claim {role} {index}; give each SuperNode a distinct "
+                    "partition-id in its node config")
+    seen[index] = nid

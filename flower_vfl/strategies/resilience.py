@@ -26,7 +26,7 @@ from logging import INFO, WARNING
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 
-from .replies import LOST_CODES, PartyFailed, PartyLost, ReplyError, match_replies, message_key
+from .replies import LOST_CODES, PartyFailed, PartyLost, ReplyError, claim, match_replies, message_key
 
 __all__ = ["ResilientRounds", "key_fingerprint", "load_party_keys", "send_and_receive"]
 
@@ -179,11 +179,9 @@ class ResilientRounds:
                 asked.update(answers)          # a node that did not answer in time is asked again
                 for nid, info in answers.items():
                     party = info["party"]
-                    if party in seen:
-                        raise ValueError(f"nodes {seen[party]} and {nid} both claim party {party}; give each "
-                                         "SuperNode a distinct partition-id in its node config")
+                    claim(seen, "party", party, nid)
                     self._check_key(grid, nid, party)
-                    seen[party], mapping[nid] = nid, party
+                    mapping[nid] = party
                     self._note_state(party, info)
                     if info["private"]:
                         self.private_parties[party] = info["train_rounds"]

@@ -22,7 +22,7 @@ from flwr.serverapp.strategy import Strategy
 
 from ..baselines.sgd import FLOAT_BYTES, SGDCentral, batch_indices, eval_metrics, learning_rate, n_batches
 from ..core.losses import get_loss
-from .replies import PartyLost, ReplyError, check_release, match_replies
+from .replies import PartyLost, ReplyError, check_release, claim, match_replies
 
 __all__ = ["VerticalSGDStrategy"]
 
@@ -92,13 +92,11 @@ class VerticalSGDStrategy(Strategy):
         for rep in ok.values():
             nid, info = rep.metadata.src_node_id, rep.content.config_records["identity"]
             party = int(info["party"])
-            if party in seen:
-                raise ValueError(f"nodes {seen[party]} and {nid} both claim party {party}; give each SuperNode "
-                                 "a distinct partition-id in its node config")
+            claim(seen, "party", party, nid)
             if int(info["n_rows"]) != self.n:
                 raise ValueError(f"party {party} (node {nid}) holds {int(info['n_rows'])} rows but the labels have "
                                  f"{self.n}; the parties' samples are not aligned")
-            seen[party], real[nid] = nid, party
+            real[nid] = party
         missing = sorted(set(range(self.num_parties)) - set(seen))
         if missing:
             raise RuntimeError(f"parties {missing} did not answer the identify query; start one SuperNode per "
