@@ -97,7 +97,7 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4.4))
+    fig, ax = plt.subplots(1, 3, figsize=(15, 5.6))
     for series, key, marker in (("N", "N", "o"), ("d", "d", "s")):
         rs = [r for r in rows if r["series"] == series]
         if not rs:
@@ -116,9 +116,9 @@ def plot(rows, path):
               title="First round (setup + round 1) vs sklearn's whole fit")
     ax[2].set(xlabel="N (circles) or d (squares)", ylabel="fit's peak allocation / data bytes", title="Peak memory of the fit")
     ax[2].axhline(0.5, color="grey", lw=0.8, ls="--", label="goal: fit adds <= 0.5x (peak <= 1.5x data)")
-    for a in ax:
+    for a in ax:                 # legends under the panels: inside, they hid the steepest points
         a.grid(True, which="both", alpha=0.3)
-        a.legend(fontsize=7)
+        a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1, frameon=False)
     fig.suptitle("flower-vfl scale benchmark: sparse binary logistic L2 (benchmarks/bench_scale.py)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
