@@ -25,7 +25,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..horizontal.admm import DPIADMMParams, agent_update, dual_step, outp_constants
-from ..horizontal.model import local_gradient, one_hot, per_sample_l1
+from ..horizontal.model import local_gradient_blocks, one_hot
 from ..horizontal.privacy import account, ledger_entry, new_agent_seed, standard_draw
 
 __all__ = ["BudgetSpent", "DPIADMMClient", "agent_privacy_from_node_config"]
@@ -173,8 +173,12 @@ class DPIADMMClient:
         if t < meta["last_t"]:
             return self._refuse(msg, f"agent {self.agent_id}: round t={t} is not after the last answered "
                                      f"round {meta['last_t']}; rounds must increase")
-        G, R = local_gradient(z, self.X, self.Y, I, p.beta, P, return_residual=True)
-        l1 = per_sample_l1(self.X, R, I) if p.private else None
+        # the engine's function (run_dpiadmm_many), with this agent's block alone: the two paths
+        # compute the gradient and eq. (20)'s sensitivity with the same code
+        x_l1 = [np.abs(self.X).sum(axis=1)] if p.private else None
+        G, l1max = local_gradient_blocks(z[None, None], [self.X], [self.Y], I, p.beta, x_l1, n_agents=P)
+        G = G[0, 0]
+        l1 = l1max[0] if p.private else None            # (1,): its max is the agent's max
         draw = standard_draw(int(meta["seed"]), t, (J, self.K), p.variant, int(context.run_id)) \
             if p.private else None
         c1, c3 = outp_constants(len(self.y), I, J, p)

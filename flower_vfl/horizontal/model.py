@@ -75,16 +75,19 @@ def local_gradient(Z, X, Y, I: int, beta: float, P: int, return_residual: bool =
     return (G, R) if return_residual else G
 
 
-def local_gradient_blocks(Z, X_parts, Y_parts, I: int, beta: float, x_l1=None):
+def local_gradient_blocks(Z, X_parts, Y_parts, I: int, beta: float, x_l1=None, n_agents: int | None = None):
     """:func:`local_gradient` for agents of unequal sizes, without padding (the engine's path).
 
     Z: (S, P, J, K); X_parts[p]: (I_p, J); Y_parts[p]: one-hot (I_p, K). Every agent does one
     (I_p x J)(J x S*K) product for its logits and one for its gradient (seeds folded into the
     columns). With ``x_l1`` (the agents' per-sample ||x_i||_1, constant over the run) also
     returns eq. (20)'s max_i ||x_i||_1 ||h_i - y_i||_1 / I per seed and agent, shape (S, P).
-    Returns G (S, P, J, K) and the sensitivities (or None).
+    Returns G (S, P, J, K) and the sensitivities (or None). ``n_agents``: the P of the
+    regularizer's 2 beta / P when ``Z`` holds only some of the agents (an agent's own client
+    passes its block alone); default ``Z.shape[1]``.
     """
     S, P, J, K = Z.shape
+    reg = 2.0 * beta / (P if n_agents is None else int(n_agents))
     G = np.empty_like(Z)
     l1max = np.empty((S, P), dtype=Z.dtype) if x_l1 is not None else None
     for p in range(P):
@@ -96,7 +99,7 @@ def local_gradient_blocks(Z, X_parts, Y_parts, I: int, beta: float, x_l1=None):
         R /= R.sum(axis=-1, keepdims=True)
         R -= Yp[:, None, :]
         Gp = np.matmul(Xp.T, R.reshape(-1, S * K)).reshape(J, S, K).transpose(1, 0, 2)
-        G[:, p] = Gp / I + (2.0 * beta / P) * Z[:, p]
+        G[:, p] = Gp / I + reg * Z[:, p]
         if x_l1 is not None:
             l1max[:, p] = (x_l1[p][:, None] * np.abs(R).sum(axis=-1)).max(axis=0) / I
     return G, l1max
