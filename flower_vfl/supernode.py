@@ -22,6 +22,7 @@ it, the SuperNode runs as Flower ships it and says so in one warning line.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import math
 import sys
@@ -74,10 +75,11 @@ def cap_idle_sleep(idle_poll: float = IDLE_POLL_S) -> bool:
     idle_poll = check_idle_poll(idle_poll)
     import flwr.supernode.start_client_internal as sci
 
-    if FLOWER_IDLE_SLEEP not in inspect.getsource(sci) or getattr(sci, "time", None) is not time:
-        if isinstance(getattr(sci, "time", None), _CappedTime):
-            sci.time.cap = idle_poll
-            return True
+    current = getattr(sci, "time", None)
+    if isinstance(current, _CappedTime):            # already patched in this process
+        current.cap = idle_poll
+        return True
+    if current is not time or FLOWER_IDLE_SLEEP not in inspect.getsource(sci):
         warnings.warn("flower-vfl-supernode: this Flower release's SuperNode loop has no "
                       f"'{FLOWER_IDLE_SLEEP}'; running it unpatched (Flower's own idle poll)", stacklevel=2)
         return False
@@ -86,20 +88,14 @@ def cap_idle_sleep(idle_poll: float = IDLE_POLL_S) -> bool:
 
 
 def _split_args(argv: list[str]) -> tuple[float, list[str]]:
-    idle, rest, i = IDLE_POLL_S, [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--idle-poll":
-            if i + 1 >= len(argv):
-                raise ValueError(f"--idle-poll needs a value in seconds (default {IDLE_POLL_S})")
-            idle, i = argv[i + 1], i + 2
-            continue
-        if a.startswith("--idle-poll="):
-            idle = a.split("=", 1)[1]
-        else:
-            rest.append(a)
-        i += 1
-    return check_idle_poll(idle), rest
+    """(--idle-poll, the rest for flower-supernode, in order)."""
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    ap.add_argument("--idle-poll", default=IDLE_POLL_S)
+    try:
+        ns, rest = ap.parse_known_args(argv)
+    except argparse.ArgumentError:
+        raise ValueError(f"--idle-poll needs a value in seconds (default {IDLE_POLL_S})") from None
+    return check_idle_poll(ns.idle_poll), rest
 
 
 def main(argv: list[str] | None = None) -> int | None:

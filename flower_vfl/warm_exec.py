@@ -48,6 +48,10 @@ def _fork_executor():
     class ForkExecutor(SubprocessExecutor):
         """ClientApp tasks in a forked child of this warm process; the rest as Flower does."""
 
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._forked: set[int] = set()      # pids of the children launch() forked
+
         def launch(self, spec):
             if spec.task_type != TaskType.CLIENT_APP or not hasattr(os, "fork"):
                 return super().launch(spec)
@@ -55,6 +59,7 @@ def _fork_executor():
             t0 = time.monotonic()
             pid = os.fork()
             if pid:
+                self._forked.add(pid)
                 return LaunchResult.accepted()
             code = 0
             # the app's code comes from the FAB, as in flwr-clientapp: forget this package (it
@@ -79,14 +84,15 @@ def _fork_executor():
                     os._exit(code)
 
         def reconcile(self) -> None:
-            """Reap finished children (no zombies), then Flower's own bookkeeping."""
-            while True:
+            """Reap the finished children this executor forked (no zombies; the processes
+            Flower's own launch started are left to its Popen bookkeeping), then Flower's."""
+            for pid in list(self._forked):
                 try:
-                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                    done, _ = os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
+                    done = pid
+                if done:
+                    self._forked.discard(pid)
             super().reconcile()
 
     return ForkExecutor()
