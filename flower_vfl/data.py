@@ -49,8 +49,7 @@ def load_all(name: str, data_dir: str | None = None):
         scaler = Preprocessor("standardize").fit(X_tr, t.columns)   # fitted on the training rows
         return scaler.transform(X_tr), y_tr, scaler.transform(X_te), y_te
 
-    d = Path(data_dir) if data_dir else default_data_dir("a9a")
-    paths = [d / "a9a", d / "a9a.t"]
+    paths = source_files("a9a", data_dir)
     for p in paths:
         if not p.is_file():
             raise FileNotFoundError(
@@ -58,6 +57,16 @@ def load_all(name: str, data_dir: str | None = None):
                 "data-dir to the folder holding a9a and a9a.t")
     tr, te = (_read_bundled("a9a", p) for p in paths)     # LIBSVM + sidecar IDs, as a party's export
     return tr.X.tocsc(), tr.y.astype(float), te.X.tocsc(), te.y.astype(float)
+
+
+def source_files(name: str, data_dir=None) -> list[Path]:
+    """The files a bundled dataset is parsed from (they may not exist: breast_cancer's CSV is
+    written on first use; a9a's must be in ``data_dir``)."""
+    _check_name(name)
+    if name == "breast_cancer":
+        return [bundled_cache_dir() / "breast_cancer.csv"]
+    d = Path(data_dir) if data_dir else default_data_dir("a9a")
+    return [d / "a9a", d / "a9a.t"]
 
 
 def bundled_cache_dir() -> Path:
@@ -78,7 +87,7 @@ def _read_bundled(name, libsvm_path=None):
     cache = bundled_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     if name == "breast_cancer":
-        path = cache / "breast_cancer.csv"
+        path = source_files("breast_cancer")[0]
         if not path.is_file():
             from sklearn.datasets import load_breast_cancer
             d = load_breast_cancer()

@@ -56,15 +56,13 @@ def _sha_file(h, path: Path) -> None:
 
 
 def _source_files(name: str, data_dir) -> list[Path] | None:
-    """The files a bundled dataset is parsed from; None when one is missing (no caching: the
-    fresh load then raises its own error or writes the file first)."""
-    from .data import bundled_cache_dir, default_data_dir
-    if name == "a9a":
-        d = Path(data_dir) if data_dir else default_data_dir("a9a")
-        files = [d / "a9a", d / "a9a.t"]
-    elif name == "breast_cancer":
-        files = [bundled_cache_dir() / "breast_cancer.csv"]
-    else:
+    """The files a bundled dataset is parsed from (:func:`flower_vfl.data.source_files`); None
+    when one is missing or the name is not a bundled dataset (no caching: the fresh load then
+    raises its own error or writes the file first)."""
+    from .data import source_files
+    try:
+        files = source_files(name, data_dir)
+    except ValueError:
         return None
     return files if all(f.is_file() for f in files) else None
 

@@ -6,10 +6,11 @@
   scoring rows, x_m from the saved model file) both call it. A private party passes its
   released x̃: it was fitted on row-normalized rows, so the rows are normalized the same way
   (:func:`flower_vfl.privacy.party.normalize_rows`); scoring is post-processing of x̃, free.
-* the label owner (:func:`combine`, :func:`decode`): ``f = sum_m D_m x_m + b`` over the named
-  parties (a missing one is an error, never a zero), then the classes in the user's own labels
-  and the probabilities. The strategy's ``aggregate_evaluate`` and
-  :func:`flower_vfl.strategies.own_data.predict` both call them.
+* the label owner (:func:`combine`): ``f = sum_m D_m x_m + b`` over the named parties (a
+  missing one is an error, never a zero). The strategy's ``aggregate_evaluate`` and
+  :func:`flower_vfl.strategies.own_data.predict` both call it; the predict job then decodes
+  classes and probabilities with :func:`flower_vfl.core.sklearn_api.decode_scores`, as the
+  estimator does.
 
 Who may ask for what (a private party refuses evaluation before its final update, releases x̃
 once and stores it) stays in the party's handler; this module holds no state and no Flower
@@ -24,7 +25,7 @@ import numpy as np
 
 from .errors import PartyMissing
 
-__all__ = ["party_scores", "combine", "decode"]
+__all__ = ["party_scores", "combine"]
 
 
 def party_scores(D_rows, x, private: bool = False) -> np.ndarray:
@@ -52,10 +53,3 @@ def combine(parts: Mapping[int, np.ndarray], intercept, parties: Iterable[int], 
                            "needs every party's block (no zero-filling): restart their SuperNodes and run again")
     f = sum(parts[m] for m in parties)
     return f + intercept
-
-
-def decode(f, loss, classes):
-    """``(labels, proba)``: labels in the user's encoding (``classes``; the values themselves
-    for 'squared'), probabilities or None (:func:`flower_vfl.core.sklearn_api.decode_scores`)."""
-    from .core.sklearn_api import decode_scores
-    return decode_scores(f, loss, classes)

@@ -35,9 +35,9 @@ from flwr.serverapp import Grid
 from .. import model_io
 from ..core.losses import get_loss
 from ..io import DataError, read_party, source_from_config
-from ..core.sklearn_api import BINARY_LOSSES, encode_classes
+from ..core.sklearn_api import BINARY_LOSSES, decode_scores, encode_classes
 from ..schema import ConfigError
-from ..scoring import combine, decode
+from ..scoring import combine
 from .psi_align import PSIAlignment
 from .replies import PartyFailed, check_release
 
@@ -124,7 +124,7 @@ def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
     The same code as the evaluation rounds during training (:mod:`flower_vfl.scoring`): the
     party's handler calls :func:`~flower_vfl.scoring.party_scores`, the label owner checks each
     reply as a training-time release (:func:`~flower_vfl.strategies.replies.check_release`) and
-    calls :func:`~flower_vfl.scoring.combine` and :func:`~flower_vfl.scoring.decode`."""
+    calls :func:`~flower_vfl.scoring.combine`."""
     num_parties = int(run_config.get("num-parties", 2))
     if not _get(run_config, "score-ids-path"):
         raise ConfigError("mode=predict needs the run-config key score-ids-path (a file with the IDs to score)")
@@ -145,7 +145,7 @@ def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
             raise PartyFailed(f"party {party} (node {nid}) failed to score: {rep.error.reason}")
         parts[party] = check_release(rep, party, "s_score", shape, "predict")
     f = combine(parts, m["intercept"], range(num_parties), "scores for the predict job")
-    labels, proba = decode(f, loss, classes)
+    labels, proba = decode_scores(f, loss, classes)
     scored = [ids[i] for i in al.order]
     out = Path(str(_get(run_config, "predictions-path") or owner_model_path(run_config).parent / "predictions.csv"))
     out.parent.mkdir(parents=True, exist_ok=True)
