@@ -15,6 +15,11 @@ The file name is a SHA-256 over the dataset name, the party and the number of pa
 content of the source files (a changed data file is a new key), and the source of the loader
 modules (a changed parser is a new key). A file that fails its own checksum is ignored and
 rewritten. ``FLOWER_VFL_BLOCK_CACHE=0`` turns the cache off.
+
+The folder is bounded: it keeps the :data:`MAX_FILES` most recently used blocks and deletes the
+rest. The run config (the server's) names the dataset and ``num-parties``, so without a bound a
+curious or malicious server could make the party write one block per value it sends (a9a:
+``num-parties`` 1..123 would be ~5x the data on the party's disk).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ __all__ = ["cache_enabled", "block_cache_dir", "source_fingerprint", "cached_par
 
 #: bump when the file layout below changes
 FORMAT = 1
+#: blocks kept in the cache folder (least recently used deleted first)
+MAX_FILES = 4
 _LOADER_SOURCES = ("data.py", "io/__init__.py", "io/sources.py", "io/preprocess.py", "io/bundled.py")
 _HERE = Path(__file__).resolve().parent
 
@@ -155,6 +162,27 @@ def _write(path: Path, D, D_test) -> None:
         raise
 
 
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)                         # "recently used" for _evict
+    except OSError:
+        pass
+
+
+def _evict(folder: Path, keep: Path) -> None:
+    """Delete all but the MAX_FILES most recently used blocks (never ``keep``)."""
+    def mtime(f):
+        try:
+            return f.stat().st_mtime_ns
+        except OSError:
+            return 0
+    files = sorted(folder.glob("*.npz"), key=mtime, reverse=True)
+    kept = [keep] + [f for f in files if f != keep][: MAX_FILES - 1]
+    for f in files:
+        if f not in kept:
+            f.unlink(missing_ok=True)
+
+
 #: blocks already returned in this process (a simulation actor serves many messages), keyed by
 #: the request and the source files' (size, mtime): no hashing or reading per message
 _MEMO: dict = {}
@@ -178,13 +206,16 @@ def cached_party_block(name: str, party: int, num_parties: int, data_dir=None, s
     folder = block_cache_dir(state_dir)
     path = folder / f"{stem}{key[:32]}.npz"
     got = _read(path) if path.is_file() else None
-    if got is None:
+    if got is not None:
+        _touch(path)
+    else:
         got = party_block(name, party, num_parties, data_dir)
         try:
             _write(path, *got)
             for old in folder.glob(f"{stem}*.npz"):     # blocks of data that has changed since
                 if old != path:
                     old.unlink(missing_ok=True)
+            _evict(folder, keep=path)
         except (OSError, TypeError):
             pass                               # a read-only state dir only costs speed
     while len(_MEMO) >= 8:                     # bounded: the oldest request goes first
