@@ -21,6 +21,8 @@ from .privacy import account, ledger_entry, standard_draw
 
 __all__ = ["pad_agents", "agent_seeds", "DPIADMMResult", "run_dpiadmm", "run_dpiadmm_many"]
 
+_BLOCK = 1 << 18      # floats of (seeds x agents x J x K) per agent step: ~1 MB in float32, the L2
+
 
 def pad_agents(X_parts, y_parts, K: int):
     """Stack the agents' data into (P, n_max, J) with zero rows and zero one-hot labels as
@@ -83,6 +85,8 @@ def run_dpiadmm(X_parts, y_parts, params: DPIADMMParams, T: int, seeds, K: int |
         tests and the Flower path use float64.
     X_test, y_test : optional
         Held-out data; test error of w^{t+1} every ``eval_every`` iterations and at T.
+    progress : bool or callable, default=False
+        True: a tqdm bar; a callable is called with t after every iteration.
     """
     return run_dpiadmm_many(X_parts, y_parts, [params], T, [seeds], K, X_test, y_test, eval_every,
                             progress, keep_ledger, dtype, stream)[0]
@@ -126,7 +130,8 @@ def run_dpiadmm_many(X_parts, y_parts, params_list, T: int, seeds_list, K: int |
                for p, S in zip(params_list, sizes)]
     Xt = None if X_test is None else np.asarray(X_test, dtype=dtype)
     it = range(1, int(T) + 1)
-    if progress:
+    report = progress if callable(progress) else None
+    if progress and report is None:
         from tqdm.auto import tqdm
         it = tqdm(it, desc=", ".join(f"{p.variant} eps={p.eps_bar}" for p in params_list)[:60], leave=False)
     for t in it:
@@ -143,15 +148,25 @@ def run_dpiadmm_many(X_parts, y_parts, params_list, T: int, seeds_list, K: int |
             sl = slice(bounds[i], bounds[i + 1])
             seeds, S = seeds_list[i], sizes[i]
             W = Wall[sl]
-            draw = None
-            l1 = None
-            if params.private:
-                draw = np.stack([np.stack([standard_draw(seeds[s, p], t, (J, K), params.variant, stream)
-                                           for p in range(P)]) for s in range(S)]).astype(dtype, copy=False)
-                l1 = l1max[sl][..., None]                                     # max already taken
-            Zi, info = agent_update(Z[sl], Lam[sl], W[:, None], G[sl], l1, draw, rho, t, params, I, *consts[i])
-            Lam[sl] = dual_step(Lam[sl], W, Zi, rho)                           # (4c)
-            Z[sl] = Zi
+            c1, c3 = consts[i]
+            pb = max(1, _BLOCK // (S * J * K))             # agents per block: the step's passes stay in cache
+            infos = []
+            for a in range(0, P, pb):
+                ab = slice(a, min(a + pb, P))
+                draw = l1 = None
+                if params.private:
+                    draw = np.empty((S, ab.stop - a, J, K), dtype=dtype)
+                    for s in range(S):
+                        for p in range(a, ab.stop):
+                            draw[s, p - a] = standard_draw(seeds[s, p], t, (J, K), params.variant, stream)
+                    l1 = l1max[sl, ab][..., None]                              # max already taken
+                Lb = Lam[sl, ab]
+                Zi, info = agent_update(Z[sl, ab], Lb, W[:, None], G[sl, ab], l1, draw, rho, t, params, I, c1, c3[ab])
+                Lam[sl, ab] = dual_step(Lb, W, Zi, rho)                        # (4c)
+                Z[sl, ab] = Zi
+                infos.append(info)
+            info = {k: np.concatenate([x[k] for x in infos], axis=1)              # (S, P) each
+                    for k in ("scale", "sensitivity", "noise_abs_mean") if k in infos[0]}
             if params.private and keep_ledger:
                 sc = np.broadcast_to(info["scale"], (S, P))
                 se = np.broadcast_to(info["sensitivity"], (S, P))
@@ -161,12 +176,14 @@ def run_dpiadmm_many(X_parts, y_parts, params_list, T: int, seeds_list, K: int |
                                                               params.delta_bar, sc[s, p], se[s, p]))
             if evaluate:
                 err = error_rate(W, Xt, y_test)
-                cv = np.abs(W[:, None] - Zi).sum(axis=(1, 2, 3))                # App. A.10
+                cv = np.abs(W[:, None] - Z[sl]).sum(axis=(1, 2, 3))             # App. A.10
                 nm = info.get("noise_abs_mean")
                 for s in range(S):
                     res.history.append({"t": t, "seed": s, "test_error": float(err[s]), "rho": rho,
                                         "consensus_violation": float(cv[s]),
                                         "noise_abs_mean": float(np.mean(nm[s])) if nm is not None else 0.0})
+        if report is not None:
+            report(t)
     for i, res in enumerate(results):        # w^{T+1} of the last iteration (paper indexing)
         sl = slice(bounds[i], bounds[i + 1])
         res.W, res.Z, res.Lam = Wall[sl].copy(), Z[sl].copy(), Lam[sl].copy()

@@ -79,30 +79,47 @@ def local_gradient_blocks(Z, X_parts, Y_parts, I: int, beta: float, x_l1=None, n
     """:func:`local_gradient` for agents of unequal sizes, without padding (the engine's path).
 
     Z: (S, P, J, K); X_parts[p]: (I_p, J); Y_parts[p]: one-hot (I_p, K). Every agent does one
-    (I_p x J)(J x S*K) product for its logits and one for its gradient (seeds folded into the
+    (I_p x J)(J x K*S) product for its logits and one for its gradient (seeds folded into the
     columns). With ``x_l1`` (the agents' per-sample ||x_i||_1, constant over the run) also
     returns eq. (20)'s max_i ||x_i||_1 ||h_i - y_i||_1 / I per seed and agent, shape (S, P).
     Returns G (S, P, J, K) and the sensitivities (or None). ``n_agents``: the P of the
     regularizer's 2 beta / P when ``Z`` holds only some of the agents (an agent's own client
     passes its block alone); default ``Z.shape[1]``.
+
+    The columns are ordered class-major, (k, s): the softmax over k then runs over K slabs of
+    S contiguous values (SIMD over the seeds) instead of over a trailing axis of size K.
     """
     S, P, J, K = Z.shape
     reg = 2.0 * beta / (P if n_agents is None else int(n_agents))
     G = np.empty_like(Z)
     l1max = np.empty((S, P), dtype=Z.dtype) if x_l1 is not None else None
     for p in range(P):
-        Xp, Yp = X_parts[p], Y_parts[p]
-        Zc = Z[:, p].transpose(1, 0, 2).reshape(J, S * K)
-        R = np.matmul(Xp, Zc).reshape(-1, S, K)                 # logits, then h, then h - y in place
-        R -= R.max(axis=-1, keepdims=True)
-        np.exp(R, out=R)
-        R /= R.sum(axis=-1, keepdims=True)
-        R -= Yp[:, None, :]
-        Gp = np.matmul(Xp.T, R.reshape(-1, S * K)).reshape(J, S, K).transpose(1, 0, 2)
+        Xp = X_parts[p]
+        Zc = Z[:, p].transpose(1, 2, 0).reshape(J, K * S)
+        R = np.matmul(Xp, Zc)                                   # logits, then h - y in place
+        l1 = _residual_(R.reshape(-1, K, S), Y_parts[p], None if x_l1 is None else x_l1[p])
+        Gp = np.matmul(Xp.T, R).reshape(J, K, S).transpose(2, 0, 1)
         G[:, p] = Gp / I + reg * Z[:, p]
         if x_l1 is not None:
-            l1max[:, p] = (x_l1[p][:, None] * np.abs(R).sum(axis=-1)).max(axis=0) / I
+            l1max[:, p] = l1 / I
     return G, l1max
+
+
+def _residual_(R, Y, x_l1=None, rows: int = 1024):
+    """Logits R (n, K, S) -> h - y in place (softmax over axis 1, row max subtracted), in
+    blocks of ``rows`` samples so that the passes stay in cache. With ``x_l1`` returns
+    max_i ||x_i||_1 ||h_i - y_i||_1 per seed (S,) (eq. 20 without the 1/I)."""
+    out = None
+    for a in range(0, len(R), rows):
+        r = R[a:a + rows]
+        r -= r.max(axis=1, keepdims=True)
+        np.exp(r, out=r)
+        r /= r.sum(axis=1, keepdims=True)
+        r -= Y[a:a + rows, :, None]
+        if x_l1 is not None:
+            m = (x_l1[a:a + rows, None] * np.abs(r).sum(axis=1)).max(axis=0)
+            out = m if out is None else np.maximum(out, m)
+    return out
 
 
 def per_sample_l1(X, R, I: int) -> np.ndarray:
@@ -119,7 +136,13 @@ def objective(W, X, y, beta: float) -> float:
 
 
 def predict(W, X) -> np.ndarray:
-    """Class with the largest logit; W may carry leading batch axes (then (..., n))."""
+    """Class with the largest logit; W may carry leading batch axes (then (..., n)).
+    A batch (S, J, K) of models is one GEMM, the models folded into the columns."""
+    W = np.asarray(W)
+    if W.ndim == 3:
+        S, J, K = W.shape
+        L = np.matmul(X, W.transpose(1, 2, 0).reshape(J, K * S)).reshape(-1, K, S)
+        return L.argmax(axis=1).T
     return np.argmax(np.matmul(X, W), axis=-1)
 
 

@@ -17,6 +17,7 @@ alongside). OutP's iterations are Gaussian mechanisms (Huang et al.), composed t
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import secrets
@@ -25,6 +26,11 @@ from collections import Counter
 import numpy as np
 
 __all__ = ["new_agent_seed", "agent_rng", "standard_draw", "ledger_entry", "account", "eps_bar_for_total"]
+
+#: a ledger's noise multipliers are composed floored to this many significant digits, and
+#: those within MULTIPLIER_RTOL (relative) above the smallest of a group at that smallest one
+MULTIPLIER_DIGITS = 7
+MULTIPLIER_RTOL = 1e-6
 
 
 def new_agent_seed() -> int:
@@ -58,11 +64,40 @@ def ledger_entry(t: int, variant: str, eps_bar: float, delta_bar: float, scale: 
             "scale": float(scale), "sensitivity": float(sensitivity)}
 
 
+def _floor_sig(x: float, digits: int = MULTIPLIER_DIGITS) -> float:
+    """``x > 0`` rounded *down* to ``digits`` significant digits (never above ``x``)."""
+    q = 10.0 ** (digits - 1 - math.floor(math.log10(x)))
+    v = math.floor(x * q) / q
+    while v > x:                      # x * q may have rounded up across an integer
+        v = math.nextafter(v, 0.0)
+    return v
+
+
 def _events(entries):
-    # group identical noise multipliers (scale / sensitivity); round to 12 digits to merge
-    mult = Counter((e["mechanism"], round(e["scale"] / e["sensitivity"], 12)) for e in entries
-                   if e["sensitivity"] > 0)
-    return tuple(sorted(mult.items()))
+    """The ledger as ((mechanism, noise multiplier), count) groups, rounded so as never to
+    understate the privacy cost.
+
+    Multipliers (scale / sensitivity) within a relative MULTIPLIER_RTOL above the smallest
+    of a group are all charged at that smallest one, floored to MULTIPLIER_DIGITS significant
+    digits: a smaller multiplier is less noise, so the composition of these events bounds
+    that of the drawn ones from above (by at most ~2e-6 relative in epsilon). Without it a
+    float32 run, whose scale and sensitivity are rounded separately, gives hundreds of
+    multipliers that differ in the 8th digit, each composed on its own (tens of seconds per
+    agent at T = 1000 instead of one cached composition).
+    """
+    by_mech = {}
+    for e in entries:
+        if e["sensitivity"] > 0:
+            by_mech.setdefault(e["mechanism"], []).append(e["scale"] / e["sensitivity"])
+    out = Counter()
+    for mech, ms in by_mech.items():
+        ms.sort()
+        i = 0
+        while i < len(ms):
+            j = bisect.bisect_right(ms, ms[i] * (1.0 + MULTIPLIER_RTOL), i)
+            out[(mech, _floor_sig(ms[i]))] += j - i
+            i = j
+    return tuple(sorted(out.items()))
 
 
 @functools.lru_cache(maxsize=4096)
