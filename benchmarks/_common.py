@@ -14,8 +14,11 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:        # run without an install: use the working tree's flower_vfl
-    sys.path.insert(0, str(REPO))
+if str(REPO) not in sys.path:        # run without an install: use the working tree's flower_vfl,
+    # after any PYTHONPATH entries (the A/B runs in docs/benchmarks.md set PYTHONPATH to another
+    # tree; inserted at 0, the working tree shadowed it and both runs measured this tree)
+    _pp = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    sys.path.insert(len(_pp) + 1 if _pp else 0, str(REPO))
 
 RESULTS = Path(__file__).resolve().parent / "results"
 A9A_DIR = Path(os.environ.get("A9A_DIR", "/work/shared/data/a9a"))
@@ -88,7 +91,9 @@ def mid_run_state(blocks, y, rounds=10, **kw):
     parties = [{k: np.array(v, copy=True) for k, v in p.get_state().items()} for p in eng._parties]
     c = eng._central
     central = {"z": c.z.copy(), "y": c.y.copy(), "q": c.q.copy(), "b": np.float64(c.b),
-               "rho": c.rho}
+               "rho": c.rho,
+               # the z-update's predictor (core/central.py), restored with the state
+               "pred": {k: np.array(v, copy=True) for k, v in c.predictor_state().items()}}
     return parties, central
 
 
@@ -115,6 +120,7 @@ def build_ours(blocks, t, state_parties, state_central, theta, alpha=1.0, fit_in
 def set_central(c, st):
     c.z, c.y, c.q = st["z"].copy(), st["y"].copy(), st["q"].copy()
     c.b = np.float64(st["b"]) if c.fit_intercept else np.float64(0.0)
+    c.set_predictor_state(st.get("pred", {}))
 
 
 def restore(parties, central, state_parties, state_central):

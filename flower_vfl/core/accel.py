@@ -35,6 +35,9 @@ cancer and a wide set it is an option, not a default (docs/benchmarks.md, issue 
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg.lapack import dposv
+
+from .xsolve import one_blas_thread
 
 __all__ = ["Anderson", "SpectralRho", "Chain", "ACCELERATIONS", "make_accelerator"]
 
@@ -56,10 +59,15 @@ class Anderson:
     The history S, Y is stored in float32 once a state vector has ``F32_MIN`` entries or more
     ((M + 1) N: 1 MB a vector; N >= 32,768 rows with 3 parties): 2 mem (M + 1) N * 4 bytes
     instead of * 8, i.e. 160 MB less at 1M rows x 3 parties. Its inner products and the
-    combination are still accumulated in float64 (einsum casts as it reads), so only the stored differences are
-    rounded (relative 6e-8 of a difference that vanishes at the fixed point, which is unchanged).
-    Below that size (a9a: 97,683) the history stays float64. The float32 history is slower per
-    round (the casts: 81 vs 73 ms at 1M x 3 parties, CPU under load); it is there for memory.
+    combination are still accumulated in float64 (blocks of columns cast to float64 in cache,
+    then BLAS: :func:`_history_products`), so only the stored differences are rounded
+    (relative 6e-8 of a difference that vanishes at the fixed point, which is unchanged). Below
+    that size (a9a: 97,683) the history stays float64 and its products are plain BLAS gemv.
+
+    Besides the history the accelerator keeps u (updated in place), g = T(u) - u, the last
+    step Delta u = u - u_prev (in the history's dtype) and one float64 scratch of (M + 1) N,
+    plus the returned y and q_m (one N-vector each): at 1M rows x 3 parties 3.5 state vectors
+    of 32 MB where 6 were kept before, and 4 N-vectors fewer (issue 9's memory goal).
     """
 
     F32_MIN = 1 << 17
@@ -68,8 +76,9 @@ class Anderson:
         if int(mem) < 1:
             raise ValueError(f"anderson mem={mem!r} must be >= 1")
         self.mem, self.reg, self.safeguard = int(mem), float(reg), float(safeguard)
-        self.u = None            # the state the last round started from
-        self.g = None
+        self.u = None            # the state the next round starts from (updated in place)
+        self.g = None            # T(u) - u of the last round
+        self.du = None           # the last step u+ - u (history dtype)
         self.S = self.Y = None   # (mem, L) ring buffers of Delta u, Delta g
         self.A = None            # Y Y^T, one row updated per round
         self.Yg = None           # Y g of the last round
@@ -110,22 +119,22 @@ class Anderson:
         n = int(np.prod(shape))
         M = len(s_list)
         L = (M + 1) * n
-        Tu = self._buf("Tu", L)
-        for m, s in enumerate(s_list):
-            seg = Tu[m * n:(m + 1) * n]
-            np.multiply(np.ravel(q), -theta, out=seg)
-            seg += np.ravel(s)                                  # s_m - theta q
-        Tu[M * n:] = np.ravel(y)
         if rho != self.rho:
             self.rho = rho
             self.u = None
+        Tu = self._work(L)
+        tq = Tu[:n]
+        np.multiply(np.ravel(q), -theta, out=tq)                # -theta q, once for all m
+        for m in range(M - 1, -1, -1):                          # segment 0 (tq) last
+            np.add(np.ravel(s_list[m]), tq, out=Tu[m * n:(m + 1) * n])   # s_m - theta q
+        Tu[M * n:] = np.ravel(y)
         u_next = self._next(Tu)
         self.u = u_next
-        y_next = self._free("y", (n,), 2)
+        y_next = self._out("y", n)
         y_next[:] = u_next[M * n:]
         qs = []
         for m, s in enumerate(s_list):
-            qm = self._free(f"q{m}", (n,), 2)
+            qm = self._out(f"q{m}", n)
             np.subtract(np.ravel(s), u_next[m * n:(m + 1) * n], out=qm)
             qm /= theta
             qs.append(qm.reshape(shape))
@@ -133,91 +142,111 @@ class Anderson:
 
     # Work arrays are reused across rounds: a fresh (M + 1) N-vector each round is mmapped and
     # page-faulted in again (at a9a's N ~190 faults each); under load that took the round's
-    # Anderson step from ~2 ms to a 23-40 ms median.
-    def _buf(self, key, L):
-        pool = self.__dict__.setdefault("_pool", {})
-        b = pool.get(key)
-        if b is None or b.shape != (L,):
-            b = pool[key] = np.empty(L)
-        return b
-
-    def _free(self, key, shape, count):
-        """A pool array of ``shape`` that is none of the live ones (u, u_prev, g; the last
-        returned y / q), rotating over ``count`` arrays."""
-        pool = self.__dict__.setdefault("_pool", {})
-        arrs = pool.get(key)
-        if arrs is None or arrs[0].shape != shape:
-            arrs = pool[key] = [np.empty(shape) for _ in range(count)]
-        live = [getattr(self, k, None) for k in ("u", "_u_prev", "g")]
-        last = pool.get(key + ".last")
-        for a in arrs:
-            if a is not last and all(a is not v for v in live):
-                pool[key + ".last"] = a
+    # Anderson step from ~2 ms to a 23-40 ms median. The (M + 1) N state vectors are few:
+    # u (updated in place), g, the last Delta u (its own array only with a float64 history)
+    # and one scratch, i.e. 3.5-4 of them (there were 6: 64 MB more at 1M rows x 3 parties).
+    def _work(self, L):
+        """An (L,) float64 work array that is none of the live state (u, g, du)."""
+        pool = self.__dict__.setdefault("_pool", [])
+        if pool and pool[0].shape != (L,):
+            pool.clear()
+        live = [v for v in (self.u, self.g, self.__dict__.get("du")) if v is not None]
+        for a in pool:
+            if all(a is not v for v in live):
                 return a
-        raise RuntimeError("no free work array")          # pragma: no cover
+        a = np.empty(L)
+        pool.append(a)
+        return a
+
+    def _out(self, key, n):
+        """The returned y / q_m: one array each, rewritten every round (the caller has used the
+        last round's before it calls again: the engine's and the strategy's rounds both do)."""
+        outs = self.__dict__.setdefault("_outs", {})
+        a = outs.get(key)
+        if a is None or a.shape != (n,):
+            a = outs[key] = np.empty(n)
+        return a
 
     def get_state(self) -> tuple[dict, dict]:
         """(arrays, scalars) to checkpoint; :meth:`set_state` restores them bitwise."""
         arrays = {}
-        for key in ("u", "_u_prev", "g", "S", "Y", "A", "Yg"):
-            val = getattr(self, key, None)
+        for key in ("u", "g", "du", "S", "Y", "A", "Yg"):
+            val = self.__dict__.get(key)
             if val is not None:
-                arrays["aa" + key.strip("_")] = val
+                arrays["aa" + key] = val
         g_min = self.g_min if np.isfinite(self.g_min) else None
         return arrays, {"k": self.k, "g_min": g_min, "resets": self.resets, "rho": self.rho}
 
     def set_state(self, arrays: dict, scalars: dict):
-        for key in ("u", "_u_prev", "g", "S", "Y", "A", "Yg"):
-            setattr(self, key, arrays.get("aa" + key.strip("_")))
+        # own writable copies: u is updated in place (a loaded checkpoint may be read-only);
+        # a checkpoint of the earlier layout has u_prev instead of du = u - u_prev
+        for key in ("u", "g", "S", "Y", "A", "Yg"):
+            v = arrays.get("aa" + key)
+            setattr(self, key, None if v is None else np.array(v, copy=True))
+        du = arrays.get("aadu")
+        if du is None and arrays.get("aau_prev") is not None and self.u is not None:
+            du = (self.u - arrays["aau_prev"]).astype(self.S.dtype if self.S is not None else float)
+        self.du = None if du is None else np.array(du, copy=True)
         self.k, self.resets, self.rho = int(scalars["k"]), int(scalars["resets"]), scalars["rho"]
         self.g_min = np.inf if scalars["g_min"] is None else float(scalars["g_min"])
 
     def _next(self, Tu):
+        # The N-vector kernels run with one BLAS thread (xsolve.one_blas_thread, ~4 us to enter):
+        # 1-thread BLAS dot / gemv are 3x faster than einsum's loop at a9a's size, and
+        # 2 OpenBLAS threads stalled these products under load (a dot: 855 us vs 5.7 us)
+        with one_blas_thread():
+            return self._next_inner(Tu)
+
+    def _next_inner(self, Tu):
+        """u+ = u + g - gamma S with g = T(u) - u, in place in u (``Tu`` is overwritten by g);
+        S holds Delta u + Delta g = Delta T(u), Y holds Delta g (module docstring)."""
         L = Tu.shape[0]
-        out = self._free("u", (L,), 3)
         if self.u is None or self.u.shape != Tu.shape:
-            self.S = self.Y = None
+            self.S = self.Y = self.du = None
             self.reset()
-            np.copyto(out, Tu)
-            return out
+            return Tu                                  # u+ = T(u), in T(u)'s own array
         u = self.u
-        g = self._free("g", (L,), 2)
-        np.subtract(Tu, u, out=g)
-        gn = float(np.sqrt(np.einsum("i,i->", g, g)))
+        g = np.subtract(Tu, u, out=Tu)                 # T(u) - u, in T(u)'s array
+        gn = float(np.sqrt(np.dot(g, g)))
         if not np.isfinite(gn) or gn > self.safeguard * self.g_min:
             self.reset()
-            np.copyto(out, Tu)
-            return out
+            self.du = None
+            u += g                                     # the plain ADMM step u+ = T(u)
+            return u
         self.g_min = min(self.g_min, gn)
-        L = g.shape[0]
         if self.S is None or self.S.shape[1] != L:
             # S holds Delta u + Delta g (= S + Y of the docstring): u+ = T(u) - gamma (S + Y)
             dt = np.float32 if L >= self.F32_MIN else np.float64
             self.S, self.Y = np.empty((self.mem, L), dt), np.empty((self.mem, L), dt)
             self.A, self.Yg = np.zeros((self.mem, self.mem)), None
+        g_prev, du = self.g, self.__dict__.get("du")
         fresh = None
-        if self.g is not None:
+        if g_prev is not None and du is not None:
             fresh = self.k % self.mem
-            np.subtract(g, self.g, out=self.Y[fresh])
-            np.subtract(u, self._u_prev, out=self.S[fresh])
-            self.S[fresh] += self.Y[fresh]
+            np.subtract(g, g_prev, out=self.Y[fresh])
+            np.add(du, self.Y[fresh], out=self.S[fresh])
             self.k += 1
         m = min(self.k, self.mem)
-        self._u_prev, self.g = u, g
-        if m == 0:
-            np.copyto(out, Tu)
-            return out
-        # einsum, not BLAS (2 OpenBLAS threads stalled these products under load; one BLAS
-        # thread measured no faster at a9a's size); a float32 history is summed in float64. Y g
-        # costs one pass over Y; the new row of A = Y Y^T reuses last round's Y g_prev for the
-        # rows that did not change: (g - g_prev) . Y_j = (Y g)_j - (Y g_prev)_j
-        Yg = np.einsum("ij,j->i", self.Y[:m], g)
-        row = np.empty(m)
-        for j in range(m):
-            if j == fresh or self.Yg is None or j >= self.Yg.shape[0]:
-                row[j] = float(np.einsum("i,i->", self.Y[fresh], self.Y[j], dtype=np.float64))
+        self.g = g
+        if self.S.dtype == np.float64:
+            self.du = None                              # its array is free now
+        if m == 0:        # (right after a reset): the plain step; Delta u = g exactly
+            if self.S.dtype == np.float64:
+                self.du = self._copy(g)
             else:
-                row[j] = Yg[j] - self.Yg[j]
+                self.du = du if du is not None and du.shape == g.shape else np.empty(L, self.S.dtype)
+                np.copyto(self.du, g, casting="same_kind")
+            u += g
+            return u
+        # Y g costs one pass over Y; the new row of A = Y Y^T reuses last round's Y g_prev for
+        # the rows that did not change: (g - g_prev) . Y_j = (Y g)_j - (Y g_prev)_j, so only
+        # Y_fresh . Y_fresh is new (all of Y Y_fresh after a reset of Yg)
+        full = self.Yg is None or self.Yg.shape[0] < m - (fresh == m - 1)
+        Yg, row = _history_products(self.Y[:m], g, fresh, full)
+        if not full:
+            for j in range(m):
+                if j != fresh:
+                    row[j] = Yg[j] - self.Yg[j]
         self.A[fresh, :m] = row
         self.A[:m, fresh] = row
         self.Yg = Yg
@@ -226,33 +255,89 @@ class Anderson:
         gamma = _small_spd_solve(A, Yg)
         if gamma is None or not np.all(np.isfinite(gamma)):
             self.reset()
-            np.copyto(out, Tu)
-            return out
-        np.einsum("i,ij->j", gamma, self.S[:m], out=out)
-        np.subtract(Tu, out, out=out)
-        return out
+            self.du = None
+            u += g
+            return u
+        # Delta u+ = g - gamma S (the new state's step, kept for next round's S), u+ = u + it
+        c = self._work(L)
+        _combine(gamma, self.S[:m], c)
+        np.subtract(g, c, out=c)
+        u += c
+        if self.S.dtype == np.float64:
+            self.du = c
+        else:
+            if du is None:
+                du = np.empty(L, self.S.dtype)
+            np.copyto(du, c, casting="same_kind")
+            self.du = du
+        return u
+
+    def _copy(self, g):
+        c = self._work(g.shape[0])
+        np.copyto(c, g)
+        return c
+
+
+def _history_products(Y, g, fresh, full):
+    """(Y @ g, Yf) accumulated in float64, with Yf = Y @ Y[fresh] if ``full``, else a vector
+    whose entry ``fresh`` is Y[fresh] . Y[fresh] (the others are left for the caller).
+
+    A float64 history: BLAS gemv / dot (one pass over Y for Y g). A float32 history is cast to
+    float64 in blocks of columns that stay in cache and multiplied there (einsum's casting loop,
+    used before, was ~3x slower than BLAS)."""
+    m = Y.shape[0]
+    if Y.dtype == np.float64:
+        if full:
+            return Y @ g, Y @ Y[fresh]
+        Yf = np.empty(m)
+        Yf[fresh] = np.dot(Y[fresh], Y[fresh])
+        return Y @ g, Yf
+    Yg, Yf = np.zeros(m), np.zeros(m)
+    blk = _cast_block(m, Y.shape[1])
+    for a in range(0, Y.shape[1], blk.shape[1]):
+        w = min(blk.shape[1], Y.shape[1] - a)
+        c = blk[:, :w]
+        np.copyto(c, Y[:, a:a + w])
+        Yg += c @ g[a:a + w]
+        if full:
+            Yf += c @ c[fresh]
+        else:
+            Yf[fresh] += np.dot(c[fresh], c[fresh])
+    return Yg, Yf
+
+
+def _combine(gamma, S, out):
+    """out = gamma @ S, accumulated in float64 (a float32 S cast in blocks, as above)."""
+    if S.dtype == np.float64:
+        return np.dot(gamma, S, out=out)
+    blk = _cast_block(S.shape[0], S.shape[1])
+    for a in range(0, S.shape[1], blk.shape[1]):
+        w = min(blk.shape[1], S.shape[1] - a)
+        c = blk[:, :w]
+        np.copyto(c, S[:, a:a + w])
+        np.dot(gamma, c, out=out[a:a + w])
+    return out
+
+
+_CAST = {}
+
+
+def _cast_block(rows, length, cols=1 << 15):
+    """A reused float64 scratch of (rows, <= cols) for the blocked casts (256 KB a row: 4M-entry
+    histories, 5 rows: 12 ms a product against einsum's casting loop's 23 ms)."""
+    b = _CAST.get(rows)
+    if b is None or b.shape[1] < min(cols, length):
+        b = _CAST[rows] = np.empty((rows, min(cols, length)))
+    return b
+
 
 def _small_spd_solve(A, b):
-    """Solve A x = b for a small SPD A (m <= mem) by Cholesky in Python: LAPACK's gesv went
-    through OpenBLAS's threads and stalled most rounds for ~30 ms on this loaded 2-core machine
-    (a9a: round median 35-40 ms with it, 2.3 ms minimum). None if A is not positive definite."""
-    m = A.shape[0]
-    L = np.zeros((m, m))
-    for i in range(m):
-        for j in range(i + 1):
-            v = A[i, j] - float(np.dot(L[i, :j], L[j, :j])) if j else A[i, j]
-            if i == j:
-                if not v > 0.0:
-                    return None
-                L[i, i] = np.sqrt(v)
-            else:
-                L[i, j] = v / L[j, j]
-    x = np.array(b, dtype=float)
-    for i in range(m):                       # L y = b
-        x[i] = (x[i] - float(np.dot(L[i, :i], x[:i]))) / L[i, i]
-    for i in range(m - 1, -1, -1):           # L^T x = y
-        x[i] = (x[i] - float(np.dot(L[i + 1:, i], x[i + 1:]))) / L[i, i]
-    return x
+    """Solve A x = b for a small SPD A (m <= mem): LAPACK's dposv (Cholesky and solve, ~1 us),
+    called inside :func:`one_blas_thread` (LAPACK's gesv through OpenBLAS's 2 threads stalled
+    most rounds for ~30 ms on a loaded 2-core machine; the Python Cholesky used before cost
+    ~28 us a round). None if A is not positive definite."""
+    x, info = dposv(A, np.asarray(b, dtype=float), lower=1)[1:]
+    return x if info == 0 else None
 
 
 class SpectralRho:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .multinomial import multinomial_newton
+from .xsolve import one_blas_thread
 
 __all__ = ["CentralUpdate", "residuals"]
 
@@ -105,6 +106,79 @@ class CentralUpdate:
         self.b = np.float64(b) if np.ndim(b) == 0 else b
         return w - b
 
+    def _newton_fast(self, a_hat, sy, tol):
+        """The fast path of :meth:`_joint_newton` (its docstring); None: take the damped path.
+
+        Predictor (a chord step, no exp): the previous solve left l'(w_prev) = N y_plus to its
+        tolerance (y_plus = y + rho q, the dual that step computed), so at the warm start
+        w_prev = z + b the new gradient is known without evaluating l: N dF/dw =
+        N (y_plus - y) + N rho (z - a), and l''(w_prev) = p (1 - p) with p = -t l'(w_prev)
+        (``loss.hess_from_grad``). One bordered step with that Hessian moves w by the round's
+        change; the Newton steps after it are short, so the certificate below usually holds
+        after one of them (a9a: 1 exp-evaluation a round instead of 2). The predictor only
+        chooses the start: the stopping rule is the certificate of a true Newton step.
+        """
+        loss, y, t, rho, n = self.loss, self.y, self.t, self.rho, self.n
+        size = a_hat.shape[0]
+        buf = self.__dict__.get("_joint_buf")
+        if buf is None or buf[0].shape != (size,):
+            # reused across rounds: a fresh N-vector per temporary is page-faulted in again
+            buf = [np.empty(size) for _ in range(5)]
+            self._joint_buf = buf
+        w, P, E, G, c1 = buf
+        nrho = n * rho
+        b = float(self.b)
+        np.add(self.z, b, out=w)
+        # dF/db at the start, sum(y) + rho sum(a + b - w) = sum(y) - rho sum(z - a); after a
+        # full (or chord) step it is 0 (F is quadratic in b and the step solves the bordered
+        # system's b-row exactly), so it is not recomputed
+        np.subtract(self.z, a_hat, out=G)
+        gb = sy - rho * float(G.sum())
+        y_plus = self.__dict__.get("_y_plus")
+        hfg = getattr(loss, "hess_from_grad", None)
+        if y_plus is not None and hfg is not None and self.__dict__.get("_y_plus_rho") == rho:
+            G *= nrho
+            if y_plus is not y:                      # Anderson moved y after the last step
+                np.subtract(y_plus, y, out=P)
+                P *= n
+                G += P                               # G = N dF/dw at w_prev, no exp
+            hfg(y_plus, t, n, out=(P, E))            # E = l''(w_prev)
+            s, sg = _bordered(E, G, nrho, n, P)
+            if s > 0.0:
+                db = -(gb + rho * sg) / (rho * s)
+                np.subtract(nrho * db, G, out=G)
+                G *= P
+                w += G
+                b += db
+                gb = 0.0
+        np.multiply(a_hat, nrho, out=c1)
+        np.add(c1, np.multiply(y, n, out=G), out=c1)     # c1 = N y + N rho a
+        k2 = loss.curvature3 / (2.0 * n * rho)
+        m_prev = np.inf
+        for _ in range(12):
+            loss.grad_hess(w, t, out=(P, E), neg=True)  # P = -l'(w), E = l''(w)
+            np.multiply(w, nrho, out=G)
+            G -= c1
+            G -= P
+            G -= nrho * b                            # G = N * dF/dw
+            s, sg = _bordered(E, G, nrho, n, P)      # P = 1/D, D = N * d2F/dw2
+            if not s > 0.0:
+                return None
+            db = -(gb + rho * sg) / (rho * s)
+            np.subtract(nrho * db, G, out=G)
+            G *= P                                   # dw
+            w += G
+            b += db
+            gb = 0.0
+            m = max(float(G.max()), -float(G.min()))
+            if not (m <= 0.5 * m_prev and np.isfinite(b)):
+                return None     # steps not shrinking (oscillation far from the root) or NaN
+            if k2 * m * m * (1.0 + 4.0 * n / s) <= tol:
+                self.b = np.float64(b)
+                return w - b
+            m_prev = m
+        return None
+
     def _joint_newton(self, a_hat, max_iter=50, tol=1e-13):
         """Newton on F(w, b) = (1/N) sum l(w) - <y, w> + b sum(y) + rho/2 ||a + b - w||^2.
 
@@ -129,54 +203,11 @@ class CentralUpdate:
         """
         loss, y, t, rho, n = self.loss, self.y, self.t, self.rho, self.n
         sy = float(y.sum())
-        c3 = getattr(loss, "curvature3", None)
-        if c3 is not None and hasattr(loss, "grad_hess") and np.ndim(a_hat) == 1:
-            size = a_hat.shape[0]
-            buf = self.__dict__.get("_joint_buf")
-            if buf is None or buf[0].shape != (size,):
-                # reused across rounds: a fresh N-vector per temporary is page-faulted in again
-                buf = [np.empty(size) for _ in range(5)]
-                self._joint_buf = buf
-            w, gl, h, G, c1 = buf
-            nrho = n * rho
-            b = float(self.b)
-            np.add(self.z, b, out=w)
-            np.multiply(a_hat, nrho, out=c1)
-            np.add(c1, np.multiply(y, n, out=G), out=c1)     # c1 = N y + N rho a
-            # dF/db at the start; after a full Newton step it is 0 (F is quadratic in b and
-            # the step solves the bordered system), so it is not recomputed
-            gb = sy + rho * (float(a_hat.sum()) + n * b - float(w.sum()))
-            k2 = c3 / (2.0 * n * rho)
-            m_prev = np.inf
-            for _ in range(12):
-                loss.grad_hess(w, t, out=(gl, h))
-                np.multiply(w, nrho, out=G)
-                np.subtract(G, c1, out=G)
-                np.add(G, gl, out=G)
-                np.subtract(G, nrho * b, out=G)              # G = N * dF/dw
-                np.add(h, nrho, out=gl)
-                np.divide(1.0, gl, out=gl)                   # 1/D, D = N * d2F/dw2
-                s = n - nrho * float(gl.sum())               # schur / rho = sum(h / D)
-                if s < 1e-3 * n:                             # cancellation: sum it directly
-                    np.multiply(h, gl, out=h)
-                    s = float(h.sum())
-                np.multiply(G, gl, out=h)
-                sg = float(h.sum())
-                if not s > 0.0:
-                    break
-                db = -(gb + rho * sg) / (rho * s)
-                np.subtract(nrho * db, G, out=G)
-                np.multiply(G, gl, out=G)                    # dw
-                np.add(w, G, out=w)
-                b += db
-                gb = 0.0
-                m = max(float(G.max()), -float(G.min()))
-                if not (m <= 0.5 * m_prev and np.isfinite(b)):
-                    break       # steps not shrinking (oscillation far from the root) or NaN
-                if k2 * m * m * (1.0 + 4.0 * n / s) <= tol:
-                    self.b = np.float64(b)
-                    return w - b
-                m_prev = m
+        if getattr(loss, "curvature3", None) is not None and hasattr(loss, "grad_hess") and \
+                np.ndim(a_hat) == 1:
+            z = self._newton_fast(a_hat, sy, tol)
+            if z is not None:
+                return z
         w, b = self.z + self.b, float(self.b)
 
         def F(w, b):
@@ -219,7 +250,13 @@ class CentralUpdate:
         Returns (primal residual norm, dual residual norm) at the new iterate.
         """
         # few N-vector temporaries: at a9a's N each one costs an mmap and page faults
-        # (benchmarks/bench_round.py); the arithmetic is the same as the textbook form
+        # (benchmarks/bench_round.py); the arithmetic is the same as the textbook form. The
+        # N-vector dots run on one BLAS thread (xsolve.one_blas_thread: 2 OpenBLAS threads
+        # stalled them under load; einsum's own loop is ~3x slower than 1-thread BLAS)
+        with one_blas_thread():
+            return self._step(s_sum)
+
+    def _step(self, s_sum):
         relaxed = self.alpha != 1.0
         a_hat = self.alpha * s_sum + (1.0 - self.alpha) * self.z if relaxed else s_sum
         z_old = self.z
@@ -231,8 +268,11 @@ class CentralUpdate:
         y = np.multiply(q, self.rho)
         y += self.y
         self.y, self.q = y, q
-        r = _norm(s_sum - self.z) if relaxed else _norm(q)
-        d = self.rho * _norm(self.z - z_old)
+        # T(u)'s dual: l'(z + b) = N y_plus at the solution, the next z-update's predictor
+        # (an accelerator may replace self.y; this reference keeps T(u)'s)
+        self._y_plus, self._y_plus_rho = y, self.rho
+        r = _norm1(s_sum - self.z) if relaxed else _norm1(q)
+        d = self.rho * _norm1(self.z - z_old)
         return r, d
 
     def set_rho(self, rho):
@@ -241,6 +281,38 @@ class CentralUpdate:
 
     def get_state(self):
         return {"z": self.z, "y": self.y, "q": self.q, "b": np.atleast_1d(self.b)}
+
+    def predictor_state(self) -> dict:
+        """Arrays to checkpoint beside z, y, q, b so that a resumed run's next z-update starts
+        from the same predictor (bitwise the same iterates): T(u)'s dual y_plus when an
+        accelerator replaced y (else it is y itself) and the rho it was computed with."""
+        y_plus = self.__dict__.get("_y_plus")
+        if y_plus is None:
+            return {}
+        out = {"zp_rho": np.array([self._y_plus_rho])}
+        if y_plus is not self.y:
+            out["zp_y_plus"] = y_plus
+        return out
+
+    def set_predictor_state(self, arrays):
+        """Restore :meth:`predictor_state` (after z, y, q, b); absent keys: no predictor."""
+        if "zp_rho" not in arrays:
+            self._y_plus = None
+            return
+        self._y_plus_rho = float(np.asarray(arrays["zp_rho"]).ravel()[0])
+        self._y_plus = np.asarray(arrays["zp_y_plus"], dtype=float) if "zp_y_plus" in arrays else self.y
+
+
+def _bordered(h, G, nrho, n, out):
+    """1/D into ``out`` (D = h + N rho, the w-block of N * Hessian; ``h`` is overwritten when
+    the Schur sum needs it), and (s, sg) = (schur / rho = sum h / D, sum G / D)."""
+    np.add(h, nrho, out=out)
+    np.divide(1.0, out, out=out)
+    s = n - nrho * float(out.sum())
+    if s < 1e-3 * n:                                 # cancellation: sum h / D directly
+        np.multiply(h, out, out=h)
+        s = float(h.sum())
+    return s, float(np.dot(G, out))
 
 
 def _dot(a, b) -> float:
@@ -255,9 +327,17 @@ def _norm(v) -> float:
     return float(np.sqrt(np.einsum("i,i->", v, v)))
 
 
+def _norm1(v) -> float:
+    """Euclidean norm by BLAS; call inside :func:`one_blas_thread` (1-thread dot 5.7 us at
+    a9a's N, einsum 15.7 us, 2-thread OpenBLAS under load up to ~1 ms)."""
+    v = np.ravel(v)
+    return float(np.sqrt(np.dot(v, v)))
+
+
 def residuals(r, d, s_sum, z, y, tol, tol_abs):
     """Boyd et al. (2011) Sec. 3.3.1 stopping rule; returns (eps_pri, eps_dual)."""
     sqrt_n = np.sqrt(z.size)
-    eps_pri = sqrt_n * tol_abs + tol * max(_norm(s_sum), _norm(z))
-    eps_dual = sqrt_n * tol_abs + tol * _norm(y)
+    with one_blas_thread():
+        eps_pri = sqrt_n * tol_abs + tol * max(_norm1(s_sum), _norm1(z))
+        eps_dual = sqrt_n * tol_abs + tol * _norm1(y)
     return eps_pri, eps_dual

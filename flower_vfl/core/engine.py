@@ -74,6 +74,14 @@ def private_schedule(private, max_rounds, private_train_rounds):
     return [(int(max_rounds), [not p for p in private], True), (t_private, everyone, False)]
 
 
+def _sum_releases(released):
+    """sum_m s_m in one new N-vector: s_0 + s_1, then in place (the values of 0.0 + s_0 + ...)."""
+    s_sum = released[0] + (released[1] if len(released) > 1 else 0.0)
+    for s in released[2:]:
+        s_sum += s
+    return s_sum
+
+
 def _public_coef(parties):
     """Model blocks a user may see: x_m of a non-private party, the released x~ of a private
     one (None before its release); the exact private x never leaves the party object."""
@@ -263,11 +271,10 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
             qs = None
             for _ in range(n_rounds):
                 k += 1
-                s_sum = 0.0
-                for m, p in enumerate(parties):
-                    s = p.train_release(k, central.q if qs is None else qs[m], central.y, central.rho,
-                                        central.alpha, central.theta) if active[m] else p.s
-                    s_sum = s_sum + s
+                released = [p.train_release(k, central.q if qs is None else qs[m], central.y, central.rho,
+                                            central.alpha, central.theta) if active[m] else p.s
+                            for m, p in enumerate(parties)]
+                s_sum = _sum_releases(released)
                 r, d = central.step(s_sum)
                 obj = self._objective(loss, t, parties, central, None if any(private) else s_sum)
                 eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)

@@ -89,28 +89,49 @@ SMALL_MM = 1_000_000
 _CONTROLLER = []
 
 
+class _OneBlasThread:
+    """Context: every loaded BLAS at one thread, restored on exit (see :func:`one_blas_thread`)."""
+
+    __slots__ = ("libs", "old")
+
+    def __init__(self, libs):
+        self.libs, self.old = libs, None
+
+    def __enter__(self):
+        self.old = [lc.num_threads for lc in self.libs]
+        for lc, n in zip(self.libs, self.old):
+            if n != 1:
+                lc.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc):
+        for lc, n in zip(self.libs, self.old):
+            if n != 1:
+                lc.set_num_threads(n)
+        return False
+
+
 def one_blas_thread():
-    """Context limiting BLAS/LAPACK to one thread (setup: Gram, eigh, Cholesky; Anderson's
-    products over its history).
+    """Context limiting BLAS/LAPACK to one thread (setup: Gram, eigh, Cholesky; the central
+    node's N-vector kernels and Anderson's products over its history, every round).
 
     Measured on this 2-core machine under load (1-min load 15): eigh of a 300 x 300 Gram took
     1.4-10.8 s with OpenBLAS's 2 threads and 72-108 ms with 1; 1000 x 1000: 7-25 s vs 1.0-1.3 s;
     a 5 x 4M gemv (Anderson at 1M rows) 15.9 ms with 2 threads and 12.0 ms with 1 (it is memory
-    bound). On a quiet machine 1 thread costs at most the 2x of the second core. The
-    ``threadpoolctl`` controller is built once per process (``threadpool_limits(1)`` rescans
-    the loaded libraries every time: 0.7-0.85 ms a call, against 16 us for ``limit`` on the
-    cached controller), so the context is cheap enough for a per-round kernel."""
+    bound). With the other core busy (1-min load 1.4) a dot of two a9a-sized N-vectors took
+    855 us with 2 threads, 5.7 us with 1 (15.7 us in einsum's own loop). On a quiet machine
+    1 thread costs at most the 2x of the second core. The ``threadpoolctl`` controller is built
+    once per process and its BLAS library controllers are set directly (``threadpool_limits(1)``
+    rescans the loaded libraries every time: 0.7-0.85 ms a call; ``limit`` on the cached
+    controller ~10-26 us; this ~4 us), so the context is cheap enough for a per-round kernel."""
     if not _CONTROLLER:
         try:
             from threadpoolctl import ThreadpoolController
-            _CONTROLLER.append(ThreadpoolController())
+            ctl = ThreadpoolController()
+            _CONTROLLER.append([lc for lc in ctl.lib_controllers if lc.user_api == "blas"])
         except ImportError:                  # pragma: no cover - shipped with scikit-learn
-            _CONTROLLER.append(None)
-    ctl = _CONTROLLER[0]
-    if ctl is None:                          # pragma: no cover
-        import contextlib
-        return contextlib.nullcontext()
-    return ctl.limit(limits=1, user_api="blas")
+            _CONTROLLER.append([])
+    return _OneBlasThread(_CONTROLLER[0])
 
 
 def mm(A, B, trans=False):
@@ -176,6 +197,9 @@ class XSolver:
                  method, " (auto)" if auto else "", "sparse" if self.sparse else "dense", n, d,
                  penalty.name, type(constraint).__name__ if constraint is not None else None)
         self._rho = None
+        #: D^T built once (scipy builds a new CSC object on every ``D.T``: ~12-17 us a call at
+        #: a9a's size, a tenth of the product itself); it shares D's arrays
+        self.DT = D.T
         self._G = self._eig = self._chol = self._fac = None
         self._diag = None
         self.last_carry = None
@@ -253,7 +277,7 @@ class XSolver:
         if m == "dual":
             s, U = self._eig
             w = mm(U, mm(U, rho * v, trans=True) / _col(self.lam + rho * s, v))
-            return self.D.T @ w
+            return self.DT @ w
         if m == "cg" or (m == "chol" and not self.direct):
             rtol = self._outer_rtol(v, outer, x0)
             if self.direct:
@@ -263,7 +287,7 @@ class XSolver:
             self.inner_iters_ += it
             return x
         # 'gram'
-        c = self.D.T @ v
+        c = self.DT @ v
         if self.direct:
             if self._chol is not None:
                 return sla.cho_solve(self._chol, rho * c, check_finite=False)
@@ -297,17 +321,17 @@ class XSolver:
         x, r, z, p and one scratch d-vector, updated in place together with the two products
         scipy allocates per iteration (A p is never formed: p^T A p from two dots, r -= a A p in
         two steps); on the text-like 50k x 200k blocks a d-vector is 1.6 MB, 14 % of the data."""
-        D, lam = self.D, self.lam
+        D, DT, lam = self.D, self.DT, self.lam
         K = v.shape[1:] if np.ndim(v) == 2 else ()
         shape = (D.shape[1],) + K
         x = np.zeros(shape) if x0 is None else np.array(x0, dtype=float).reshape(shape)
         if carry is None or x0 is None:
             Dx = D @ x
-            DtDx = D.T @ Dx
+            DtDx = DT @ Dx
         else:
             # D x becomes the party's release s (a fresh array each round); D^T D x is private
             Dx, DtDx = np.array(carry[0], dtype=float), _own(carry[1], shape)
-        r = D.T @ v
+        r = DT @ v
         r *= rho
         stop = rtol * np.maximum(np.sqrt(_cdot(r, r)), 1e-300)    # rtol * ||rho D^T v||
         tmp = np.multiply(DtDx, rho)
@@ -323,7 +347,7 @@ class XSolver:
                 it -= 1
                 break
             Dp = D @ p
-            DtDp = D.T @ Dp
+            DtDp = DT @ Dp
             pAp = rho * _cdot(p, DtDp) + lam * _cdot(p, p)       # p^T A p without forming A p
             a = np.where(pAp > 0, rz / np.where(pAp > 0, pAp, 1.0), 0.0)
             # in place, in the arrays scipy returned: a p, a D p, a D^T D p; then
@@ -384,15 +408,14 @@ def sparse_gram(D, chunk=1 << 20):
     block). Here the rows are grouped by their number k of nonzeros; for each group the codes
     j * d + j' of the k (k - 1) / 2 pairs j < j' are formed in a reused buffer and counted by
     ``np.bincount`` (weighted by the products of the values unless the block is binary), the
-    diagonal from the column sums of squares: ~5-9 ns per pair, i.e. per half term. Exact for
-    a binary block (integer counts); otherwise a sum of the same products in another order."""
+    diagonal from the column sums of squares: ~2-3 ns per pair, i.e. per half term (the 1M x 300
+    binary block in 0.32 s). Exact for a binary block (integer counts); otherwise a sum of the
+    same products in another order."""
     D = D.tocsr()
     n, d = D.shape
-    if not D.has_sorted_indices:
-        D = D.sorted_indices()
-    if D.nnz and D.has_canonical_format is False:
+    if D.nnz and not D.has_canonical_format:      # sorted and no duplicates (one O(nnz) check)
         D = D.copy()
-        D.sum_duplicates()
+        D.sum_duplicates()                         # also sorts the indices
     ptr, idx, val = D.indptr, D.indices, D.data
     binary = bool(np.all(val == 1.0))
     nnz = np.diff(ptr)
@@ -414,18 +437,22 @@ def sparse_gram(D, chunk=1 << 20):
             wbuf = None if binary else np.empty(npair)
             chunk = npair
         step = max(1, chunk // npair)
+        ar = np.arange(k)[:, None]
         for a0 in range(0, n_k, step):
             r = rows[a0:a0 + step]
-            pos = ptr[r][:, None] + np.arange(k)
+            # k x m: position a of every row of the chunk contiguous, so the code of the pairs
+            # (a, b > a) of all m rows is one broadcast add whose inner loop runs over m (the
+            # m x k layout ran it over k - a - 1 <= k entries: 4 ns a pair, now ~1)
+            pos = ptr[r][None, :] + ar
             J = idx[pos].astype(np.intp)
-            J0 = J * d
+            J0 = J[:-1] * d
             V = None if binary else val[pos]
             m, o = r.size, 0
             for a in range(k - 1):
                 w = k - a - 1
-                np.add(J0[:, a:a + 1], J[:, a + 1:], out=buf[o:o + m * w].reshape(m, w))
+                np.add(J0[a], J[a + 1:], out=buf[o:o + m * w].reshape(w, m))
                 if V is not None:
-                    np.multiply(V[:, a:a + 1], V[:, a + 1:], out=wbuf[o:o + m * w].reshape(m, w))
+                    np.multiply(V[a], V[a + 1:], out=wbuf[o:o + m * w].reshape(w, m))
                 o += m * w
             acc += np.bincount(buf[:o], weights=None if binary else wbuf[:o], minlength=d * d)
     G = acc.reshape(d, d)

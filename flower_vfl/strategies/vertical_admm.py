@@ -269,7 +269,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         if not self.state_dir:
             return
         c = self.central
-        arrays = {"z": c.z, "y": c.y, "q": c.q, "b": np.asarray(c.b)}
+        arrays = {"z": c.z, "y": c.y, "q": c.q, "b": np.asarray(c.b), **c.predictor_state()}
         if self.label_privacy_ is not None:   # the one label-DP draw: a resumed run reuses it
             arrays["t_label_dp"] = self.t
         arrays.update({f"s{m}": np.asarray(v) for m, v in self._last_s.items()})
@@ -308,6 +308,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
             self.t = c.t = arrays["t_label_dp"]
         c.b = np.float64(arrays["b"][()]) if arrays["b"].ndim == 0 else arrays["b"]
         c.set_rho(h["rho"])
+        c.set_predictor_state(arrays)      # the z-update's warm-start predictor (core/central.py)
         self._last_s = {int(k[1:]): v for k, v in arrays.items() if k[0] == "s" and k[1:].isdigit()}
         if self._acc is not None and h.get("anderson") is not None:
             self._acc.set_state(arrays, h["anderson"])

@@ -1,0 +1,231 @@
+"""The per-round kernels made cheaper for issue 9 (core/losses.py, central.py, accel.py,
+xsolve_prox.py, xsolve.py, engine.py), each against a plain reference:
+
+- the logistic mean by products of 64 factors against ``value(z, t).mean()`` (1e-14 relative);
+  ``grad`` against scipy's expit form; ``hess_from_grad`` against ``hess``;
+- the z-update's chord predictor: with it, z and b equal the z-update started without it
+  (1e-12), over rounds with an accelerator moving y and over a new rho, and at the optimum of
+  eq. (7) by its own optimality conditions;
+- Anderson in place (u updated in place, Delta u kept instead of u_prev) against a textbook
+  type-II Anderson on a linear contraction (1e-9 relative), with a float32 history (1e-6),
+  and from a checkpoint of the earlier layout (u_prev);
+- the support solve of the L1 active set (Cholesky inverse or eigen-pseudo-inverse, cached)
+  against ``np.linalg.lstsq(rcond=1e-12)`` on well-conditioned and singular supports;
+- ``one_blas_thread`` sets every BLAS to 1 thread and restores the counts; the engine's sum of
+  the releases equals 0.0 + s_0 + s_1 + ... bitwise.
+"""
+
+import numpy as np
+import pytest
+from scipy.special import expit
+
+from flower_vfl.core import accel, xsolve_prox
+from flower_vfl.core.accel import Anderson
+from flower_vfl.core.central import CentralUpdate
+from flower_vfl.core.engine import _sum_releases
+from flower_vfl.core.losses import LogisticLoss
+from flower_vfl.core.xsolve import one_blas_thread
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 1000, 32561])
+def test_logistic_mean_matches_the_per_sample_values(n):
+    rng = np.random.default_rng(n)
+    z = rng.normal(scale=4.0, size=n)
+    z[: n // 10] *= 50.0                          # saturated margins on both sides
+    t = np.where(rng.random(n) < 0.5, -1.0, 1.0)
+    loss = LogisticLoss()
+    ref = float(np.mean(loss.value(z, t)))
+    assert abs(loss.mean(z, t) - ref) <= 1e-14 * max(1.0, abs(ref))
+
+
+def test_logistic_grad_and_hess_from_grad():
+    rng = np.random.default_rng(1)
+    z = rng.normal(scale=5.0, size=5000)
+    t = np.where(rng.random(5000) < 0.5, -1.0, 1.0)
+    loss = LogisticLoss()
+    assert np.max(np.abs(loss.grad(z, t) - (-t * expit(-t * z)))) <= 1e-15
+    assert np.array_equal(loss.grad(np.zeros(4), np.ones(4)), -0.5 * np.ones(4))
+    n = 7.0
+    h = loss.hess_from_grad(loss.grad(z, t) / n, t, n, out=(np.empty(5000), np.empty(5000)))
+    assert np.max(np.abs(h - loss.hess(z, t))) <= 1e-15
+
+
+def _central(n=400, seed=0, rho=None):
+    rng = np.random.default_rng(seed)
+    t = np.where(rng.random(n) < 0.4, -1.0, 1.0)
+    return CentralUpdate(LogisticLoss(), t, rho or 0.05 / n, alpha=1.0, theta=0.5), rng
+
+
+def _z_update_residual(c, a_hat, y_before):
+    """Optimality of eq. (7) with the intercept: l'(z + b)/N - y - rho (a + b - (z + b)) = 0
+    entry-wise and sum(y) + rho sum(a - z) = 0, scaled by rho."""
+    w = c.z + c.b
+    g = c.loss.grad(w, c.t) / c.n - y_before - c.rho * (a_hat - c.z)
+    return max(np.max(np.abs(g)), abs(y_before.sum() + c.rho * np.sum(a_hat - c.z)) / c.n) / c.rho
+
+
+def test_chord_predictor_gives_the_same_z_update():
+    one, rng = _central()
+    two, _ = _central()
+    a = rng.normal(size=one.n)
+    for k in range(12):
+        a = a + rng.normal(scale=0.3 / (k + 1), size=one.n)      # the releases move, then settle
+        if k == 7:
+            one.set_rho(2.0 * one.rho)
+            two.set_rho(two.rho * 2.0)
+        two._y_plus = None                                       # no predictor: plain Newton
+        y_before = one.y.copy()
+        one.step(a)
+        two.step(a)
+        assert np.max(np.abs(one.z - two.z)) <= 1e-12 and abs(float(one.b - two.b)) <= 1e-12
+        assert _z_update_residual(one, a, y_before) <= 1e-10
+        if k % 3 == 1:        # an accelerator replaces y after the step (the predictor's y_plus)
+            shift = rng.normal(scale=1e-3 / one.n, size=one.n)
+            one.y = one.y + shift
+            two.y = two.y + shift
+    assert one._y_plus is not None
+
+
+def test_predictor_state_round_trips():
+    c, rng = _central(seed=3)
+    for _ in range(3):
+        c.step(rng.normal(size=c.n))
+    c.y = c.y + 1e-4 / c.n                        # as Anderson does: y_plus is no longer y
+    st = {**{k: np.array(v) for k, v in c.get_state().items()}, **c.predictor_state()}
+    d, _ = _central(seed=3)
+    d.z, d.y, d.q, d.b = st["z"], st["y"], st["q"], np.float64(st["b"][0])
+    d.set_predictor_state(st)
+    a = rng.normal(size=c.n)
+    c.step(a)
+    d.step(a)
+    assert np.array_equal(c.z, d.z) and c.b == d.b
+
+
+def _textbook_anderson(T, u0, mem, rounds, reg=1e-10):
+    """Type-II Anderson, u+ = T(u) - (S + Y) gamma, gamma = argmin ||g - Y gamma||^2 +
+    reg ||Y||_F^2 / m ||gamma||^2, from the last ``mem`` differences (module docstring)."""
+    u = T(u0)                                    # the first call returns T(u)
+    us, gs, out = [], [], [u]
+    for _ in range(rounds):
+        Tu = T(u)
+        g = Tu - u
+        us.append(u.copy())
+        gs.append(g)
+        if len(gs) == 1:
+            u = Tu
+        else:
+            dU = np.diff(np.array(us[-(mem + 1):]), axis=0).T
+            dG = np.diff(np.array(gs[-(mem + 1):]), axis=0).T
+            A = dG.T @ dG
+            A += reg * np.trace(A) / A.shape[0] * np.eye(A.shape[0])
+            gamma = np.linalg.solve(A, dG.T @ g)
+            u = Tu - (dU + dG) @ gamma
+        out.append(u.copy())
+    return out
+
+
+@pytest.mark.parametrize("f32", [False, True])
+def test_anderson_in_place_matches_textbook_anderson(f32, monkeypatch):
+    rng = np.random.default_rng(5)
+    L = 300
+    Q = np.linalg.qr(rng.normal(size=(L, L)))[0]
+    M = Q @ np.diag(rng.uniform(0.2, 0.95, L)) @ Q.T
+    b = rng.normal(size=L)
+
+    def T(u):
+        return M @ u + b
+
+    if f32:
+        monkeypatch.setattr(Anderson, "F32_MIN", 1)
+    acc = Anderson(mem=3, safeguard=1e12)
+    u0 = rng.normal(size=L)
+    acc.u = acc._next(T(u0))                     # as targets() does with the state it returns
+    got = [acc.u.copy()]
+    for _ in range(10):
+        acc.u = acc._next(T(acc.u.copy()))
+        got.append(acc.u.copy())
+    assert acc.resets == 1                       # the first call counts as one
+    assert acc.S.dtype == (np.float32 if f32 else np.float64)
+    ref = _textbook_anderson(T, u0, 3, 10)
+    tol = 1e-6 if f32 else 1e-9
+    for a, r in zip(got, ref):
+        assert np.max(np.abs(a - r)) <= tol * np.max(np.abs(r))
+    fixed = np.linalg.solve(np.eye(L) - M, b)
+    assert np.max(np.abs(got[-1] - fixed)) < 0.05 * np.max(np.abs(u0 - fixed))    # it moved
+
+
+def test_anderson_resumes_from_a_checkpoint_of_the_earlier_layout():
+    """The layout before issue 9's rework kept u_prev (the state before u) instead of
+    du = u - u_prev: such a checkpoint continues as the uninterrupted accelerator (1e-12)."""
+    rng = np.random.default_rng(2)
+    acc = Anderson(mem=3)
+    steps = [([rng.normal(size=60) for _ in range(2)], rng.normal(size=60), rng.normal(size=60))
+             for _ in range(8)]
+    u_before = None
+    for k, (s_list, q, y) in enumerate(steps[:5]):
+        u_before = None if acc.u is None else acc.u.copy()
+        acc.targets(s_list, q, y, 0.5, 1.0)
+    arrays, scalars = acc.get_state()
+    old = {k: v for k, v in arrays.items() if k != "aadu"}
+    old["aau_prev"] = u_before                  # what the earlier layout stored
+    twin = Anderson(mem=3)
+    twin.set_state({k: np.array(v) for k, v in old.items()}, dict(scalars))
+    for s_list, q, y in steps[5:]:
+        a = acc.targets(s_list, q, y, 0.5, 1.0)
+        b = twin.targets(s_list, q, y, 0.5, 1.0)
+        for u, v in zip(a[0] + [a[1]], b[0] + [b[1]]):
+            assert np.max(np.abs(u - v)) <= 1e-12 * max(1.0, np.max(np.abs(u)))
+
+
+def test_anderson_float32_products_accumulate_in_float64():
+    rng = np.random.default_rng(4)
+    Y = rng.normal(size=(4, 100_003)).astype(np.float32)
+    g = rng.normal(size=100_003)
+    Yg, row = accel._history_products(Y, g, 2, True)
+    Y64 = Y.astype(float)
+    assert np.max(np.abs(Yg - Y64 @ g)) <= 1e-10 * np.max(np.abs(Y64 @ g))
+    assert np.max(np.abs(row - Y64 @ Y64[2])) <= 1e-10 * np.max(np.abs(Y64 @ Y64[2]))
+    gamma, out = rng.normal(size=4), np.empty(100_003)
+    accel._combine(gamma, Y, out)
+    assert np.max(np.abs(out - gamma @ Y64)) <= 1e-12 * np.max(np.abs(gamma @ Y64))
+
+
+def test_support_solve_matches_lstsq():
+    rng = np.random.default_rng(0)
+    d = 30
+    X = (rng.random((400, d)) < 0.3).astype(float)
+    X[:, 5] = 1.0 - X[:, 4]                        # one-hot pair: X4 + X5 = 1 = X6 + X7
+    X[:, 7] = 1.0 - X[:, 6]
+    G = X.T @ X
+    cache = {}
+    for S in (np.array([0, 1, 2, 3, 8, 9]), np.arange(4, 8), np.arange(d)):
+        for mu2 in (0.0, 1e-3):
+            solve, GS = xsolve_prox._support_factor(G, S, 0.7, mu2, cache)
+            A = 0.7 * G[np.ix_(S, S)] + mu2 * np.eye(S.size)
+            r = rng.normal(size=S.size)
+            ref = np.linalg.lstsq(A, r, rcond=1e-12)[0]
+            assert np.max(np.abs(solve(r) - ref)) <= 1e-9 * max(1.0, np.max(np.abs(ref)))
+            assert np.array_equal(GS, G[:, S])
+            assert xsolve_prox._support_factor(G, S, 0.7, mu2, cache)[0] is solve   # cached
+
+
+def test_one_blas_thread_restores_the_thread_counts():
+    from threadpoolctl import threadpool_info
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    with one_blas_thread():
+        assert all(i["num_threads"] == 1 for i in threadpool_info() if i["user_api"] == "blas")
+        with one_blas_thread():
+            pass
+        assert all(i["num_threads"] == 1 for i in threadpool_info() if i["user_api"] == "blas")
+    assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+
+
+def test_sum_of_releases_is_the_plain_sum():
+    rng = np.random.default_rng(0)
+    ss = [rng.normal(size=1000) for _ in range(4)]
+    for m in (1, 2, 4):
+        ref = 0.0
+        for s in ss[:m]:
+            ref = ref + s
+        got = _sum_releases(ss[:m])
+        assert np.array_equal(got, ref) and all(got is not s for s in ss)
