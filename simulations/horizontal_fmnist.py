@@ -12,10 +12,11 @@ DP-SGD at the totals the DP-IADMM runs reach). Writes into ``--out``:
 - ``report.json``   everything above plus the per-agent privacy of seed 0
 - ``fig2a.png``, ``fig1.png``
 
-Example (the committed results)::
+Example (the committed IID results; ``simulations/horizontal_reproduce.py --iterations 900`` runs
+this and the Dirichlet grid on one pool)::
 
-    python simulations/horizontal_fmnist.py --iterations 150 --seeds 5 --code-eps 0.05 0.1 1 3 5 --anchors \\
-        --out simulations/results/horizontal/fmnist_iid_T150
+    python simulations/horizontal_fmnist.py --iterations 900 --seeds 5 --code-eps 0.05 0.1 1 3 5 --anchors \\
+        --workers 2 --out simulations/results/horizontal/fmnist_iid_T900
 
 ``--workers 2`` spreads the batches and anchors over two single-threaded processes (the fastest
 on 2 cores); ``horizontal_reproduce.py`` runs both splits of the full reproduction in one pool.
