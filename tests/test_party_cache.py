@@ -119,19 +119,25 @@ def test_a_damaged_cache_file_is_ignored_and_rewritten(tmp_path, a9a_dir, monkey
     assert data_fingerprint(pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)[0]) == data_fingerprint(D)
 
 
+def _train_with_num_parties(nc, k):
+    """A fresh process answering a train message of a run whose (server-written) config says
+    num-parties = k."""
+    RC["num-parties"] = k
+    try:
+        _forget()
+        _train(nc, 60)
+    finally:
+        RC["num-parties"] = 2
+
+
 def test_a_server_varying_num_parties_cannot_fill_the_party_disk(tmp_path, a9a_dir):
     """The run config (the server's) names num-parties; each value is a different block. A server
-    cycling through 2..12 leaves at most MAX_FILES blocks on the party's disk, the block in use is
-    always among them, and a block still in use is served from the cache (never parsed again)."""
+    cycling through 2..12 leaves at most MAX_FILES blocks on the party's disk, the newest ones,
+    and the block in use is always among them."""
     nc = _node(tmp_path, a9a_dir)
     folder = pc.block_cache_dir(nc["state-dir"])
     for k in range(2, 13):
-        RC["num-parties"] = k
-        try:
-            _forget()
-            _train(nc, 60)
-        finally:
-            RC["num-parties"] = 2
+        _train_with_num_parties(nc, k)
         files = sorted(folder.glob("*.npz"))
         assert len(files) == min(k - 1, pc.MAX_FILES)
         assert any(f.name.startswith(f"a9a-p1of{k}-") for f in files)
@@ -145,12 +151,7 @@ def test_a_block_in_use_survives_eviction(tmp_path, a9a_dir, monkeypatch):
     folder = pc.block_cache_dir(nc["state-dir"])
     ref = _train(nc, 60)
     for k in range(3, 3 + pc.MAX_FILES + 2):
-        RC["num-parties"] = k
-        try:
-            _forget()
-            _train(nc, 60)
-        finally:
-            RC["num-parties"] = 2
+        _train_with_num_parties(nc, k)
         _forget()
         monkeypatch.setattr(data_mod, "party_block", _no_parse)     # 2 parties must come from disk
         assert np.array_equal(_train(nc, 60), ref)
