@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flower_vfl.data import load_all  # noqa: E402
-from flower_vfl.horizontal import DPIADMMParams, agent_seeds, run_dpiadmm  # noqa: E402
+from flower_vfl.horizontal import DPIADMMParams, agent_seeds  # noqa: E402
 from flower_vfl.horizontal.engine import run_dpiadmm_many  # noqa: E402
 from flower_vfl.horizontal.data import split_arrays  # noqa: E402
 from flower_vfl.horizontal.model import softmax  # noqa: E402
@@ -72,20 +72,11 @@ def params_for(name, total, T, delta, sensitivity="replace", rho_set="mnist"):
                          c1=c1, c2=c2, Tc=Tc), eb
 
 
-def fit(X, y, P, name, total, T, seeds, delta, sensitivity="replace", rho_set="mnist"):
-    """One cell alone (the probe); :func:`fit_many` runs many at once with identical results."""
-    Xp, yp = split_arrays(X, y, P, "iid")
-    p, eb = params_for(name, total, T, delta, sensitivity, rho_set)
-    res = run_dpiadmm(Xp, yp, p, T, seeds, K=2)
-    spent = None if eb is None else max(a["epsilon_pld"] for a in res.privacy(delta, seed=0))
-    return res.W, eb, spent
-
-
 def fit_many(parts, cells, T, n_seeds, seed, delta, sensitivity="replace", progress=False):
     """Every cell ``(name, total, rho_set)`` on the same agents ``parts`` in one
     :func:`run_dpiadmm_many` (they share each agent's GEMMs); private cells with ``n_seeds``
-    noise draws, non-private ones with one. The same results as :func:`fit` cell by cell with
-    ``agent_seeds(seed, S, P)``. Returns ``[(W (S, J, 2), eps_bar, spent PLD epsilon)]``."""
+    noise draws, non-private ones with one. The same results as one ``run_dpiadmm`` per cell with
+    ``agent_seeds(seed, S, P)`` (tests/test_horizontal_a9a_compare.py). Returns ``[(W (S, J, 2), eps_bar, spent PLD epsilon)]``."""
     Xp, yp = parts
     P = len(yp)
     ps = [params_for(name, total, T, delta, sensitivity, rs) for name, total, rs in cells]
@@ -214,8 +205,6 @@ def plot(out):
     plt.close(fig)
 
 
-
-
 def markdown(out):
     """The comparison table (test accuracy and log-loss at each total epsilon) as Markdown."""
     with open(Path(out) / "comparison.csv") as f:
@@ -230,26 +219,8 @@ def markdown(out):
     return "\n".join(lines)
 
 
-def probe(T=1000):
-    """Single fits on all training rows at a longer T than the selection grid (why rows of the
-    comparison sit at the majority class): name, agents, total epsilon (None: non-private), rho set."""
-    X, y, Xt, yt = a9a_dense()
-    for name, P, total, rs in [("objp", 10, None, "mnist"), ("objp", 10, None, "femnist"),
-                               ("objt-code", 10, None, "mnist"), ("objt-code", 2, 8, "mnist"),
-                               ("outp", 10, 1, "mnist")]:
-        t0 = time.perf_counter()
-        W, eb, spent = fit(X, y, P, name, total, T, agent_seeds(1, 1 if total is None else 3, P), 1e-5,
-                           "replace", rs)
-        acc, ll = scores(W, Xt, yt)
-        print(f"{name} agents={P} total_eps={total} T={T} rho={rs}: eps_bar={eb} spent(PLD)={spent} "
-              f"test acc {np.round(acc, 4)} log-loss {np.round(ll, 4)} ({time.perf_counter() - t0:.0f} s)",
-              flush=True)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) == 2 and sys.argv[1] == "--probe":
-        probe()
-    elif len(sys.argv) == 3 and sys.argv[1] == "--table":
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
         print(markdown(sys.argv[2]))
     else:
         main()

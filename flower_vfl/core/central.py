@@ -319,14 +319,6 @@ def _dot(a, b) -> float:
     return float(np.einsum("i,i->", a, b))
 
 
-def _norm(v) -> float:
-    """Euclidean norm without BLAS: with 2 OpenBLAS threads on a loaded 2-core machine a dot on
-    an N-vector stalled for ~8 ms (benchmarks/results/bench_round_loaded.json); einsum does not
-    call BLAS for this reduction."""
-    v = np.ravel(v)
-    return float(np.sqrt(np.einsum("i,i->", v, v)))
-
-
 def _norm1(v) -> float:
     """Euclidean norm by BLAS; call inside :func:`one_blas_thread` (1-thread dot 5.7 us at
     a9a's N, einsum 15.7 us, 2-thread OpenBLAS under load up to ~1 ms)."""
