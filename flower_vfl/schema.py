@@ -102,7 +102,7 @@ SCHEMA: dict[str, Key] = dict([
     _k("alpha", float, 1.0, "run", "over-relaxation (Boyd 3.4.3)", lo=0.0, hi=2.0, lo_open=True, hi_open=True),
     _k("fit-intercept", bool, True, "run", "the label owner fits an unpenalized intercept"),
     _k("acceleration", str, "auto", "run", "fewer rounds (core/accel.py): 'auto' = Anderson for L2 without a "
-                                          "constraint, none otherwise; 'anderson', 'spectral' (adaptive ρ, "
+                                          "constraint while it holds <= 128 MiB, none otherwise; 'anderson', 'spectral' (adaptive ρ, "
                                           "Xu et al. 2017), 'anderson+spectral' or 'none'",
        choices=ACCELERATIONS),
     _k("x-solver", str, "auto", "run", "the parties' x-update method (core/xsolve.py): 'auto' chooses by "

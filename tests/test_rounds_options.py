@@ -140,3 +140,83 @@ def test_flower_path_resumes_spectral(tmp_path):
     assert np.max(np.abs(f - resumed.decision_test_)) <= 1e-7 * np.max(np.abs(f))
     assert [h["rho"] for h in resumed.history_] == pytest.approx([h["rho"] for h in full.history_], rel=1e-7)
     assert len({h["rho"] for h in full.history_[9:]}) > 1
+
+
+def _held_bytes(acc):
+    """Bytes of every array an Anderson accelerator holds (state, history, messages)."""
+    arrays = [v for v in vars(acc).values() if isinstance(v, np.ndarray) and v.ndim and v.size > 100]
+    arrays += [v for v in getattr(acc, "_outs", {}).values()]
+    return sum({id(a): a.nbytes for a in arrays}.values())     # g is also kept as _gbuf
+
+
+@pytest.mark.parametrize("n,f32", [(2000, False), (20_000, True)])
+def test_anderson_bytes_is_what_the_accelerator_holds(n, f32, monkeypatch):
+    """The estimate 'auto' decides by equals the arrays Anderson holds after its history has
+    filled (float64 history below F32_MIN state entries, float32 above), to within its
+    chunk-sized scratch (6 x 32768 floats)."""
+    monkeypatch.setattr(Anderson, "F32_MIN", 3 * n if f32 else 10 * n)
+    from flower_vfl.core.accel import anderson_bytes
+    rng = np.random.default_rng(0)
+    acc = Anderson(mem=5)
+    for _ in range(9):
+        acc.targets([rng.normal(size=n) for _ in range(2)], rng.normal(size=n), rng.normal(size=n), 0.5, 1.0)
+    assert acc.S.dtype == (np.float32 if f32 else np.float64)
+    held = _held_bytes(acc)
+    scratch = acc._scr.nbytes
+    assert held - scratch == anderson_bytes(n, 2, 1, 5)
+    assert scratch <= 6 * 32768 * 8
+
+
+def test_auto_leaves_anderson_off_above_its_memory_cap(monkeypatch):
+    """'auto' is plain ADMM once Anderson would hold more than AUTO_ANDERSON_MAX_BYTES (1M rows
+    x 3 parties: 259 MiB against 128 MiB; a9a 10 MiB), logged; 'anderson' still forces it. With
+    the cap lowered below breast cancer's need, the engine's auto run is the 'none' run
+    bitwise and the Flower path decides the same (1e-9)."""
+    import logging
+
+    from flower_vfl.core import accel
+    from flower_vfl.core.accel import AUTO_ANDERSON_MAX_BYTES, anderson_bytes
+    assert anderson_bytes(1_000_000, 3) / 2**20 == pytest.approx(259.4, abs=0.1)
+    assert anderson_bytes(1_000_000, 3) > AUTO_ANDERSON_MAX_BYTES == 128 * 2**20
+    assert anderson_bytes(32_561, 2) / 2**20 == pytest.approx(10.43, abs=0.01)
+    assert anderson_bytes(60_000, 2, 10) <= AUTO_ANDERSON_MAX_BYTES        # Fashion-MNIST, K = 10
+    c = CentralUpdate(get_loss("logistic"), np.ones(1_000_000), 1e-3, theta=1 / 3)
+    assert make_accelerator("auto", c, [False] * 3, "l2") is None
+    assert make_accelerator("auto", c, [False, False], "l2", n_parties=3) is None
+    assert isinstance(make_accelerator("anderson", c, [False] * 3, "l2"), Anderson)
+    a9a = CentralUpdate(get_loss("logistic"), np.ones(32_561), 1e-3, theta=1 / 2)
+    assert isinstance(make_accelerator("auto", a9a, [False] * 2, "l2"), Anderson)
+    need = anderson_bytes(Y.size, 3)
+    monkeypatch.setattr(accel, "AUTO_ANDERSON_MAX_BYTES", need - 1)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("flower_vfl.core").addHandler(handler)
+    logging.getLogger("flower_vfl.core").setLevel(logging.INFO)
+    try:
+        auto = VerticalADMM(lam=1e-2, max_rounds=30, tol=0).fit(BLOCKS, Y)
+    finally:
+        logging.getLogger("flower_vfl.core").removeHandler(handler)
+    none = VerticalADMM(lam=1e-2, max_rounds=30, tol=0, acceleration="none").fit(BLOCKS, Y)
+    forced = VerticalADMM(lam=1e-2, max_rounds=30, tol=0, acceleration="anderson").fit(BLOCKS, Y)
+    assert auto.acceleration_ == "none" and forced.acceleration_ == "anderson"
+    assert np.array_equal(np.concatenate(auto.coef_), np.concatenate(none.coef_))
+    assert not np.array_equal(np.concatenate(auto.coef_), np.concatenate(forced.coef_))
+    msg = [r.getMessage() for r in records if "acceleration='auto'" in r.getMessage()]
+    assert msg == [f"acceleration='auto': plain rounds, Anderson would hold {need / 2**20:.0f} MiB "
+                   f"(> {(need - 1) / 2**20:.0f} MiB); acceleration='anderson' forces it"]
+
+
+def test_flower_path_decides_the_memory_cap_as_the_engine(monkeypatch):
+    from flower_vfl.core import accel
+    from flower_vfl.core.accel import anderson_bytes
+    from flower_vfl.data import labels, party_block
+    from test_flower import run_local
+
+    blocks = [party_block("breast_cancer", i, 3) for i in range(3)]
+    y, _ = labels("breast_cancer")
+    monkeypatch.setattr(accel, "AUTO_ANDERSON_MAX_BYTES", anderson_bytes(y.size, 3) - 1)
+    st = run_local({"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 25})
+    m = VerticalADMM(lam=1e-4, max_rounds=25, tol=0).fit([b[0] for b in blocks], y)
+    assert st.acceleration_ == m.acceleration_ == "none"
+    assert np.max(np.abs(m.decision_function([b[1] for b in blocks]) - st.decision_test_)) <= 1e-9

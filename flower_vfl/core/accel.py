@@ -37,9 +37,26 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg.lapack import dposv
 
-from .xsolve import one_blas_thread
+from .xsolve import LOG, one_blas_thread
 
-__all__ = ["Anderson", "SpectralRho", "Chain", "ACCELERATIONS", "make_accelerator"]
+__all__ = ["Anderson", "SpectralRho", "Chain", "ACCELERATIONS", "make_accelerator", "acceleration_name", "anderson_bytes",
+           "AUTO_ANDERSON_MAX_BYTES"]
+
+#: 'auto' runs Anderson only while its memory (:func:`anderson_bytes`) stays at or below this:
+#: 128 MiB. At 1M rows x 3 parties it would be 260 MiB, 0.75x the 346 MB of data, where the
+#: rest of the fit allocates 0.49x (issue 9's goal: the fit's peak <= 1.5x the data in all);
+#: it saves 5 of 14 rounds to a gap of 1e-4 there. a9a (11 MB), the text-like set (10 MB) and
+#: Fashion-MNIST multinomial (117 MiB) keep it. ``acceleration='anderson'`` forces it.
+AUTO_ANDERSON_MAX_BYTES = 128 << 20
+
+
+def anderson_bytes(n_rows: int, n_parties: int, n_outputs: int = 1, mem: int = 5) -> int:
+    """Bytes :class:`Anderson` holds for a run: with L = (M + 1) N K state entries, the history
+    S, Y (2 mem L in float32 once L >= ``Anderson.F32_MIN``, else float64), the state u and
+    g = T(u) - u (float64), the last step (history dtype) and the returned q_1..q_M, y."""
+    L = (int(n_parties) + 1) * int(n_rows) * int(n_outputs)
+    h = 4 if L >= Anderson.F32_MIN else 8
+    return L * (2 * int(mem) * h + 8 + 8 + h) + L * 8
 
 ACCELERATIONS = ("auto", "anderson", "spectral", "anderson+spectral", "none")
 
@@ -118,45 +135,45 @@ class Anderson:
         shape = np.shape(q)
         n = int(np.prod(shape))
         M = len(s_list)
-        L = (M + 1) * n
         if rho != self.rho:
             self.rho = rho
             self.u = None
-        Tu = self._work(L)
-        tq = Tu[:n]
-        np.multiply(np.ravel(q), -theta, out=tq)                # -theta q, once for all m
-        for m in range(M - 1, -1, -1):                          # segment 0 (tq) last
-            np.add(np.ravel(s_list[m]), tq, out=Tu[m * n:(m + 1) * n])   # s_m - theta q
-        Tu[M * n:] = np.ravel(y)
-        u_next = self._next(Tu)
-        self.u = u_next
+        s_flat = [np.ravel(s) for s in s_list]
+        q_flat, y_flat = np.ravel(q), np.ravel(y)
         y_next = self._out("y", n)
-        y_next[:] = u_next[M * n:]
-        qs = []
-        for m, s in enumerate(s_list):
-            qm = self._out(f"q{m}", n)
-            np.subtract(np.ravel(s), u_next[m * n:(m + 1) * n], out=qm)
-            qm /= theta
-            qs.append(qm.reshape(shape))
-        return qs, y_next.reshape(shape)
+        q_out = [self._out(f"q{m}", n) for m in range(M)]
+        CH = self.CHUNK
+        chunks = [(seg, a, min(n, a + CH)) for seg in range(M + 1) for a in range(0, n, CH)]
 
-    # Work arrays are reused across rounds: a fresh (M + 1) N-vector each round is mmapped and
-    # page-faulted in again (at a9a's N ~190 faults each); under load that took the round's
-    # Anderson step from ~2 ms to a 23-40 ms median. The (M + 1) N state vectors are few:
-    # u (updated in place), g, the last Delta u (its own array only with a float64 history)
-    # and one scratch, i.e. 3.5-4 of them (there were 6: 64 MB more at 1M rows x 3 parties).
-    def _work(self, L):
-        """An (L,) float64 work array that is none of the live state (u, g, du)."""
-        pool = self.__dict__.setdefault("_pool", [])
-        if pool and pool[0].shape != (L,):
-            pool.clear()
-        live = [v for v in (self.u, self.g, self.__dict__.get("du")) if v is not None]
-        for a in pool:
-            if all(a is not v for v in live):
-                return a
-        a = np.empty(L)
-        pool.append(a)
-        return a
+        def source(i, out):              # T(u) on chunk i: s_m - theta q, then y
+            seg, a, b = chunks[i]
+            if seg < M:
+                np.multiply(q_flat[a:b], -theta, out=out)
+                out += s_flat[seg][a:b]
+            else:
+                out[:] = y_flat[a:b]
+
+        def emit(i, u_c):                # the new state's messages: q_m = (s_m - zeta_m) / theta, y
+            seg, a, b = chunks[i]
+            if seg < M:
+                qm = q_out[seg][a:b]
+                np.subtract(s_flat[seg][a:b], u_c, out=qm)
+                qm /= theta
+            else:
+                y_next[a:b] = u_c
+
+        spans = [(seg * n + a, seg * n + b) for seg, a, b in chunks]
+        with one_blas_thread():
+            self._advance((M + 1) * n, spans, source, emit)
+        return [qm.reshape(shape) for qm in q_out], y_next.reshape(shape)
+
+    # The round runs in two sweeps over chunks of the state (CHUNK entries, 256 KB in float64,
+    # segment-aligned so a chunk is one party's zeta_m or y): the first forms T(u) - u, the new
+    # history rows and the products Y g, Y Y_fresh from the chunk while it is in cache; the
+    # second the combination, u += Delta u, the kept Delta u and the messages. Before, each step
+    # was a pass over the whole (M + 1) N state (~15 of them) and T(u) and the combination had
+    # (M + 1) N arrays of their own (issue 9: a9a's Anderson step ~0.75 ms, 64 MB at 1M rows).
+    CHUNK = 1 << 15
 
     def _out(self, key, n):
         """The returned y / q_m: one array each, rewritten every round (the caller has used the
@@ -166,6 +183,12 @@ class Anderson:
         if a is None or a.shape != (n,):
             a = outs[key] = np.empty(n)
         return a
+
+    def _scratch(self, rows, cols):
+        b = self.__dict__.get("_scr")
+        if b is None or b.shape[0] < rows or b.shape[1] < cols:
+            b = self._scr = np.empty((max(rows, 1), cols))
+        return b
 
     def get_state(self) -> tuple[dict, dict]:
         """(arrays, scalars) to checkpoint; :meth:`set_state` restores them bitwise."""
@@ -191,58 +214,84 @@ class Anderson:
         self.g_min = np.inf if scalars["g_min"] is None else float(scalars["g_min"])
 
     def _next(self, Tu):
-        # The N-vector kernels run with one BLAS thread (xsolve.one_blas_thread, ~4 us to enter):
-        # 1-thread BLAS dot / gemv are 3x faster than einsum's loop at a9a's size, and
-        # 2 OpenBLAS threads stalled these products under load (a dot: 855 us vs 5.7 us)
-        with one_blas_thread():
-            return self._next_inner(Tu)
-
-    def _next_inner(self, Tu):
-        """u+ = u + g - gamma S with g = T(u) - u, in place in u (``Tu`` is overwritten by g);
-        S holds Delta u + Delta g = Delta T(u), Y holds Delta g (module docstring)."""
+        """u+ from a whole T(u) (tests, and any caller that has T(u) as one array): the same
+        two sweeps as :meth:`targets`, in chunks of ``Tu``; returns the state u (in place)."""
         L = Tu.shape[0]
-        if self.u is None or self.u.shape != Tu.shape:
+        spans = [(a, min(L, a + self.CHUNK)) for a in range(0, L, self.CHUNK)]
+
+        def source(i, out):
+            lo, hi = spans[i]
+            out[:] = Tu[lo:hi]
+
+        with one_blas_thread():
+            return self._advance(L, spans, source, None)
+
+    def _advance(self, L, spans, source, emit):
+        """u+ = u + g - gamma S with g = T(u) - u, in place in u; S holds Delta u + Delta g =
+        Delta T(u), Y holds Delta g (module docstring). ``source(i, out)`` writes T(u) on
+        ``spans[i]`` into ``out``; ``emit(i, u_chunk)`` (if given) sends the new state's chunk."""
+        if self.u is None or self.u.shape != (L,):
             self.S = self.Y = self.du = None
             self.reset()
-            return Tu                                  # u+ = T(u), in T(u)'s own array
-        u = self.u
-        g = np.subtract(Tu, u, out=Tu)                 # T(u) - u, in T(u)'s array
-        gn = float(np.sqrt(np.dot(g, g)))
-        if not np.isfinite(gn) or gn > self.safeguard * self.g_min:
-            self.reset()
-            self.du = None
-            u += g                                     # the plain ADMM step u+ = T(u)
+            u = self.u = np.empty(L)                   # u+ = T(u)
+            for i, (lo, hi) in enumerate(spans):
+                source(i, u[lo:hi])
+                if emit is not None:
+                    emit(i, u[lo:hi])
             return u
-        self.g_min = min(self.g_min, gn)
+        u = self.u
         if self.S is None or self.S.shape[1] != L:
-            # S holds Delta u + Delta g (= S + Y of the docstring): u+ = T(u) - gamma (S + Y)
             dt = np.float32 if L >= self.F32_MIN else np.float64
             self.S, self.Y = np.empty((self.mem, L), dt), np.empty((self.mem, L), dt)
             self.A, self.Yg = np.zeros((self.mem, self.mem)), None
-        g_prev, du = self.g, self.__dict__.get("du")
-        fresh = None
-        if g_prev is not None and du is not None:
-            fresh = self.k % self.mem
-            np.subtract(g, g_prev, out=self.Y[fresh])
-            np.add(du, self.Y[fresh], out=self.S[fresh])
-            self.k += 1
-        m = min(self.k, self.mem)
+        S, Y, du = self.S, self.Y, self.du
+        hist = self.g is not None and du is not None  # a new history row this round
+        g = self.g if self.g is not None else self.__dict__.get("_gbuf")
+        if g is None or g.shape != (L,):
+            g = np.empty(L)
+        self._gbuf = g
+        fresh = self.k % self.mem if hist else None
+        m = min(self.k + 1, self.mem) if hist else 0
+        # the new row of A = Y Y^T reuses last round's Y g_prev for the rows that did not
+        # change: (g - g_prev) . Y_j = (Y g)_j - (Y g_prev)_j, so only Y_fresh . Y_fresh is new
+        # (all of Y Y_fresh after a reset of Yg)
+        full = m > 0 and (self.Yg is None or self.Yg.shape[0] < m - (fresh == m - 1))
+        Yg, row, gg = np.zeros(m), np.zeros(m), 0.0
+        width = max(hi - lo for lo, hi in spans)
+        scr = self._scratch(m + 1, width)
+        for i, (lo, hi) in enumerate(spans):           # sweep 1: g, the history rows, products
+            w = hi - lo
+            t = scr[m, :w]
+            source(i, t)
+            t -= u[lo:hi]                              # g = T(u) - u on the chunk
+            gg += float(np.dot(t, t))
+            if hist:
+                yf = Y[fresh, lo:hi]
+                np.subtract(t, g[lo:hi], out=yf)       # Delta g
+                np.add(du[lo:hi], yf, out=S[fresh, lo:hi])   # Delta u + Delta g = Delta T(u)
+                if Y.dtype == np.float64:
+                    Yc = Y[:m, lo:hi]
+                else:                                  # float32 rows cast in cache, then BLAS
+                    Yc = scr[:m, :w]
+                    np.copyto(Yc, Y[:m, lo:hi])
+                Yg += Yc @ t
+                if full:
+                    row += Yc @ Yc[fresh]
+                else:
+                    row[fresh] += float(np.dot(Yc[fresh], Yc[fresh]))
+            g[lo:hi] = t
+        gn = float(np.sqrt(gg))
+        if not np.isfinite(gn) or gn > self.safeguard * self.g_min:
+            self.reset()
+            self.du = None
+            return self._sweep2(u, g, None, None, spans, emit)   # the plain ADMM step u+ = T(u)
+        self.g_min = min(self.g_min, gn)
         self.g = g
-        if self.S.dtype == np.float64:
-            self.du = None                              # its array is free now
         if m == 0:        # (right after a reset): the plain step; Delta u = g exactly
-            if self.S.dtype == np.float64:
-                self.du = self._copy(g)
-            else:
-                self.du = du if du is not None and du.shape == g.shape else np.empty(L, self.S.dtype)
-                np.copyto(self.du, g, casting="same_kind")
-            u += g
-            return u
-        # Y g costs one pass over Y; the new row of A = Y Y^T reuses last round's Y g_prev for
-        # the rows that did not change: (g - g_prev) . Y_j = (Y g)_j - (Y g_prev)_j, so only
-        # Y_fresh . Y_fresh is new (all of Y Y_fresh after a reset of Yg)
-        full = self.Yg is None or self.Yg.shape[0] < m - (fresh == m - 1)
-        Yg, row = _history_products(self.Y[:m], g, fresh, full)
+            if du is None or du.shape != (L,) or du.dtype != S.dtype:
+                du = self.du = np.empty(L, S.dtype)
+            return self._sweep2(u, g, None, du, spans, emit)
+        self.k += 1
         if not full:
             for j in range(m):
                 if j != fresh:
@@ -256,26 +305,34 @@ class Anderson:
         if gamma is None or not np.all(np.isfinite(gamma)):
             self.reset()
             self.du = None
-            u += g
-            return u
-        # Delta u+ = g - gamma S (the new state's step, kept for next round's S), u+ = u + it
-        c = self._work(L)
-        _combine(gamma, self.S[:m], c)
-        np.subtract(g, c, out=c)
-        u += c
-        if self.S.dtype == np.float64:
-            self.du = c
-        else:
-            if du is None:
-                du = np.empty(L, self.S.dtype)
-            np.copyto(du, c, casting="same_kind")
-            self.du = du
-        return u
+            return self._sweep2(u, g, None, None, spans, emit)
+        return self._sweep2(u, g, gamma, du, spans, emit)
 
-    def _copy(self, g):
-        c = self._work(g.shape[0])
-        np.copyto(c, g)
-        return c
+    def _sweep2(self, u, g, gamma, du, spans, emit):
+        """Sweep 2: Delta u+ = g - gamma S (g alone without gamma), u += Delta u+, kept in
+        ``du`` (if given) for next round's S, and the messages of the new state."""
+        m = 0 if gamma is None else gamma.shape[0]
+        S = self.S
+        scr = self._scratch(m + 1, max(hi - lo for lo, hi in spans))
+        for i, (lo, hi) in enumerate(spans):
+            w = hi - lo
+            c = scr[m, :w]
+            if gamma is None:
+                c[:] = g[lo:hi]
+            else:
+                if S.dtype == np.float64:    # matmul: BLAS on the strided rows (np.dot copies them)
+                    np.matmul(gamma, S[:m, lo:hi], out=c)
+                else:
+                    Sc = scr[:m, :w]
+                    np.copyto(Sc, S[:m, lo:hi])
+                    np.matmul(gamma, Sc, out=c)
+                np.subtract(g[lo:hi], c, out=c)
+            u[lo:hi] += c
+            if du is not None:
+                np.copyto(du[lo:hi], c, casting="same_kind")
+            if emit is not None:
+                emit(i, u[lo:hi])
+        return u
 
 
 def _history_products(Y, g, fresh, full):
@@ -479,7 +536,14 @@ class Chain:
         self.spectral.set_state(arrays, scalars["sr"])
 
 
-def make_accelerator(acceleration, central, private, penalty="l2", constrained=False, mem: int = 5):
+def acceleration_name(acc) -> str:
+    """What :func:`make_accelerator` returned, by name: 'anderson', 'spectral',
+    'anderson+spectral' or 'none' (the engine's and the strategy's ``acceleration_``)."""
+    return {Anderson: "anderson", SpectralRho: "spectral", Chain: "anderson+spectral"}.get(type(acc), "none")
+
+
+def make_accelerator(acceleration, central, private, penalty="l2", constrained=False, mem: int = 5,
+                     n_parties=None):
     """The accelerator of a run, or None. Shared by the engine and the strategy, which both call
     ``acc.step(s_list, central)`` after the central step (it may set ``central.y`` and
     ``central.rho``) and send party m ``qs[m]`` (or ``central.q`` when it returns None).
@@ -492,7 +556,10 @@ def make_accelerator(acceleration, central, private, penalty="l2", constrained=F
     alpha = 1, no party is private and the loss is convex, for every penalty;
     ``'anderson+spectral'`` is both where both apply. ``'auto'`` (the default) is 'anderson'
     for a smooth x-update and 'none' otherwise: spectral rho lost to the plain iteration on
-    a9a and breast cancer with L1 (docs/benchmarks.md, issue 9). ``'none'`` never accelerates."""
+    a9a and breast cancer with L1 (docs/benchmarks.md, issue 9), and only while Anderson's
+    memory is at most :data:`AUTO_ANDERSON_MAX_BYTES` (from N, K and ``n_parties``, default
+    ``len(private)``: the engine and the strategy decide alike; the choice is logged on
+    ``flower_vfl.core``). ``'none'`` never accelerates."""
     if acceleration not in ACCELERATIONS:
         raise ValueError(f"acceleration={acceleration!r} is not supported; choose one of "
                          f"{list(ACCELERATIONS)}")
@@ -500,9 +567,15 @@ def make_accelerator(acceleration, central, private, penalty="l2", constrained=F
         return None
     smooth = getattr(penalty, "name", penalty) == "l2" and not constrained
     if acceleration == "auto":
-        acceleration = "anderson" if smooth else "none"
         if not smooth:
             return None
+        need = anderson_bytes(np.shape(central.t)[0], len(private) if n_parties is None else n_parties,
+                              int(getattr(central.loss, "n_outputs", 1) or 1), mem)
+        if need > AUTO_ANDERSON_MAX_BYTES:
+            LOG.info("acceleration='auto': plain rounds, Anderson would hold %.0f MiB (> %.0f MiB); "
+                     "acceleration='anderson' forces it", need / 2**20, AUTO_ANDERSON_MAX_BYTES / 2**20)
+            return None
+        acceleration = "anderson"
     use_aa = "anderson" in acceleration and smooth
     use_sr = "spectral" in acceleration and bool(getattr(central.loss, "convex", False))
     if use_aa and use_sr:

@@ -13,7 +13,7 @@ import numpy as np
 
 from sklearn.base import BaseEstimator
 
-from .accel import make_accelerator
+from .accel import acceleration_name, make_accelerator
 from .central import CentralUpdate, residuals
 from .constraints import make_constraint  # noqa: F401  (re-exported)
 from .losses import get_loss
@@ -140,7 +140,9 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         Fewer rounds, same fixed point (:mod:`flower_vfl.core.accel`): type-II Anderson
         acceleration of the round and/or spectral adaptive rho (Xu et al. 2017). 'auto' is
         Anderson where it applies (alpha = 1, no private party, penalty 'l2' without a
-        constraint) and 'none' otherwise; the Flower strategy runs the same code.
+        constraint) while its memory is at most 128 MiB (``accel.AUTO_ANDERSON_MAX_BYTES``: about
+        (M + 1) N K <= 1.9M, e.g. 480k rows x 3 parties), and 'none' otherwise; the choice is in
+        ``acceleration_`` and the Flower strategy runs the same code.
     label_epsilon : float or None, default=None
         Label DP for the label owner (loss='logistic'): the training labels are privatized once
         by randomized response (epsilon-label-DP, pure) and training uses the forward-corrected
@@ -157,6 +159,9 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         Per round: objective, primal and dual residuals, rho, elapsed seconds.
     n_rounds_ : int
     converged_ : bool
+    acceleration_ : str
+        The acceleration the fit used ('anderson', 'spectral', 'anderson+spectral' or 'none'):
+        what ``acceleration`` resolved to (see that parameter).
     """
 
     def __init__(self, loss="logistic", penalty="l2", lam=1e-4, rho="auto", fit_intercept=True,
@@ -264,6 +269,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         k = 0
         acc = make_accelerator(getattr(self, "acceleration", "none"), central, private,
                                self.penalty, self.constraint is not None)
+        self.acceleration_ = acceleration_name(acc)
         for i_phase, (n_rounds, active, use_tol) in enumerate(phases):
             if i_phase == 1:     # end of the warm start: the non-private parties' model alone
                 self.nonprivate_coef_ = [None if pr else p.x.copy() for p, pr in zip(parties, private)]

@@ -20,7 +20,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..core.accel import make_accelerator
+from ..core.accel import acceleration_name, make_accelerator
 from ..core.central import CentralUpdate, residuals
 from ..core.engine import default_rho, private_schedule
 from ..core.losses import get_loss
@@ -79,7 +79,9 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     acceleration : {'auto', 'anderson', 'spectral', 'anderson+spectral', 'none'}, default='auto'
         As the engine's (core/accel.py; run config ``acceleration``). Anderson is off with
         alpha != 1, private parties, stragglers='stale', or a penalty other than 'l2' / a
-        constraint (pass the parties' ``penalty`` and ``constraint`` from the run config).
+        constraint (pass the parties' ``penalty`` and ``constraint`` from the run config);
+        'auto' also leaves it off when it would hold more than 128 MiB (N, K and the number of
+        parties decide, as in the engine). The choice is in ``acceleration_``.
     penalty, constraint : the parties' penalty and constraint (only decide the acceleration).
     label_epsilon : float or None, default=None
         Label DP (loss='logistic'): randomized response on ``y_train`` once, here, and the
@@ -344,7 +346,9 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         self._stale: dict[int, int] = {}
         self._acc = make_accelerator(self.acceleration, self.central,
                                      [self.stragglers == "stale", bool(self.private_parties)],
-                                     self.penalty, self.constraint is not None)
+                                     self.penalty, self.constraint is not None,
+                                     n_parties=self.num_parties)
+        self.acceleration_ = acceleration_name(self._acc)
         self._qs = None
         k, phase0, j0, stopped0 = 0, 0, 0, False
         if self.resume:
