@@ -261,3 +261,17 @@ def test_sum_of_releases_is_the_plain_sum():
             ref = ref + s
         got = _sum_releases(ss[:m])
         assert np.array_equal(got, ref) and all(got is not s for s in ss)
+
+
+def test_logistic_grad_is_grad_hess_gradient_bitwise():
+    """LogisticLoss.grad skips the Hessian's passes but is grad_hess's l' bit for bit (the
+    z-update fallback and the first round use it), including the capped entries t z > 700."""
+    from flower_vfl.core.losses import get_loss
+    loss = get_loss("logistic")
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=10_001) * 50
+    z[:3] = [1e6, -1e6, 701.0]
+    t = np.where(rng.random(10_001) < 0.5, -1.0, 1.0)
+    g = loss.grad(z, t)
+    assert np.array_equal(g, loss.grad_hess(z, t)[0])
+    assert np.array_equal(g, -t / (1.0 + np.exp(np.minimum(t * z, 700.0))))

@@ -168,8 +168,16 @@ class LogisticLoss(Loss):
 
     def grad(self, z, t):
         """-t sigmoid(-t z) = -t / (1 + e^{t z}) with numpy's SIMD exp (scipy's expit took
-        ~5.6 ns an entry, 46 ms at 1M rows); t z capped at 700 as in :meth:`grad_hess`."""
-        return self.grad_hess(z, t, out=(np.empty_like(z, dtype=float), np.empty_like(z, dtype=float)))[0]
+        ~5.6 ns an entry, 46 ms at 1M rows); t z capped at 700 as in :meth:`grad_hess`, whose
+        l' this is bitwise, in one array and without the Hessian's passes."""
+        g = np.multiply(t, z, dtype=float)
+        if g.max() > 700.0:
+            np.minimum(g, 700.0, out=g)
+        np.exp(g, out=g)                    # e^u
+        g += 1.0
+        np.divide(1.0, g, out=g)            # p
+        g *= t
+        return np.negative(g, out=g)        # l' = -t p
 
     def hess(self, z, t):
         p = expit(z)
