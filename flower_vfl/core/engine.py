@@ -277,6 +277,9 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
             qs = None
             for _ in range(n_rounds):
                 k += 1
+                # last round's releases and their sum go first: at 1M rows x 3 parties they
+                # are 4 N-vectors (32 MB) the new releases would otherwise overlap
+                released = s_sum = None
                 released = [p.train_release(k, central.q if qs is None else qs[m], central.y, central.rho,
                                             central.alpha, central.theta) if active[m] else p.s
                             for m, p in enumerate(parties)]
@@ -290,7 +293,8 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
                                       "dual_residual": d, "rho": central.rho,
                                       "parties": int(sum(active)),
                                       "elapsed_s": time.perf_counter() - start})
-                self.coef_ = _public_coef(parties)
+                if self.callback is not None:   # copies of x (x is updated in place): for it only
+                    self.coef_ = _public_coef(parties)
                 self.intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
                 self.n_rounds_ = k
                 if bar is not None:
@@ -305,6 +309,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
                     central.set_rho(balance_rho(central.rho, r, d, loss, t.shape[0]))
                 if acc is not None:     # the same call as the Flower strategy's (core/accel.py)
                     qs = acc.step([p.s for p in parties], central)
+        self.coef_ = _public_coef(parties)
         for p, pr in zip(parties, private):
             if pr:   # internal, never released: costs no privacy
                 p.final_update(central.q, central.y, central.rho, central.alpha, central.theta)

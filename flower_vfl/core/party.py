@@ -38,8 +38,14 @@ class PartyUpdate:
         #: whatever the central node sends, the sensitivity bound of the release holds
         self.v_clip = v_clip
         self.n, self.d = D.shape
+        # low_memory: between rounds the CG path keeps x, D x (= the release s) and one
+        # d-vector of column statistics, not also D^T D x and the column sums (2 mat-vecs more
+        # a round; with M parties solving in turn, 2 M - 1 d-vectors less at the peak: the
+        # sums are one d-vector again during the party's own solve)
+        # (only for a block wider than tall, where the d-vectors are the memory: with d <= N,
+        # CG chosen for very large N, the 2 mat-vecs over N rows would cost more than they save)
         self.solver = XSolver(D, penalty, lam, constraint=constraint, inner_tol=inner_tol,
-                              method=x_solver)
+                              method=x_solver, low_memory=self.d > self.n)
         shape_x = (self.d,) if n_outputs == 1 else (self.d, n_outputs)
         shape_s = (self.n,) if n_outputs == 1 else (self.n, n_outputs)
         self.x = np.zeros(shape_x)
@@ -48,7 +54,8 @@ class PartyUpdate:
         #: rho / theta of the x-update that produced ``x`` (None before the first one); the
         #: sensitivity of anything released from x must use this value, not a later message's
         self.rho_x = None
-        #: (D x, D^T D x) of the current x, carried by the CG x-update (never sent)
+        #: (D x, None) of the current x, carried by the CG x-update (never sent; D^T D x is not
+        #: kept, see ``low_memory``)
         self.carry = None
 
     def step(self, q, y, rho, alpha=1.0, theta=1.0):
@@ -67,10 +74,15 @@ class PartyUpdate:
         v += z_loc
         if self.v_clip is not None:
             np.clip(v, -self.v_clip, self.v_clip, out=v)
-        self.last_target = v          # kept for the privacy audit (never sent)
+        # kept for the privacy audit of a private party (its target is clipped; never sent); a
+        # non-private party lets it go (M N-vectors less between rounds: 24 MB at 1M x 3)
+        self.last_target = v if self.v_clip is not None else None
         # inexact (CG / FISTA-on-D) solvers tie their tolerance to the residual received
         outer = theta * _norm(q) if self.solver.inexact else None
-        self.x = self.solver.solve(v, rho_x, x0=self.x, outer=outer, carry=self.carry)
+        # x is the party's own array (never handed out except by get_state): the CG path
+        # updates it in place instead of allocating a new d-vector each round
+        self.x = self.solver.solve(v, rho_x, x0=self.x, outer=outer, carry=self.carry,
+                                   overwrite_x0=True)
         self.rho_x = float(rho_x)
         self.carry = self.solver.last_carry   # the CG path carries D x: no extra mat-vec
         return self.D @ self.x if self.carry is None else self.carry[0]
@@ -94,20 +106,27 @@ class PartyUpdate:
 
     # -- state for Flower's context.state (every message is a fresh process on real nodes)
     def get_state(self) -> dict:
+        """The party's arrays themselves (no copies): the next step updates x in place, so copy
+        them to keep this round's values."""
         state = {"x": self.x, "s": self.s, "z_loc": self.z_loc}
         if self.rho_x is not None:
             state["rho_x"] = np.array([self.rho_x])
         if self.carry is not None:
-            state["Dx"], state["DtDx"] = self.carry
+            state["Dx"] = self.carry[0]
+            if self.carry[1] is not None:     # D^T D x: carried unless the solver is low-memory
+                state["DtDx"] = self.carry[1]
         return state
 
     def set_state(self, state: dict):
         for k in ("x", "s", "z_loc"):
-            if k in state:
-                setattr(self, k, np.asarray(state[k], dtype=float).reshape(getattr(self, k).shape))
+            if k in state:    # x is copied: the CG x-update writes into the party's own x
+                conv = np.array if k == "x" else np.asarray
+                setattr(self, k, conv(state[k], dtype=float).reshape(getattr(self, k).shape))
         if "rho_x" in state:
             self.rho_x = float(np.asarray(state["rho_x"]).ravel()[0])
-        if "x" in state:     # the carried products belong to this x (absent: recomputed)
+        if "x" in state:     # the carried D x (and D^T D x) belong to this x (absent: recomputed);
+            # a low-memory solver ignores a "DtDx" (it forms D^T D x from D x)
+            dtdx = state.get("DtDx") if not self.solver.low_memory else None
             self.carry = None if "Dx" not in state else (
                 np.array(state["Dx"], dtype=float).reshape(self.s.shape),
-                np.array(state["DtDx"], dtype=float).reshape(self.x.shape))
+                None if dtdx is None else np.array(dtdx, dtype=float).reshape(self.x.shape))

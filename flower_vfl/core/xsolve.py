@@ -56,6 +56,9 @@ GRAM_PAIRS_PER_NNZ = 16
 #: inner relative tolerance = FORCING * ||theta q|| / ||v|| (floored at inner_tol): Anderson
 #: extrapolates the round map, so it needs T evaluated well beyond the ADMM residual
 FORCING = 1e-3
+#: the CG path's elementwise kernels that need a temporary run in slices of this many entries
+#: (128 KB buffers) instead of through d-vector temporaries (``XSolver._preconditioner``)
+_CHUNK = 16384
 
 
 def _gram_pairs(D) -> float:
@@ -161,6 +164,13 @@ class XSolver:
     inner_max_iter : int, default=5000
     method : {'auto', 'gram', 'cg', 'dual', 'chol'}, default='auto'
         See the module docstring; ``method_`` holds the one in use.
+    low_memory : bool, default=False
+        'cg' with an L2 penalty: keep one d-vector between solves instead of three (the party
+        uses it; 2 of them per party while the other parties solve). D^T D x is not carried
+        (``last_carry`` is (D x, None)): the next solve forms D^T (D x0) from the carried D x0;
+        the column sums of the preconditioner are formed per solve, D^T 1. Two sparse
+        mat-vecs more a solve (1 + 2k -> 3 + 2k for k iterations); the iterates agree with
+        the default to round-off (not bitwise: the sums are added in another order).
 
     ``v`` may be (N,) or (N, K) (multinomial). ``solve(v, rho, x0, outer)`` warm-starts the
     iterative paths from ``x0``; ``outer`` (the norm of the ADMM residual the party received)
@@ -170,7 +180,7 @@ class XSolver:
     """
 
     def __init__(self, D, penalty, lam: float, constraint=None, inner_tol: float = 1e-12,
-                 inner_max_iter: int = 5000, method: str = "auto"):
+                 inner_max_iter: int = 5000, method: str = "auto", low_memory: bool = False):
         if method not in METHODS:
             raise ValueError(f"x_solver={method!r} is not supported; choose one of {list(METHODS)}")
         self.D = D
@@ -180,6 +190,7 @@ class XSolver:
         self.constraint = constraint
         self.inner_tol = inner_tol
         self.inner_max_iter = inner_max_iter
+        self.low_memory = bool(low_memory)
         n, d = D.shape
         auto = method == "auto"
         if auto:
@@ -201,7 +212,9 @@ class XSolver:
         #: a9a's size, a tenth of the product itself); it shares D's arrays
         self.DT = D.T
         self._G = self._eig = self._chol = self._fac = None
-        self._diag = None
+        #: CG: the centred squared column norms and the column sums (:meth:`_cg_stats`)
+        self._cstats = None
+        self._pc_scale = None
         self.last_carry = None
         self.inner_iters_ = 0
 
@@ -259,15 +272,18 @@ class XSolver:
             self._chol = sla.cho_factor(A, lower=False, check_finite=False) if self.direct else None
         elif m == "chol":
             self._fac = _direct_factor(self.D, rho, self.lam) if self.direct else None
-        elif m == "cg" and self._diag is None:    # column sums and norms^2: one pass, no copy of D
-            self._diag, self._colsum = _column_stats(self.D)
+        elif m == "cg":
+            self._pc_scale = None                 # the preconditioner's rho-dependent scalar
 
     # ------------------------------------------------------------------ solve
-    def solve(self, v, rho, x0=None, outer=None, carry=None):
+    def solve(self, v, rho, x0=None, outer=None, carry=None, overwrite_x0=False):
         """argmin_{x in X} lam R(x) + rho/2 ||D x - v||^2 (warm start ``x0``).
 
         ``carry``: (D x0, D^T D x0) from the previous CG solve (else recomputed). After a CG
-        solve ``last_carry`` holds (D x, D^T D x) of the result (else None)."""
+        solve ``last_carry`` holds (D x, D^T D x) of the result (else None); its D^T D x is
+        updated in place by the next solve that receives it. ``overwrite_x0``: the CG path may
+        update ``x0`` in place and return it (the party passes its own x, which the result
+        replaces: one d-vector less per solve); the other paths ignore it."""
         self.last_carry = None
         if self._rho != rho:
             self._factorize(rho)
@@ -281,7 +297,7 @@ class XSolver:
         if m == "cg" or (m == "chol" and not self.direct):
             rtol = self._outer_rtol(v, outer, x0)
             if self.direct:
-                return self._cg(v, rho, x0, rtol, carry)
+                return self._cg(v, rho, x0, rtol, carry, overwrite_x0)
             from .xsolve_prox import fista_on_D
             x, it = fista_on_D(self, v, rho, x0, rtol)
             self.inner_iters_ += it
@@ -310,67 +326,112 @@ class XSolver:
             return max(self.inner_tol, FORCING)
         return max(self.inner_tol, min(0.1, FORCING * outer / max(_norm(v), 1e-300)))
 
-    def _cg(self, v, rho, x0, rtol, carry=None):
+    def _cg(self, v, rho, x0, rtol, carry=None, overwrite_x0=False):
         """Preconditioned CG on (lam I + rho D^T D) x = rho D^T v, column-wise for (N, K).
 
         1 + 2k mat-vecs for k iterations: D x and D^T D x are carried along (D x += a D p,
         D^T D x += a D^T D p) from one round to the next (``carry``, kept by the party; D^T D x
         is updated in place, D x copied since it is returned as the release), so the start's
         residual rho D^T v - lam x0 - rho D^T D x0 costs one product and the party's release
-        D x none (``last_carry``). rho-independent, so a new rho costs nothing. Work vectors:
-        x, r, z, p and one scratch d-vector, updated in place together with the two products
-        scipy allocates per iteration (A p is never formed: p^T A p from two dots, r -= a A p in
-        two steps); on the text-like 50k x 200k blocks a d-vector is 1.6 MB, 14 % of the data."""
+        D x none (``last_carry``). rho-independent, so a new rho costs nothing. With
+        ``low_memory`` (the party's solver) D^T D x is not carried: the start forms D^T (D x0)
+        from the carried D x0, and the preconditioner D^T 1: 3 + 2k mat-vecs.
+
+        Memory (on the text-like 50k x 200k blocks a d-vector is 1.6 MB, 14 % of the data): the
+        work vectors are r and p, plus the two products scipy allocates per iteration (D p, an
+        N-vector, and D^T D p, whose buffer then takes z = M^-1 r, so no separate z is kept);
+        x is updated in place when ``overwrite_x0`` (the party's own x), else it is a copy of
+        x0. A p is never formed (p^T A p from two dots, r -= a A p in two steps); the
+        elementwise kernels that need a temporary (the start's residual, the preconditioner)
+        run in slices of ``_CHUNK`` entries through small buffers. The arithmetic is, entry by
+        entry, the same as with whole-vector temporaries (without ``low_memory``: bitwise the
+        iterates of the version that had them)."""
         D, DT, lam = self.D, self.DT, self.lam
         K = v.shape[1:] if np.ndim(v) == 2 else ()
         shape = (D.shape[1],) + K
-        x = np.zeros(shape) if x0 is None else np.array(x0, dtype=float).reshape(shape)
+        if x0 is None:
+            x = np.zeros(shape)
+        elif overwrite_x0:
+            x = _own(x0, shape)
+        else:
+            x = np.array(x0, dtype=float).reshape(shape)
+        lean = self.low_memory
         if carry is None or x0 is None:
             Dx = D @ x
-            DtDx = DT @ Dx
+            DtDx = None
         else:
             # D x becomes the party's release s (a fresh array each round); D^T D x is private
-            Dx, DtDx = np.array(carry[0], dtype=float), _own(carry[1], shape)
+            Dx = np.array(carry[0], dtype=float)
+            DtDx = None if lean or carry[1] is None else _own(carry[1], shape)
+        precond = self._preconditioner(rho, x)
         r = DT @ v
         r *= rho
         stop = rtol * np.maximum(np.sqrt(_cdot(r, r)), 1e-300)    # rtol * ||rho D^T v||
-        tmp = np.multiply(DtDx, rho)
-        r -= tmp
-        r -= np.multiply(x, lam, out=tmp)
-        precond = self._preconditioner(rho, r)
-        zv = precond(r, np.empty(shape), tmp)
-        p = zv.copy()
-        rz = _cdot(r, zv)
+        if DtDx is None:
+            DtDx = DT @ Dx
+        precond.sub_scaled(r, DtDx, rho)                           # r -= rho D^T D x0
+        if lean:
+            del DtDx                                               # not carried: not updated
+            DtDx = None
+        precond.sub_scaled(r, x, lam)                              # r -= lam x0
+        p = precond(r, np.empty(shape))                            # p = z = M^-1 r
+        rz = _cdot(r, p)
         it = 0
         for it in range(1, self.inner_max_iter + 1):
             if np.all(np.sqrt(_cdot(r, r)) <= stop):
                 it -= 1
                 break
             Dp = D @ p
-            DtDp = DT @ Dp
-            pAp = rho * _cdot(p, DtDp) + lam * _cdot(p, p)       # p^T A p without forming A p
+            zv = DT @ Dp                                           # D^T D p (scipy's new array)
+            pAp = rho * _cdot(p, zv) + lam * _cdot(p, p)           # p^T A p without forming A p
             a = np.where(pAp > 0, rz / np.where(pAp > 0, pAp, 1.0), 0.0)
             # in place, in the arrays scipy returned: a p, a D p, a D^T D p; then
             # r -= a A p = rho (a D^T D p) + lam (a p)
             p *= a
             Dp *= a
-            DtDp *= a
+            zv *= a
             x += p
             Dx += Dp
-            DtDx += DtDp
-            DtDp *= rho
-            r -= DtDp
-            r -= np.multiply(p, lam, out=DtDp)
-            del Dp, DtDp
-            precond(r, zv, tmp)
+            if DtDx is not None:
+                DtDx += zv
+            del Dp
+            zv *= rho
+            r -= zv
+            r -= np.multiply(p, lam, out=zv)
+            precond(r, zv)                                         # D^T D p's buffer takes z
             rz_new = _cdot(r, zv)
             beta = np.where(rz > 0, rz_new / np.where(rz > 0, rz, 1.0), 0.0)
             p *= np.where(a != 0, beta / np.where(a != 0, a, 1.0), 0.0)   # p holds a p
             p += zv
+            del zv
             rz = rz_new
         self.inner_iters_ += it
         self.last_carry = (Dx, DtDx)
         return x
+
+    def _cg_stats(self):
+        """(max(||D_:j||^2 - (sum_i D_ij)^2 / N, 0), sum_i D_ij) per column j: the centred
+        squared column norms and the column sums, rho-independent, from one pass over the data
+        (:func:`_column_stats`), both kept for the solver's life; with ``low_memory`` only the
+        first is kept and the sums are D^T 1 (:meth:`_colsum`), formed again by every solve."""
+        if self._cstats is None:
+            if self.low_memory:
+                sq, s1 = _column_stats(self.D, sums=False)[0], self._colsum()
+            else:
+                sq, s1 = _column_stats(self.D)
+            t = s1 / self.D.shape[0]                 # mu
+            np.multiply(s1, t, out=t)                # N mu_j^2
+            sq -= t
+            del t
+            cd = np.maximum(sq, 0.0, out=sq)
+            self._cstats = (cd, None if self.low_memory else s1)
+            return cd, s1
+        cd, s1 = self._cstats
+        return cd, self._colsum() if s1 is None else s1
+
+    def _colsum(self):
+        """D^T 1: the column sums as one sparse mat-vec (``low_memory``: formed per solve)."""
+        return np.asarray(self.DT @ np.ones(self.D.shape[0]), dtype=float).ravel()
 
     def _preconditioner(self, rho, like):
         """r -> M^-1 r for M = lam I + rho (Dc^T Dc restricted to its diagonal + N mu mu^T).
@@ -380,24 +441,65 @@ class XSolver:
         diagonal is Jacobi's (lam + rho ||D_:j||^2) and it also captures the direction of the
         mean, the top eigenvector of a non-negative block (binary / count features): on the
         1M x 600 binary set CG needed ~3 iterations a round with Jacobi and ~1 with this.
-        Applied in O(d) by Sherman-Morrison; rho-dependent but formed from the cached column
-        statistics, so a new rho still costs no pass over the data."""
-        n = self.D.shape[0]
-        mu = self._colsum / n
-        dg = self.lam + rho * np.maximum(self._diag - self._colsum * mu, 0.0)
-        if not np.all(dg > 0):               # lam = 0 with a constant column: plain Jacobi
-            Minv = 1.0 / _col(self.lam + rho * self._diag, like)
-            return lambda r, out, tmp: np.multiply(Minv, r, out=out)
-        w = np.divide(mu, dg, out=mu)        # Dg^-1 mu
-        c = rho / (1.0 + rho * float(_cdot(self._colsum, w)))   # rho N / (1 + rho N mu^T w)
-        Dinv = np.divide(1.0, dg, out=dg)
-        Dinv, w, mu = _col(Dinv, like), _col(w, like), _col(self._colsum, like)   # N mu
+        Applied in O(d) by Sherman-Morrison with Dg = lam I + rho diag(Dc^T Dc) (> 0: CG needs
+        lam > 0) and w = Dg^-1 mu:
 
-        def apply(r, out, tmp):
-            """M^-1 r into ``out`` (``tmp``: scratch of the same shape)."""
-            np.multiply(Dinv, r, out=out)
-            out -= np.multiply(w, c * _cdot(mu, out), out=tmp)
+            M^-1 r = Dg^-1 r - c w (N mu^T Dg^-1 r),    c = rho / (1 + rho N mu^T w).
+
+        Formed from the cached column statistics (:meth:`_cg_stats`), so a new rho costs no pass
+        over the data (``low_memory``: the column sums are D^T 1, one mat-vec per solve): c
+        once per rho (two d-vector temporaries), and Dg^-1 and w are never
+        stored as d-vectors; each application recomputes them in slices of ``_CHUNK`` entries
+        (two passes: Dg^-1 r, the dot, then the rank-one correction), with the same arithmetic
+        as whole vectors would have. Returns ``apply(r, out)``, which writes M^-1 r into ``out``
+        (``out`` is not ``r``); ``apply.sub_scaled(r, a, s)`` does r -= s a the same way."""
+        cd, s1 = self._cg_stats()
+        lam, n, d = self.lam, self.D.shape[0], cd.shape[0]
+        if not lam > 0:                              # pragma: no cover - refused in __init__
+            raise ValueError("the CG x-update needs lam > 0")
+        if self._pc_scale is None:                   # once per rho
+            dg = np.multiply(cd, rho)
+            dg += lam
+            w = s1 / n
+            w /= dg
+            self._pc_scale = rho / (1.0 + rho * float(_cdot(s1, w)))   # rho / (1 + rho N mu^T w)
+            del dg, w
+        c = self._pc_scale
+        two = np.ndim(like) == 2
+        K = like.shape[1:] if two else ()
+        rows = min(d, max(1, _CHUNK // (K[0] if two else 1)))
+        g_buf, w_buf = np.empty(rows), np.empty(rows)
+        t_buf = np.empty((rows,) + K) if two else w_buf
+        S1 = _col(s1, like)                          # N mu, against (d,) or (d, K)
+
+        def dg_slice(sl, m):
+            g = np.multiply(cd[sl], rho, out=g_buf[:m])
+            g += lam
+            return g
+
+        def apply(r, out):
+            """M^-1 r into ``out``."""
+            for j in range(0, d, rows):
+                sl, m = slice(j, j + rows), min(rows, d - j)
+                g = np.divide(1.0, dg_slice(sl, m), out=g_buf[:m])          # Dg^-1
+                np.multiply(_col(g, like), r[sl], out=out[sl])
+            sc = c * _cdot(S1, out)                                          # c N mu^T Dg^-1 r
+            for j in range(0, d, rows):
+                sl, m = slice(j, j + rows), min(rows, d - j)
+                g = dg_slice(sl, m)
+                w = np.divide(s1[sl], n, out=w_buf[:m])
+                np.divide(w, g, out=w)                                       # w = Dg^-1 mu
+                out[sl] -= np.multiply(_col(w, like), sc, out=t_buf[:m])
             return out
+
+        def sub_scaled(r, a, s):
+            """r -= s a (the product in slices)."""
+            for j in range(0, d, rows):
+                sl, m = slice(j, j + rows), min(rows, d - j)
+                r[sl] -= np.multiply(a[sl], s, out=t_buf[:m])
+            return r
+
+        apply.sub_scaled = sub_scaled
         return apply
 
 
