@@ -132,7 +132,8 @@ def main(argv=None):
         m, rt, mv, el = per_round(B, y, lam=1e-4, max_rounds=20, tol=0)
         out["sparse 1M"] = {"first_round_cpu_s": float(el[0]), "fit_20_rounds_cpu_s": float(el[-1]),
                             "round_over_mv": float(np.median(rt) / np.median(mv)),
-                            "solvers": [p.solver.method_ for p in m._parties]}
+                            "solvers": [p.solver.method_ for p in m._parties],
+                            "acceleration": m.acceleration_}   # 'auto': none here (its memory cap)
         print(out["sparse 1M"], flush=True)
         # a new rho at 300k rows: the per-rho work of a Gram-path solver vs one MV
         B3 = [D[:300_000] for D in B]

@@ -300,7 +300,7 @@ class Anderson:
         self.A[:m, fresh] = row
         self.Yg = Yg
         A = self.A[:m, :m].copy()
-        A[np.diag_indices_from(A)] += self.reg * max(float(np.trace(A)), 1e-300) / m
+        A.flat[::m + 1] += self.reg * max(float(np.trace(A)), 1e-300) / m   # the diagonal
         gamma = _small_spd_solve(A, Yg)
         if gamma is None or not np.all(np.isfinite(gamma)):
             self.reset()
