@@ -22,7 +22,8 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 import _common as C
-from flower_vfl import VerticalADMM
+from bench_scale import mv_time
+from bench_table import gap_rounds, per_round
 from flower_vfl.core import accel
 from flower_vfl.core.xsolve import one_blas_thread
 
@@ -36,26 +37,10 @@ def f_star(blocks, y, lam):
     return float(np.mean(np.logaddexp(0, -y * f)) + lam / 2 * w @ w)
 
 
-def until(gap, g):
-    bad = np.flatnonzero(gap > g)
-    k = 0 if bad.size == 0 else bad[-1] + 1
-    return int(k + 1) if k < gap.size else None
-
-
 def one_fit(blocks, y, mem, rounds, fs):
-    xs = [np.ones(D.shape[1]) for D in blocks]
-    v = np.ones(y.size)
-    mv, marks, aa = [], [], [0.0]
-
-    def callback(k, eng):
-        t0 = time.process_time()
-        for D, x in zip(blocks, xs):
-            D @ x
-            D.T @ v
-        t1 = time.process_time()
-        mv.append(t1 - t0)
-        marks.append((t0, t1))
-
+    """bench_table's per-round measurement (MV timed in the callback) of one fit, with the
+    accelerator's own CPU added up (``Anderson.targets``)."""
+    aa = [0.0]
     orig = accel.Anderson.targets
 
     def targets(self, *a, **k):
@@ -66,34 +51,29 @@ def one_fit(blocks, y, mem, rounds, fs):
 
     accel.Anderson.targets = targets
     try:
-        start = time.process_time()
         if mem == 0:
-            m = VerticalADMM(lam=C.LAM, max_rounds=rounds, tol=0, acceleration="none",
-                             callback=callback).fit(blocks, y)
+            m, per, mv, cum = per_round(blocks, y, lam=C.LAM, max_rounds=rounds, tol=0, acceleration="none")
         else:
-            m = _fit_mem(blocks, y, mem, rounds, callback)
+            m, per, mv, cum = _fit_mem(blocks, y, mem, rounds)
     finally:
         accel.Anderson.targets = orig
-    ends = [start] + [t1 for _, t1 in marks]
-    per = np.array([t0 - prev for (t0, _), prev in zip(marks, ends[:-1])])
-    gap = (np.array([h["objective"] for h in m.history_]) - fs) / fs
-    r4, r6 = until(gap, 1e-4), until(gap, 1e-6)
+    obj = [h["objective"] for h in m.history_]
+    r4, r6 = gap_rounds(obj, fs, 1e-4), gap_rounds(obj, fs, 1e-6)
     return {"mem": mem, "rounds_to_1e-4": r4, "rounds_to_1e-6": r6,
-            "round_ms": 1e3 * float(np.median(per[1:])), "mv_ms": 1e3 * float(np.median(mv)),
-            "round_over_mv": float(np.median(per[1:]) / np.median(mv)),
-            "anderson_step_ms": 1e3 * aa[0] / len(per),
-            "cpu_to_1e-4_s": None if r4 is None else float(np.cumsum(per)[r4 - 1])}
+            "round_ms": 1e3 * float(np.median(per)), "mv_ms": 1e3 * float(np.median(mv)),
+            "round_over_mv": float(np.median(per) / np.median(mv)),
+            "anderson_step_ms": 1e3 * aa[0] / len(obj),
+            "cpu_to_1e-4_s": None if r4 is None else float(cum[r4 - 1])}
 
 
-def _fit_mem(blocks, y, mem, rounds, callback):
-    """A fit with Anderson of another memory (make_accelerator takes ``mem``; the engine does
-    not expose it, so the engine's factory is wrapped for this run)."""
+def _fit_mem(blocks, y, mem, rounds):
+    """per_round of a fit with Anderson of another memory (make_accelerator takes ``mem``; the
+    engine does not expose it, so the engine's factory is wrapped for this run)."""
     from flower_vfl.core import engine
     orig = engine.make_accelerator
     engine.make_accelerator = lambda *a, **k: orig(*a, **{**k, "mem": mem})
     try:
-        return VerticalADMM(lam=C.LAM, max_rounds=rounds, tol=0, acceleration="anderson",
-                            callback=callback).fit(blocks, y)
+        return per_round(blocks, y, lam=C.LAM, max_rounds=rounds, tol=0, acceleration="anderson")
     finally:
         engine.make_accelerator = orig
 
@@ -105,14 +85,9 @@ def history_passes(blocks, mem, reps=60):
     rng = np.random.default_rng(0)
     Y, S, g, gam, c = (rng.normal(size=(mem, L)), rng.normal(size=(mem, L)), rng.normal(size=L),
                        rng.normal(size=mem), np.empty(L))
-    xs, v = [np.ones(D.shape[1]) for D in blocks], np.ones(n)
     mv, hist = [], []
     for _ in range(reps):
-        t0 = time.process_time()
-        for D, x in zip(blocks, xs):
-            D @ x
-            D.T @ v
-        mv.append(time.process_time() - t0)
+        mv.append(mv_time(blocks, reps=1))
         with one_blas_thread():
             t0 = time.process_time()
             Y @ g
