@@ -86,6 +86,31 @@ def test_chord_predictor_gives_the_same_z_update():
     assert one._y_plus is not None
 
 
+def test_z_is_written_into_two_kept_arrays_never_into_a_restored_one():
+    """The fast z-update writes the new z into whichever of two kept arrays is not the current
+    z (z_old is still read for the dual residual): the same bits as a fresh array each round;
+    a read-only z restored from a checkpoint is left alone."""
+    one, rng = _central(seed=4)
+    ref, _ = _central(seed=4)
+    ids = []
+    a = rng.normal(size=one.n)
+    for k in range(8):
+        a = a + rng.normal(scale=0.2 / (k + 1), size=one.n)
+        z_before = one.z
+        snapshot = z_before.copy()
+        r1, d1 = one.step(a)
+        r2, d2 = ref.step(a)
+        ref.z = ref.z.copy()                       # the reference: a new array every round
+        assert np.array_equal(z_before, snapshot)  # z_old untouched by the step
+        assert np.array_equal(one.z, ref.z) and (r1, d1) == (r2, d2)
+        ids.append(id(one.z))
+        if k == 4:                                 # as the strategy's resume sets it
+            frozen = np.array(one.z)
+            frozen.flags.writeable = False
+            one.z = frozen
+    assert len(set(ids[1:5])) == 2                 # two arrays, alternating
+
+
 def test_predictor_state_round_trips():
     c, rng = _central(seed=3)
     for _ in range(3):

@@ -286,7 +286,10 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
                 s_sum = _sum_releases(released)
                 r, d = central.step(s_sum)
                 obj = self._objective(loss, t, parties, central, None if any(private) else s_sum)
-                eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)
+                # the stopping thresholds (3 N-vector norms) only where the rule is applied
+                stop_rule = use_tol and self.tol > 0
+                if stop_rule:
+                    eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)
                 self.history_.append({"round": k, "objective": obj, "primal_residual": r,
                                       # the same column the Flower strategy writes (report.py)
                                       "train_loss": obj - sum(p.solver.lam * p.penalty_value() for p in parties),
@@ -302,7 +305,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
                     bar.set_postfix(objective=f"{obj:.6g}", r=f"{r:.2e}")
                 if self.callback is not None:
                     self.callback(k, self)
-                if use_tol and self.tol > 0 and r <= eps_pri and d <= eps_dual:
+                if stop_rule and r <= eps_pri and d <= eps_dual:
                     self.converged_ = True
                     break
                 if self.adaptive_rho:
