@@ -220,3 +220,23 @@ def test_flower_path_decides_the_memory_cap_as_the_engine(monkeypatch):
     m = VerticalADMM(lam=1e-4, max_rounds=25, tol=0).fit([b[0] for b in blocks], y)
     assert st.acceleration_ == m.acceleration_ == "none"
     assert np.max(np.abs(m.decision_function([b[1] for b in blocks]) - st.decision_test_)) <= 1e-9
+
+
+def test_an_interrupted_fit_keeps_the_parties_blocks(monkeypatch):
+    """coef_ is copied every round only for a callback; without one it is set when the rounds
+    end, also when they end by an exception: interrupted in round 6's central step (after the
+    parties' round-6 x-updates), coef_ is the 6-round fit's, bitwise."""
+    full = VerticalADMM(lam=1e-2, max_rounds=6, tol=0).fit(BLOCKS, Y)
+    calls, orig = [0], CentralUpdate.step
+
+    def step(self, s_sum):
+        calls[0] += 1
+        if calls[0] == 6:
+            raise KeyboardInterrupt
+        return orig(self, s_sum)
+
+    monkeypatch.setattr(CentralUpdate, "step", step)
+    m = VerticalADMM(lam=1e-2, max_rounds=20, tol=0)
+    with pytest.raises(KeyboardInterrupt):
+        m.fit(BLOCKS, Y)
+    assert len(m.coef_) == 3 and all(np.array_equal(a, b) for a, b in zip(m.coef_, full.coef_))

@@ -270,49 +270,51 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         acc = make_accelerator(getattr(self, "acceleration", "none"), central, private,
                                self.penalty, self.constraint is not None)
         self.acceleration_ = acceleration_name(acc)
-        for i_phase, (n_rounds, active, use_tol) in enumerate(phases):
-            if i_phase == 1:     # end of the warm start: the non-private parties' model alone
-                self.nonprivate_coef_ = [None if pr else p.x.copy() for p, pr in zip(parties, private)]
-                self.nonprivate_intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
-            qs = None
-            for _ in range(n_rounds):
-                k += 1
-                # last round's releases and their sum go first: at 1M rows x 3 parties they
-                # are 4 N-vectors (32 MB) the new releases would otherwise overlap
-                released = s_sum = None
-                released = [p.train_release(k, central.q if qs is None else qs[m], central.y, central.rho,
-                                            central.alpha, central.theta) if active[m] else p.s
-                            for m, p in enumerate(parties)]
-                s_sum = _sum_releases(released)
-                r, d = central.step(s_sum)
-                obj = self._objective(loss, t, parties, central, None if any(private) else s_sum)
-                # the stopping thresholds (3 N-vector norms) only where the rule is applied
-                stop_rule = use_tol and self.tol > 0
-                if stop_rule:
-                    eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)
-                self.history_.append({"round": k, "objective": obj, "primal_residual": r,
-                                      # the same column the Flower strategy writes (report.py)
-                                      "train_loss": obj - sum(p.solver.lam * p.penalty_value() for p in parties),
-                                      "dual_residual": d, "rho": central.rho,
-                                      "parties": int(sum(active)),
-                                      "elapsed_s": time.perf_counter() - start})
-                if self.callback is not None:   # copies of x (x is updated in place): for it only
-                    self.coef_ = _public_coef(parties)
-                self.intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
-                self.n_rounds_ = k
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(objective=f"{obj:.6g}", r=f"{r:.2e}")
-                if self.callback is not None:
-                    self.callback(k, self)
-                if stop_rule and r <= eps_pri and d <= eps_dual:
-                    self.converged_ = True
-                    break
-                if self.adaptive_rho:
-                    central.set_rho(balance_rho(central.rho, r, d, loss, t.shape[0]))
-                if acc is not None:     # the same call as the Flower strategy's (core/accel.py)
-                    qs = acc.step([p.s for p in parties], central)
-        self.coef_ = _public_coef(parties)
+        try:
+            for i_phase, (n_rounds, active, use_tol) in enumerate(phases):
+                if i_phase == 1:     # end of the warm start: the non-private parties' model alone
+                    self.nonprivate_coef_ = [None if pr else p.x.copy() for p, pr in zip(parties, private)]
+                    self.nonprivate_intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
+                qs = None
+                for _ in range(n_rounds):
+                    k += 1
+                    # last round's releases and their sum go first: at 1M rows x 3 parties they
+                    # are 4 N-vectors (32 MB) the new releases would otherwise overlap
+                    released = s_sum = None
+                    released = [p.train_release(k, central.q if qs is None else qs[m], central.y, central.rho,
+                                                central.alpha, central.theta) if active[m] else p.s
+                                for m, p in enumerate(parties)]
+                    s_sum = _sum_releases(released)
+                    r, d = central.step(s_sum)
+                    obj = self._objective(loss, t, parties, central, None if any(private) else s_sum)
+                    # the stopping thresholds (3 N-vector norms) only where the rule is applied
+                    stop_rule = use_tol and self.tol > 0
+                    if stop_rule:
+                        eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)
+                    self.history_.append({"round": k, "objective": obj, "primal_residual": r,
+                                          # the same column the Flower strategy writes (report.py)
+                                          "train_loss": obj - sum(p.solver.lam * p.penalty_value() for p in parties),
+                                          "dual_residual": d, "rho": central.rho,
+                                          "parties": int(sum(active)),
+                                          "elapsed_s": time.perf_counter() - start})
+                    if self.callback is not None:   # copies of x (x is updated in place): for it only
+                        self.coef_ = _public_coef(parties)
+                    self.intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
+                    self.n_rounds_ = k
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(objective=f"{obj:.6g}", r=f"{r:.2e}")
+                    if self.callback is not None:
+                        self.callback(k, self)
+                    if stop_rule and r <= eps_pri and d <= eps_dual:
+                        self.converged_ = True
+                        break
+                    if self.adaptive_rho:
+                        central.set_rho(balance_rho(central.rho, r, d, loss, t.shape[0]))
+                    if acc is not None:     # the same call as the Flower strategy's (core/accel.py)
+                        qs = acc.step([p.s for p in parties], central)
+        finally:     # also when a round raises or the fit is interrupted: the parties' blocks as they are
+            self.coef_ = _public_coef(parties)
         for p, pr in zip(parties, private):
             if pr:   # internal, never released: costs no privacy
                 p.final_update(central.q, central.y, central.rho, central.alpha, central.theta)
