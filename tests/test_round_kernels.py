@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from scipy.special import expit
 
-from flower_vfl.core import accel, xsolve_prox
+from flower_vfl.core import xsolve_prox
 from flower_vfl.core.accel import Anderson
 from flower_vfl.core.central import CentralUpdate
 from flower_vfl.core.engine import _sum_releases
@@ -234,17 +234,22 @@ def test_anderson_resumes_from_a_checkpoint_of_the_earlier_layout():
             assert np.max(np.abs(u - v)) <= 1e-12 * max(1.0, np.max(np.abs(u)))
 
 
-def test_anderson_float32_products_accumulate_in_float64():
+def test_anderson_float32_products_accumulate_in_float64(monkeypatch):
+    """A float32 history's products (Y g and the fresh row of Y Y^T) are summed in float64 over
+    the chunks: equal to float64 products of the stored rows to 1e-10 (rows of 120,000 entries,
+    4 chunks of 2^15)."""
+    monkeypatch.setattr(Anderson, "F32_MIN", 1)
     rng = np.random.default_rng(4)
-    Y = rng.normal(size=(4, 100_003)).astype(np.float32)
-    g = rng.normal(size=100_003)
-    Yg, row = accel._history_products(Y, g, 2, True)
-    Y64 = Y.astype(float)
-    assert np.max(np.abs(Yg - Y64 @ g)) <= 1e-10 * np.max(np.abs(Y64 @ g))
-    assert np.max(np.abs(row - Y64 @ Y64[2])) <= 1e-10 * np.max(np.abs(Y64 @ Y64[2]))
-    gamma, out = rng.normal(size=4), np.empty(100_003)
-    accel._combine(gamma, Y, out)
-    assert np.max(np.abs(out - gamma @ Y64)) <= 1e-12 * np.max(np.abs(gamma @ Y64))
+    n = 40_000
+    acc = Anderson(mem=4, safeguard=1e12)
+    for _ in range(5):
+        acc.targets([rng.normal(size=n) for _ in range(2)], rng.normal(size=n), rng.normal(size=n), 0.5, 1.0)
+    assert acc.Y.dtype == np.float32 and acc.k == 3
+    m, fresh = min(acc.k, acc.mem), (acc.k - 1) % acc.mem
+    Y64 = acc.Y[:m].astype(float)
+    ref = Y64 @ acc.g
+    assert np.max(np.abs(acc.Yg - ref)) <= 1e-10 * np.max(np.abs(ref))
+    assert abs(acc.A[fresh, fresh] - Y64[fresh] @ Y64[fresh]) <= 1e-10 * (Y64[fresh] @ Y64[fresh])
 
 
 def test_support_solve_matches_lstsq():

@@ -76,15 +76,14 @@ class Anderson:
     The history S, Y is stored in float32 once a state vector has ``F32_MIN`` entries or more
     ((M + 1) N: 1 MB a vector; N >= 32,768 rows with 3 parties): 2 mem (M + 1) N * 4 bytes
     instead of * 8, i.e. 160 MB less at 1M rows x 3 parties. Its inner products and the
-    combination are still accumulated in float64 (blocks of columns cast to float64 in cache,
-    then BLAS: :func:`_history_products`), so only the stored differences are rounded
+    combination are still accumulated in float64 (each chunk's rows cast to float64 in cache,
+    then BLAS: :meth:`_advance`), so only the stored differences are rounded
     (relative 6e-8 of a difference that vanishes at the fixed point, which is unchanged). Below
     that size (a9a: 97,683) the history stays float64 and its products are plain BLAS gemv.
 
     Besides the history the accelerator keeps u (updated in place), g = T(u) - u, the last
-    step Delta u = u - u_prev (in the history's dtype) and one float64 scratch of (M + 1) N,
-    plus the returned y and q_m (one N-vector each): at 1M rows x 3 parties 3.5 state vectors
-    of 32 MB where 6 were kept before, and 4 N-vectors fewer (issue 9's memory goal).
+    step Delta u = u - u_prev (in the history's dtype) and a chunk-sized scratch, plus the
+    returned y and q_m (one N-vector each): :func:`anderson_bytes` counts them.
     """
 
     F32_MIN = 1 << 17
@@ -333,59 +332,6 @@ class Anderson:
             if emit is not None:
                 emit(i, u[lo:hi])
         return u
-
-
-def _history_products(Y, g, fresh, full):
-    """(Y @ g, Yf) accumulated in float64, with Yf = Y @ Y[fresh] if ``full``, else a vector
-    whose entry ``fresh`` is Y[fresh] . Y[fresh] (the others are left for the caller).
-
-    A float64 history: BLAS gemv / dot (one pass over Y for Y g). A float32 history is cast to
-    float64 in blocks of columns that stay in cache and multiplied there (einsum's casting loop,
-    used before, was ~3x slower than BLAS)."""
-    m = Y.shape[0]
-    if Y.dtype == np.float64:
-        if full:
-            return Y @ g, Y @ Y[fresh]
-        Yf = np.empty(m)
-        Yf[fresh] = np.dot(Y[fresh], Y[fresh])
-        return Y @ g, Yf
-    Yg, Yf = np.zeros(m), np.zeros(m)
-    blk = _cast_block(m, Y.shape[1])
-    for a in range(0, Y.shape[1], blk.shape[1]):
-        w = min(blk.shape[1], Y.shape[1] - a)
-        c = blk[:, :w]
-        np.copyto(c, Y[:, a:a + w])
-        Yg += c @ g[a:a + w]
-        if full:
-            Yf += c @ c[fresh]
-        else:
-            Yf[fresh] += np.dot(c[fresh], c[fresh])
-    return Yg, Yf
-
-
-def _combine(gamma, S, out):
-    """out = gamma @ S, accumulated in float64 (a float32 S cast in blocks, as above)."""
-    if S.dtype == np.float64:
-        return np.dot(gamma, S, out=out)
-    blk = _cast_block(S.shape[0], S.shape[1])
-    for a in range(0, S.shape[1], blk.shape[1]):
-        w = min(blk.shape[1], S.shape[1] - a)
-        c = blk[:, :w]
-        np.copyto(c, S[:, a:a + w])
-        np.dot(gamma, c, out=out[a:a + w])
-    return out
-
-
-_CAST = {}
-
-
-def _cast_block(rows, length, cols=1 << 15):
-    """A reused float64 scratch of (rows, <= cols) for the blocked casts (256 KB a row: 4M-entry
-    histories, 5 rows: 12 ms a product against einsum's casting loop's 23 ms)."""
-    b = _CAST.get(rows)
-    if b is None or b.shape[1] < min(cols, length):
-        b = _CAST[rows] = np.empty((rows, min(cols, length)))
-    return b
 
 
 def _small_spd_solve(A, b):
