@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_vfl import client_app as ca
-from flower_vfl import server_app as sa
-from flower_vfl.local_grid import LocalGrid
+from flower_vfl.apps import client as ca
+from flower_vfl.apps import server as sa
+from flower_vfl.deploy.local_grid import LocalGrid
 
 HANDLERS = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}
 

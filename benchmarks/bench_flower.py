@@ -3,7 +3,7 @@
 One run of this script measures, on the same machine and in the same Flower simulation
 engine (one SuperLink started here, Ray backend, 2 simulated SuperNodes):
 
-1. our app (``flower_vfl.server_app`` / ``client_app``) on a9a, paper split, default
+1. our app (``flower_vfl.apps.server`` / ``client_app``) on a9a, paper split, default
    settings, ``--rounds`` ADMM rounds; seconds per round come from the per-round
    timestamps the strategy records (``elapsed_s`` in ``report.json``), rounds 2..R, so
    Ray start-up, data loading, the identify query and round 1 (actor spawn) are excluded;
@@ -14,7 +14,7 @@ engine (one SuperLink started here, Ray backend, 2 simulated SuperNodes):
    ``context.state``) and ``payload-busy`` (+ the party spins for as long as our party's
    message handler takes in process, measured in step 3 of the same repetition);
 3. in process, no Flower runtime: the engine ``flower_vfl.VerticalADMM`` and the same
-   strategy + party handlers through ``flower_vfl.local_grid.LocalGrid``.
+   strategy + party handlers through ``flower_vfl.deploy.local_grid.LocalGrid``.
 
 Each of ``--reps`` repetitions runs 3, 1, 2 in this order (the machine is noisy: the
 ratios compare measurements taken side by side). Results:
@@ -91,7 +91,7 @@ class SuperLink:
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\naddress = "127.0.0.1:{self.port}"\n'
             "insecure = true\n")
-        # the apps look for a9a in <cwd>/../shared/data/a9a (flower_vfl.data.default_data_dir)
+        # the apps look for a9a in <cwd>/../shared/data/a9a (flower_vfl.io.data.default_data_dir)
         self.cwd = workdir / "run" / "cwd"
         self.cwd.mkdir(parents=True)
         (workdir / "run" / "shared" / "data").mkdir(parents=True)
@@ -165,10 +165,10 @@ class SuperLink:
 def in_process(rounds: int):
     """Engine and LocalGrid seconds per round (rounds 2..R), and the party's train-handler time."""
     from flower_vfl import VerticalADMM
-    from flower_vfl import client_app as ca
-    from flower_vfl import server_app as sa
-    from flower_vfl.data import labels, party_block
-    from flower_vfl.local_grid import LocalGrid
+    from flower_vfl.apps import client as ca
+    from flower_vfl.apps import server as sa
+    from flower_vfl.io.data import labels, party_block
+    from flower_vfl.deploy.local_grid import LocalGrid
 
     dd = str(A9A_DIR)
     blocks = [party_block("a9a", m, 2, dd)[0] for m in range(2)]

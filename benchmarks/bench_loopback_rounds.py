@@ -7,13 +7,13 @@ consecutive rounds in report.json (so start-up, identify and round 1 are exclude
 - ``before``: ``FLOWER_VFL_BLOCK_CACHE=0`` (every message parses the data again) and Flower's
   default SuperExec task poll (1 s); as before this change except that Flower's commands are
   started without the pyenv shim here too (deploy_local puts the interpreter's bin first);
-- ``after``: ``flower_vfl.deploy.deploy_local(isolation='subprocess')`` (Flower's isolation;
+- ``after``: ``flower_vfl.deploy.local.deploy_local(isolation='subprocess')`` (Flower's isolation;
   the party's block cache, the SuperExec polling every 0.2 s);
 - ``warm``: ``isolation='warm'`` with Flower's own ``flower-supernode``: SuperNodes with ``--isolation
-  process`` served by ``flower_vfl.warm_exec`` (each message's ClientApp process is forked
+  process`` served by ``flower_vfl.deploy.warm_exec`` (each message's ClientApp process is forked
   from an interpreter that has already imported flwr, numpy and scipy);
 - ``poll``: ``after`` with the SuperNodes started as ``flower-vfl-supernode --idle-poll``
-  (``--idle-poll``, 0.5 s: :mod:`flower_vfl.supernode`, Flower's ``flower-supernode`` with its
+  (``--idle-poll``, 0.5 s: :mod:`flower_vfl.deploy.supernode`, Flower's ``flower-supernode`` with its
   hard-coded 3 s idle sleep, ``flwr/supernode/start_client_internal.py``, capped);
 - ``warm-poll``: ``warm`` and ``poll`` together: ``deploy_local``'s default;
 - ``flower-pull``: ``after`` with the ServerApp pulling replies through Flower's own
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_vfl.deploy import deploy_local
+from flower_vfl.deploy.local import deploy_local
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("before", "after", "warm", "poll", "warm-poll", "flower-pull")
@@ -78,9 +78,9 @@ def per_round(workdir, rc, mode, data_dir):
 _STAGE = """
 import os, sys, time, json
 t0 = time.perf_counter()
-import flwr.supernode.runtime.run_clientapp, flower_vfl.client_app
+import flwr.supernode.runtime.run_clientapp, flower_vfl.apps.client
 t1 = time.perf_counter()
-from flower_vfl.party_cache import cached_party_block
+from flower_vfl.io.party_cache import cached_party_block
 D, _ = cached_party_block("a9a", 0, 2, sys.argv[1], sys.argv[2])
 t2 = time.perf_counter()
 import numpy as np
@@ -94,10 +94,10 @@ print(json.dumps({"imports": t1 - t0, "block": t2 - t1, "first_x_update": t3 - t
 
 
 def _fork_ready_s() -> float:
-    """Wall time from fork to a child that has imported flower_vfl.client_app, from a parent that
-    has imported what flower_vfl.warm_exec imports (as the warm SuperExec does)."""
+    """Wall time from fork to a child that has imported flower_vfl.apps.client, from a parent that
+    has imported what flower_vfl.deploy.warm_exec imports (as the warm SuperExec does)."""
     import importlib
-    from flower_vfl.warm_exec import WARM_IMPORTS
+    from flower_vfl.deploy.warm_exec import WARM_IMPORTS
     for mod in WARM_IMPORTS:
         importlib.import_module(mod)
     t = time.perf_counter()
@@ -107,13 +107,13 @@ def _fork_ready_s() -> float:
         try:
             for name in [m for m in sys.modules if m.startswith("flower_vfl")]:
                 del sys.modules[name]
-            import flower_vfl.client_app  # noqa: F401
-            code = 0 if "flower_vfl.client_app" in sys.modules else 1
+            import flower_vfl.apps.client  # noqa: F401
+            code = 0 if "flower_vfl.apps.client" in sys.modules else 1
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     if status != 0:
-        raise RuntimeError(f"the forked child failed to import flower_vfl.client_app (status {status})")
+        raise RuntimeError(f"the forked child failed to import flower_vfl.apps.client (status {status})")
     return time.perf_counter() - t
 
 

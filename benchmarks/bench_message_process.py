@@ -22,10 +22,10 @@ from pathlib import Path
 STAGES = {
     "python": "pass",
     "import flwr (clientapp, app)": "import flwr.clientapp, flwr.app",
-    "import flower_vfl.client_app": "import flower_vfl.client_app",
-    "+ load the party's block": "import flower_vfl.client_app\nfrom flower_vfl.data import party_block\n"
+    "import flower_vfl.apps.client": "import flower_vfl.apps.client",
+    "+ load the party's block": "import flower_vfl.apps.client\nfrom flower_vfl.io.data import party_block\n"
                                 "party_block('{ds}', 1, 2)",
-    "+ solver + one x-update": "import flower_vfl.client_app, numpy as np\nfrom flower_vfl.data import party_block\n"
+    "+ solver + one x-update": "import flower_vfl.apps.client, numpy as np\nfrom flower_vfl.io.data import party_block\n"
                                "from flower_vfl.core.party import PartyUpdate\n"
                                "from flower_vfl.core.penalties import get_penalty\n"
                                "D, _ = party_block('{ds}', 1, 2)\nn = D.shape[0]\n"

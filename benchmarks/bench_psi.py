@@ -26,7 +26,7 @@ from _common import RESULTS  # noqa: E402
 
 
 def bench_psi(n: int, overlap: float, structures, seed=0) -> dict:
-    from flower_vfl import psi
+    from flower_vfl.io import psi as psi
     rng = np.random.default_rng(seed)
     owner = [f"id{v:09d}" for v in rng.permutation(n)]
     k = int(overlap * n)
@@ -59,7 +59,7 @@ def bench_a9a(rounds: int) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from _own_data_helpers import node_configs, run_config, run_predict, run_train, write_a9a_files
 
-    from flower_vfl.data import load_all
+    from flower_vfl.io.data import load_all
     X, y, Xt, yt = load_all("a9a")
     tmp = Path(tempfile.mkdtemp(prefix="bench-psi-"))
     res = {}

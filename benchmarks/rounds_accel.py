@@ -42,7 +42,7 @@ from sklearn.preprocessing import StandardScaler
 import _common as C
 import _synth
 from flower_vfl import VerticalADMM
-from flower_vfl.core.engine import default_rho
+from flower_vfl.estimator.engine import default_rho
 from flower_vfl.core.losses import get_loss
 
 OPTIONS = {

@@ -20,7 +20,7 @@ from scipy.special import log_expit
 from sklearn.linear_model import LogisticRegression
 
 from flower_vfl import VerticalADMM
-from flower_vfl.data import column_ranges, load_all
+from flower_vfl.io.data import column_ranges, load_all
 
 OUT = Path(__file__).resolve().parent / "results"
 

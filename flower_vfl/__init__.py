@@ -8,6 +8,6 @@ def __getattr__(name):
     # loaded on first use: the estimator imports scikit-learn (~1.5-6 s), which a party's message
     # handler (a fresh process per message on a real SuperNode) does not need
     if name == "VerticalADMM":
-        from .core.engine import VerticalADMM
+        from flower_vfl.estimator.engine import VerticalADMM
         return VerticalADMM
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,10 +32,10 @@ class PartyMissing(RuntimeError):
 #: (names the file, key or party, and the fix); subclasses count too
 USER_ERROR_NAMES = {
     "flower_vfl.errors": ("PartyMissing",),
-    "flower_vfl.schema": ("ConfigError",),
+    "flower_vfl.config.schema": ("ConfigError",),
     "flower_vfl.io.sources": ("DataError",),
-    "flower_vfl.psi": ("AlignmentError",),
-    "flower_vfl.model_io": ("ModelFileError",),
+    "flower_vfl.io.psi": ("AlignmentError",),
+    "flower_vfl.io.model_files": ("ModelFileError",),
     "flower_vfl.privacy.boundary": ("Refused",),          # InvalidMessage, BudgetExceeded, ReplayRefused ...
     "flower_vfl.strategies.replies": ("ReplyError", "PartyFailed", "PartyLost"),
     "flower_vfl.strategies.vertical_admm": ("PartyRefused",),

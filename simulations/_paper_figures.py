@@ -104,7 +104,7 @@ def write_csv(path, curves: dict[str, list[dict]]):
 def write_run_dirs(out, curves: dict[str, list[dict]], config: dict):
     """One run directory per method (report.json, metrics.csv, run.png), for
     ``flower-vfl report DIR_A DIR_B --out overlay.png``."""
-    from flower_vfl.report import write_report
+    from flower_vfl.reporting.report import write_report
 
     dirs = []
     for name, rows in curves.items():

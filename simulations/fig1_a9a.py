@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _paper_figures as F  # noqa: E402
 
-from flower_vfl.data import column_ranges, load_all  # noqa: E402
+from flower_vfl.io.data import column_ranges, load_all  # noqa: E402
 
 LAM = 1e-4
 TOL_SAME = 0.01          # "the same test log-loss": within 0.01 nats

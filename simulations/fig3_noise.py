@@ -32,7 +32,7 @@ import _paper_figures as F  # noqa: E402
 from fig2_wide import FULL, LAM as LAM_WIDE, QUICK, split  # noqa: E402
 
 from flower_vfl.baselines.noisy_admm import noisy_admm  # noqa: E402
-from flower_vfl.data import column_ranges, load_all  # noqa: E402
+from flower_vfl.io.data import column_ranges, load_all  # noqa: E402
 from flower_vfl.datasets import load_gisette_like  # noqa: E402
 
 SIGMAS = [1.0, 10.0, 100.0, 1000.0]

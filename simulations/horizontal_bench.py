@@ -43,7 +43,7 @@ def flower_vs_engine(T):
     from flower_vfl.clients import DPIADMMClient
     from flower_vfl.clients.dpiadmm import agent_privacy_from_node_config
     from flower_vfl.horizontal.data import split_arrays
-    from flower_vfl.local_grid import LocalGrid
+    from flower_vfl.deploy.local_grid import LocalGrid
     from flower_vfl.strategies import DPIADMMStrategy
     X, y = load_digits(return_X_y=True)
     Xp, yp = split_arrays(X / 16.0, y, 4)

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flower_vfl.data import load_all  # noqa: E402
+from flower_vfl.io.data import load_all  # noqa: E402
 from flower_vfl.horizontal import DPIADMMParams, agent_seeds  # noqa: E402
 from flower_vfl.horizontal.engine import run_dpiadmm_many  # noqa: E402
 from flower_vfl.horizontal.data import split_arrays  # noqa: E402

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from flower_vfl import VerticalADMM
 from flower_vfl.core.label_noise import ForwardCorrectedLogistic
 from flower_vfl.core.losses import LogisticLoss
-from flower_vfl.data import load_all, party_block
+from flower_vfl.io.data import load_all, party_block
 from flower_vfl.privacy import PrivacyConfig
 from flower_vfl.privacy.label_dp import flip_probability, label_epsilon_spent, randomized_response
 

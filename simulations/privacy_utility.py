@@ -34,7 +34,7 @@ from sklearn.linear_model import LogisticRegression
 from tqdm.auto import tqdm
 
 from flower_vfl import VerticalADMM
-from flower_vfl.data import load_all, column_ranges
+from flower_vfl.io.data import load_all, column_ranges
 from flower_vfl.privacy.party import PrivacyConfig
 
 EPSILONS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, float("inf")]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from flower_vfl import VerticalADMM
-from flower_vfl import client_app as ca
-from flower_vfl import server_app as sa
+from flower_vfl.apps import client as ca
+from flower_vfl.apps import server as sa
 from flower_vfl.io import read_party, source_from_config
 from flower_vfl.io.bundled import write_party_files
-from flower_vfl.local_grid import LocalGrid
+from flower_vfl.deploy.local_grid import LocalGrid
 
 HANDLERS = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify,
             "query.psi_answer": ca.psi_party.psi_answer, "query.psi_order": ca.psi_party.psi_order,

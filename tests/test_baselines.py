@@ -11,7 +11,7 @@ from flower_vfl import VerticalADMM
 from flower_vfl.baselines import (C_to_lam, VerticalSGD, batch_indices, centralized_logreg, lam_to_C,
                                   learning_rate, local_only_logreg, logreg_objective)
 from flower_vfl.baselines.noisy_admm import noisy_admm
-from flower_vfl.data import labels, load_all, party_block
+from flower_vfl.io.data import labels, load_all, party_block
 from flower_vfl.datasets import load_gisette_like
 
 from reference import centralized

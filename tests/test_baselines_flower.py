@@ -9,14 +9,14 @@ import pytest
 from flwr.app import Message
 
 from flower_vfl import VerticalADMM
-from flower_vfl import client_app as ca
-from flower_vfl import server_app as sa
+from flower_vfl.apps import client as ca
+from flower_vfl.apps import server as sa
 from flower_vfl.baselines import VerticalSGD
 from flower_vfl.cli import main as cli
 from flower_vfl.clients.vertical_sgd import SGD_HANDLERS
-from flower_vfl.data import labels, party_block
-from flower_vfl.local_grid import LocalGrid
-from flower_vfl.plots import plot_runs, privacy_curves, read_metrics
+from flower_vfl.io.data import labels, party_block
+from flower_vfl.deploy.local_grid import LocalGrid
+from flower_vfl.reporting.plots import plot_runs, privacy_curves, read_metrics
 from flower_vfl.strategies import VerticalSGDStrategy
 
 KW = dict(lr=0.3, lr_schedule="inverse", lr_decay=0.01, batch_size=64, max_epochs=4, init_scale=0.1)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from flwr.app import Context, RecordDict
 
-from flower_vfl import cli
-from flower_vfl import server_app as sa
-from flower_vfl.local_grid import LocalGrid
-from flower_vfl.schema import SCHEMA, ConfigError, markdown_table, parse_node_config, parse_run_config
+from flower_vfl.cli import commands as cli
+from flower_vfl.apps import server as sa
+from flower_vfl.deploy.local_grid import LocalGrid
+from flower_vfl.config.schema import SCHEMA, ConfigError, markdown_table, parse_node_config, parse_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = {k: s for k, s in SCHEMA.items() if s.type is not object}

@@ -49,7 +49,7 @@ def test_a9a_targets_in_process():
     """Paper split, logistic, L2, lam=1e-4, intercept, default rho: issue targets."""
     from scipy.special import log_expit
 
-    from flower_vfl.data import labels, party_block
+    from flower_vfl.io.data import labels, party_block
     blocks = [party_block("a9a", i, 2) for i in range(2)]
     y, yt = labels("a9a")
     opt, rows = 0.3244130441, []
@@ -67,7 +67,7 @@ def test_a9a_targets_in_process():
 
 def test_residual_balancing_rule_and_nonconvex_floor():
     """Boyd 3.4.1 (mu=10, tau=2); for the nonconvex sigmoid loss rho stops at default_rho."""
-    from flower_vfl.core.engine import balance_rho, default_rho
+    from flower_vfl.estimator.engine import balance_rho, default_rho
     from flower_vfl.core.losses import get_loss
 
     logistic, sigmoid = get_loss("logistic"), get_loss("sigmoid")

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from flower_vfl import VerticalADMM
-from flower_vfl.data import labels, party_block
-from flower_vfl.deploy import (Processes, any_alive, deploy_local, free_port, make_pki, submit, wait_run,
+from flower_vfl.io.data import labels, party_block
+from flower_vfl.deploy.local import (Processes, any_alive, deploy_local, free_port, make_pki, submit, wait_run,
                                write_connection)
 
 pytestmark = [pytest.mark.slow,
@@ -162,7 +162,7 @@ def test_party_that_never_returns_fails_the_run_with_a_checkpoint(tmp_path):
     assert "party 1 did not come back within party-wait=5 s" in record["status-details"], record
     report = json.loads((out / "report.json").read_text())
     assert report["final"]["failed"] is True and len(report["rounds"]) >= 1
-    from flower_vfl.checkpoint import load_checkpoint
+    from flower_vfl.io.checkpoint import load_checkpoint
     assert load_checkpoint(out / "state")[1]["round"] == len(report["rounds"])
     assert any_alive(lb.procs.started) == []
 
@@ -198,8 +198,8 @@ def test_superlink_and_server_app_killed_then_resumed(tmp_path):
 def test_simulate_exits_non_zero_when_the_server_app_fails(tmp_path, monkeypatch):
     """`flwr run --stream` would exit 0 here; `flower-vfl simulate` reads the run's status from
     Flower: the ServerApp cannot find the a9a labels, the run is finished:failed, exit 1."""
-    from flower_vfl import cli
-    from flower_vfl.deploy import managed_superlink_pids
+    from flower_vfl.cli import commands as cli
+    from flower_vfl.deploy.local import managed_superlink_pids
 
     home = tmp_path / "flwr_home"
     home.mkdir()

@@ -11,7 +11,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_array
 
 from flower_vfl import VerticalADMM
-from flower_vfl.data import labels, party_block
+from flower_vfl.io.data import labels, party_block
 from reference import centralized
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from flower_vfl import VerticalADMM
-from flower_vfl import client_app as ca
-from flower_vfl import server_app as sa
-from flower_vfl.data import labels, load_all, party_block
-from flower_vfl.local_grid import LocalGrid
+from flower_vfl.apps import client as ca
+from flower_vfl.apps import server as sa
+from flower_vfl.io.data import labels, load_all, party_block
+from flower_vfl.deploy.local_grid import LocalGrid
 
 ROOT = Path(__file__).resolve().parents[1]
 HANDLERS = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}
@@ -99,7 +99,7 @@ def test_private_party_refuses_a_server_that_asks_past_its_budget():
 def test_private_flower_path_equals_in_process_engine(train_rounds):
     """Same protocol, same seeds: the Flower path and the engine give identical private
     decision values and ledgers (warm start, budgeted rounds, final unreleased update)."""
-    from flower_vfl.config import privacy_from_config
+    from flower_vfl.config.settings import privacy_from_config
 
     rc = {"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 15, "lam": 1e-3}
     nodes = {100: {"partition-id": 0}, 101: {"partition-id": 1},
@@ -124,7 +124,7 @@ def test_every_run_config_key_is_declared_for_flwr_run():
     defaults must be the code's defaults."""
     import tomllib
 
-    from flower_vfl.config import RUN_DEFAULTS
+    from flower_vfl.config.settings import RUN_DEFAULTS
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert declared == RUN_DEFAULTS
@@ -133,7 +133,7 @@ def test_every_run_config_key_is_declared_for_flwr_run():
 def _own_local_superlink(env: dict, home) -> dict:
     """`flwr run` with a `:local:` connection starts a detached SuperLink on fixed ports that any
     other user's `flwr run` would share: give this test its own ports (and FLWR_HOME)."""
-    from flower_vfl.deploy import free_port
+    from flower_vfl.deploy.local import free_port
     return dict(env, FLWR_HOME=str(home), FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
                 FLWR_LOCAL_CONTROL_API_PORT=str(free_port()))
 
@@ -141,7 +141,7 @@ def _own_local_superlink(env: dict, home) -> dict:
 def _stop_local_superlink(home) -> None:
     """Stop the SuperLink this test's `flwr run` started (found by its FLWR_HOME), by process
     group: never another user's SuperLink."""
-    from flower_vfl.deploy import Processes, managed_superlink_pids
+    from flower_vfl.deploy.local import Processes, managed_superlink_pids
     procs = Processes(Path(home) / "logs")
     for pid in managed_superlink_pids(home):
         procs.adopt(pid)
@@ -189,7 +189,7 @@ def test_flwr_run_private_party_on_a9a(tmp_path):
     report.json with the accountant's total, and better than party 1 alone (0.8376)."""
     import json
 
-    from flower_vfl.config import privacy_from_config
+    from flower_vfl.config.settings import privacy_from_config
 
     if shutil.which("flwr") is None:
         pytest.skip("flwr CLI not on PATH")
@@ -259,7 +259,7 @@ def test_real_superlink_and_supernodes_on_loopback(tmp_path):
     import json
     import time
 
-    from flower_vfl.config import privacy_from_config
+    from flower_vfl.config.settings import privacy_from_config
 
     if shutil.which("flower-superlink") is None:
         pytest.skip("Flower's server binaries are not on PATH")

@@ -11,7 +11,7 @@ from flower_vfl.clients import DPIADMMClient
 from flower_vfl.clients.dpiadmm import agent_privacy_from_node_config
 from flower_vfl.horizontal import DPIADMMParams, run_dpiadmm
 from flower_vfl.horizontal.data import split_arrays
-from flower_vfl.local_grid import LocalGrid
+from flower_vfl.deploy.local_grid import LocalGrid
 from flower_vfl.strategies import DPIADMMStrategy
 
 P, K = 4, 3

@@ -24,8 +24,8 @@ packages = ["."]
 publisher = "flower-vfl"
 
 [tool.flwr.app.components]
-serverapp = "flower_vfl.horizontal_apps:server"
-clientapp = "flower_vfl.horizontal_apps:client"
+serverapp = "flower_vfl.apps.horizontal:server"
+clientapp = "flower_vfl.apps.horizontal:client"
 
 [tool.flwr.app.config]
 hz-variant = "objt"
@@ -43,7 +43,7 @@ out-dir = ""
 
 @pytest.mark.slow
 def test_flwr_run_simulation_equals_engine(tmp_path):
-    """A user's own app (its pyproject names flower_vfl.horizontal_apps' pair) run by
+    """A user's own app (its pyproject names flower_vfl.apps.horizontal' pair) run by
     `flwr run` in the simulation engine: 3 agents load their own Fashion-MNIST partitions;
     w after 3 non-private ObjT rounds equals the in-process engine's (1e-9)."""
     if shutil.which("flwr") is None:

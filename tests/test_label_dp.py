@@ -10,12 +10,12 @@ from scipy.special import expit
 from scipy.stats import binomtest
 
 from flower_vfl import VerticalADMM
-from flower_vfl import client_app as ca
-from flower_vfl import server_app as sa
+from flower_vfl.apps import client as ca
+from flower_vfl.apps import server as sa
 from flower_vfl.core.label_noise import ForwardCorrectedLogistic, curvature_bound
 from flower_vfl.core.losses import LogisticLoss, get_loss
-from flower_vfl.data import labels, load_all, party_block
-from flower_vfl.local_grid import LocalGrid
+from flower_vfl.io.data import labels, load_all, party_block
+from flower_vfl.deploy.local_grid import LocalGrid
 from flower_vfl.privacy.label_dp import (LabelPrivacy, flip_probability, label_epsilon_spent,
                                          privatize_labels, randomized_response)
 

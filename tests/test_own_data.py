@@ -8,8 +8,8 @@ import pytest
 
 from _own_data_helpers import (node_configs, reference, run_config, run_predict, run_train,
                                write_a9a_files)
-from flower_vfl import model_io
-from flower_vfl.data import load_all
+from flower_vfl.io import model_files as model_io
+from flower_vfl.io.data import load_all
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_no_common_ids_and_too_few_common_rows(tmp_path):
              101: {"partition-id": 1, "data-path": str(p1)}}
     rc = {"num-parties": 2, "max-rounds": 2, "labels-path": str(lo), "label-column": "label",
           "model-dir": str(tmp_path / "o")}
-    from flower_vfl.psi import AlignmentError
+    from flower_vfl.io.psi import AlignmentError
     with pytest.raises(AlignmentError, match=r"party 1 has no training ID in common with the label owner's 6 "
                                              r"rows; check that both exports use the same ID column"):
         run_train(rc, nodes)
@@ -170,7 +170,7 @@ def test_private_party_saves_its_released_x_tilde_and_scores_from_it(tmp_path, a
     same seed on the aligned intersection."""
     from _own_data_helpers import RANGES
 
-    from flower_vfl.config import privacy_from_config
+    from flower_vfl.config.settings import privacy_from_config
     from flower_vfl.io.bundled import write_party_files
     X, y, Xt = a9a_small
     yt = load_all("a9a")[3][:Xt.shape[0]]
@@ -200,7 +200,7 @@ def test_cli_fit_on_party_files_and_model_show(tmp_path, a9a_small, capsys):
     import json
 
     from flower_vfl import VerticalADMM
-    from flower_vfl.cli import main
+    from flower_vfl.cli.commands import main
     train, score = write_a9a_files(tmp_path, *a9a_small, fmt="parquet")
     nodes = node_configs(train, score, "parquet", tmp_path)
     rc = {"lam": 1e-3, "max-rounds": 15}
@@ -224,7 +224,7 @@ def test_docs_example_of_plugging_the_classes_into_an_existing_flower_app(tmp_pa
 
     from flower_vfl.io import read_party, source_from_config
     from flower_vfl.io.bundled import write_party_files
-    from flower_vfl.local_grid import LocalGrid
+    from flower_vfl.deploy.local_grid import LocalGrid
     from flwr.app import Context, RecordDict
     doc = (Path(__file__).resolve().parents[1] / "docs" / "own-data.md").read_text()
     code = re.search(r"## Plugging the Flower classes.*?```python\n(.*?)```", doc, re.S).group(1)

@@ -12,7 +12,7 @@ import pytest
 
 from _own_data_helpers import (node_configs, reference, run_config, run_predict, run_train,
                                write_a9a_files)
-from flower_vfl.data import load_all
+from flower_vfl.io.data import load_all
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +36,7 @@ def test_whole_a9a_own_data_equals_engine_on_the_intersection(tmp_path):
 
 
 def _cli(args, env):
-    return subprocess.run([sys.executable, "-m", "flower_vfl.cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "flower_vfl.cli.commands", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
 
 
@@ -104,7 +104,7 @@ def test_real_superlink_bad_data_is_one_line_and_a_failed_run(tmp_path):
     ServerApp's log and on the party's node, and no traceback in any log."""
     if shutil.which("flower-superlink") is None:
         pytest.skip("flower-superlink not on PATH")
-    from flower_vfl.deploy import deploy_local
+    from flower_vfl.deploy.local import deploy_local
     X, y, Xt, _ = load_all("a9a")
     train, _ = write_a9a_files(tmp_path, X[:600], y[:600], Xt[:100], "csv")
     bad = tmp_path / "dup.csv"

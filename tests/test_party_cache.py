@@ -1,4 +1,4 @@
-"""The party's on-disk block cache (flower_vfl.party_cache): a message served from the cache
+"""The party's on-disk block cache (flower_vfl.io.party_cache): a message served from the cache
 gets bitwise the reply of a fresh parse, the privacy ledger's data fingerprint is unchanged, and
 a changed data file (or a damaged cache file) is never served."""
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from flower_vfl import client_app as ca
-from flower_vfl import data as data_mod
-from flower_vfl import party_cache as pc
+from flower_vfl.apps import client as ca
+from flower_vfl.io import data as data_mod
+from flower_vfl.io import party_cache as pc
 from flower_vfl.privacy.store import data_fingerprint
 
 RC = {"dataset": "a9a", "num-parties": 2, "lam": 1e-2}

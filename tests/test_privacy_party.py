@@ -6,7 +6,7 @@ from scipy import stats
 
 from flower_vfl import VerticalADMM
 from flower_vfl.privacy import BudgetExceeded, epsilon_spent
-from flower_vfl.privacy.audit import audit_private_run
+from flower_vfl.estimator.audit import audit_private_run
 from flower_vfl.privacy.party import PlanExceeded, PrivacyConfig, PrivateParty, ReplayRefused, normalize_rows
 from flower_vfl.privacy.sensitivity import strict_sensitivity
 
@@ -164,7 +164,7 @@ def test_audit_strict_on_a9a_and_paper_violations():
 
 # ----------------------------------------------------------- the warm-started protocol
 def test_private_schedule_phases():
-    from flower_vfl.core.engine import private_schedule
+    from flower_vfl.estimator.engine import private_schedule
 
     assert private_schedule([False, False], 30, []) == [(30, [True, True], True)]
     # warm start by the non-private side (stopping rule on), then the smallest private plan
@@ -207,7 +207,7 @@ def test_party_lam_overrides_the_run_lam(block):
 def a9a():
     from sklearn.linear_model import LogisticRegression
 
-    from flower_vfl.data import column_ranges, load_all
+    from flower_vfl.io.data import column_ranges, load_all
 
     X, y, Xt, yt = load_all("a9a")
     cols = column_ranges("a9a", X.shape[1], 2)

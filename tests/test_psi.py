@@ -1,10 +1,10 @@
-"""ECDH-PSI (flower_vfl.psi): intersections against plain set logic, what each message holds."""
+"""ECDH-PSI (flower_vfl.io.psi): intersections against plain set logic, what each message holds."""
 
 import numpy as np
 import pytest
 
-from flower_vfl import psi
-from flower_vfl.psi import AlignmentError, LabelOwnerPSI, agree_order, party_answer
+from flower_vfl.io import psi as psi
+from flower_vfl.io.psi import AlignmentError, LabelOwnerPSI, agree_order, party_answer
 
 
 def _sets(seed=0, n_owner=500, n_party=700, common=300):

@@ -22,7 +22,7 @@ from scipy.special import expit
 from flower_vfl.core import xsolve_prox
 from flower_vfl.core.accel import Anderson
 from flower_vfl.core.central import CentralUpdate
-from flower_vfl.core.engine import _sum_releases
+from flower_vfl.estimator.engine import _sum_releases
 from flower_vfl.core.losses import LogisticLoss
 from flower_vfl.core.xsolve import one_blas_thread
 

@@ -15,7 +15,7 @@ from flower_vfl import VerticalADMM
 from flower_vfl.core.accel import Anderson, Chain, SpectralRho, make_accelerator
 from flower_vfl.core.central import CentralUpdate
 from flower_vfl.core.losses import get_loss
-from flower_vfl.schema import ConfigError, parse_run_config
+from flower_vfl.config.schema import ConfigError, parse_run_config
 from reference import centralized
 
 X, _y = load_breast_cancer(return_X_y=True)
@@ -109,7 +109,7 @@ def test_run_config_keys_for_the_solver_and_the_acceleration():
      {"acceleration": "spectral", "penalty": "l1", "x_solver": "cg"}),
 ])
 def test_flower_path_equals_engine_with_the_new_options(rc_extra, kw):
-    from flower_vfl.data import labels, party_block
+    from flower_vfl.io.data import labels, party_block
     from test_flower import run_local
 
     rc = {"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 40, **rc_extra}
@@ -210,7 +210,7 @@ def test_auto_leaves_anderson_off_above_its_memory_cap(monkeypatch):
 def test_flower_path_decides_the_memory_cap_as_the_engine(monkeypatch):
     from flower_vfl.core import accel
     from flower_vfl.core.accel import anderson_bytes
-    from flower_vfl.data import labels, party_block
+    from flower_vfl.io.data import labels, party_block
     from test_flower import run_local
 
     blocks = [party_block("breast_cancer", i, 3) for i in range(3)]

@@ -1,4 +1,4 @@
-"""One scoring path (flower_vfl.scoring) for the evaluation rounds and the predict job, and
+"""One scoring path (flower_vfl.core.scoring) for the evaluation rounds and the predict job, and
 user-facing errors without tracebacks (flower_vfl.errors)."""
 
 import logging
@@ -10,8 +10,9 @@ import scipy.sparse as sp
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from _own_data_helpers import RANGES, node_configs, run_config, run_predict, run_train, write_a9a_files
-from flower_vfl import errors, scoring
-from flower_vfl.data import load_all
+from flower_vfl import errors
+from flower_vfl.core import scoring as scoring
+from flower_vfl.io.data import load_all
 from flower_vfl.io import DataError
 from flower_vfl.io.bundled import write_party_files
 
@@ -119,7 +120,7 @@ def test_party_handler_answers_a_user_error_with_an_error_reply_and_raises_a_bug
 
 def test_own_data_errors_are_user_errors(tmp_path, a9a_tiny):
     """The label owner's errors in the own-data job are of the user-facing kinds (no traceback)."""
-    from flower_vfl.schema import ConfigError
+    from flower_vfl.config.schema import ConfigError
     X, y, Xt, _ = a9a_tiny
     train, score = write_a9a_files(tmp_path, X[:100], y[:100], Xt[:50])
     nodes = node_configs(train, score, "csv", tmp_path)
@@ -135,7 +136,7 @@ def test_own_data_errors_are_user_errors(tmp_path, a9a_tiny):
 def test_cli_prints_bad_data_as_one_line_and_exits_non_zero(tmp_path, a9a_tiny, capsys):
     """`flower-vfl fit --labels ... --party ...` on bad files: exit status 1 and one line naming
     the file and the fix, no traceback."""
-    from flower_vfl import cli
+    from flower_vfl.cli import commands as cli
     X, y, Xt, _ = a9a_tiny
     train, _ = write_a9a_files(tmp_path, X[:100], y[:100], Xt[:20])
     with pytest.raises(SystemExit) as e:

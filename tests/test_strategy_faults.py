@@ -15,10 +15,10 @@ from flwr.app import Array, ArrayRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.proto.node_pb2 import NodeInfo
 
-from flower_vfl import client_app as ca
-from flower_vfl import server_app as sa
-from flower_vfl.checkpoint import load_checkpoint
-from flower_vfl.local_grid import LocalGrid
+from flower_vfl.apps import client as ca
+from flower_vfl.apps import server as sa
+from flower_vfl.io.checkpoint import load_checkpoint
+from flower_vfl.deploy.local_grid import LocalGrid
 from flower_vfl.strategies.replies import PartyFailed, PartyLost, ReplyError
 from flower_vfl.strategies.resilience import key_fingerprint
 
@@ -293,7 +293,7 @@ def test_party_keys_bind_registered_keys_to_parties(tmp_path, clean):
 def test_two_nodes_claiming_one_index_are_refused_by_name():
     """The identify steps of every strategy (vertical, horizontal, SGD baseline, PSI) record
     claims through one function: the same node again is fine, a second node is refused."""
-    from flower_vfl.schema import ConfigError
+    from flower_vfl.config.schema import ConfigError
     from flower_vfl.strategies.replies import claim
 
     seen = {}

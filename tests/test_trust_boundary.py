@@ -1,6 +1,6 @@
 """A malicious central node against the party's real ClientApp handlers.
 
-Every test drives ``flower_vfl.client_app``'s handlers with a Flower ``Context`` as a
+Every test drives ``flower_vfl.apps.client``'s handlers with a Flower ``Context`` as a
 SuperNode keeps it (node config, per-run state) and the party's own state-dir, and plays
 a server that replays, crafts inputs, rewrites the run config, starts new runs and sends
 garbage. What must hold: no second noise draw for an answered request, no privacy setting
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from flower_vfl import client_app as ca
-from flower_vfl.data import party_block
+from flower_vfl.apps import client as ca
+from flower_vfl.io.data import party_block
 from flower_vfl.privacy.store import PartyStore
 
 N = party_block("breast_cancer", 1, 2)[0].shape[0]
@@ -135,7 +135,7 @@ def test_run_config_privacy_keys_have_no_effect(tmp_path, override):
 
 
 def test_run_config_asking_for_privacy_without_a_node_budget_refuses_to_start(tmp_path):
-    from flower_vfl.schema import ConfigError
+    from flower_vfl.config.schema import ConfigError
 
     c = ctx({"partition-id": 1, "state-dir": str(tmp_path)}, run_config={**RC, "dp": True, "dp-epsilon": 1.0})
     with pytest.raises(ConfigError, match="its node config declares no budget.*dp-epsilon"):
@@ -254,7 +254,7 @@ def test_a_crash_between_ledger_write_and_reply_loses_budget_never_privacy(tmp_p
     script = textwrap.dedent(f"""
         import os, json, numpy as np
         from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
-        from flower_vfl import client_app as ca
+        from flower_vfl.apps import client as ca
         from flower_vfl.privacy import store
         from flwr.supercore.task_identity import TaskIdentity
         TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 0, 0
@@ -284,7 +284,7 @@ def test_predict_many_times_uses_one_released_model():
     from flower_vfl.privacy import PrivacyConfig
 
     (D0, T0), (D1, T1) = party_block("breast_cancer", 0, 2), party_block("breast_cancer", 1, 2)
-    from flower_vfl.data import labels
+    from flower_vfl.io.data import labels
     y, _ = labels("breast_cancer")
     m = VerticalADMM(lam=1e-3, max_rounds=20, privacy=[None, PrivacyConfig(epsilon=1.0, lam=3e-2)]).fit([D0, D1], y)
     outs = [m.decision_function([T0, T1]) for _ in range(3)]
@@ -300,8 +300,8 @@ def test_predict_many_times_uses_one_released_model():
 
 # ------------------------------------------------- no silent non-privacy, reports
 def _grid_run(rc, nodes, seen=None, run_id=1):
-    from flower_vfl import server_app as sa
-    from flower_vfl.local_grid import LocalGrid
+    from flower_vfl.apps import server as sa
+    from flower_vfl.deploy.local_grid import LocalGrid
     handlers = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}
     grid = LocalGrid(handlers, nodes, rc, on_reply=None if seen is None else (lambda m, r: seen.append((m, r))),
                      run_id=run_id)
@@ -309,9 +309,9 @@ def _grid_run(rc, nodes, seen=None, run_id=1):
 
 
 def test_unknown_party_ids_in_dp_parties_are_an_error():
-    from flower_vfl import cli
-    from flower_vfl import server_app as sa
-    from flower_vfl.schema import ConfigError
+    from flower_vfl.cli import commands as cli
+    from flower_vfl.apps import server as sa
+    from flower_vfl.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="dp-parties"):
         sa.make_strategy({"dataset": "breast_cancer", "num-parties": 2, "dp": True, "dp-parties": "5"})
@@ -344,7 +344,7 @@ def test_eval_every_never_spends_a_private_release_and_the_report_says_what_is_p
 
 
 def test_flower_vfl_ledger_shows_the_spend_across_runs(tmp_path, capsys):
-    from flower_vfl import cli
+    from flower_vfl.cli import commands as cli
 
     nc = node(tmp_path, **{"dp-train-rounds": 1, "dp-eval-rounds": 1, "dp-epsilon": 2.0})
     q, y = vectors()

@@ -1,4 +1,4 @@
-"""The warm SuperExec (flower_vfl.warm_exec) on real Flower processes (slow): TLS to the
+"""The warm SuperExec (flower_vfl.deploy.warm_exec) on real Flower processes (slow): TLS to the
 SuperLink, registered SuperNode keys bound to parties, ``--isolation process`` with each
 message's ClientApp forked from the warm process: the run completes with the in-process
 engine's decision values (1e-9) and no process is left."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from flower_vfl import VerticalADMM
-from flower_vfl.data import labels, party_block
-from flower_vfl.deploy import Processes, any_alive, deploy_local
+from flower_vfl.io.data import labels, party_block
+from flower_vfl.deploy.local import Processes, any_alive, deploy_local
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def test_supernode_launcher_caps_only_flowers_idle_sleep(monkeypatch):
 
     import flwr.supernode.start_client_internal as sci
 
-    from flower_vfl import supernode
+    from flower_vfl.deploy import supernode
 
     monkeypatch.setattr(sci, "time", time)          # undone after the test
     slept = []
@@ -72,7 +72,7 @@ def test_supernode_launcher_caps_only_flowers_idle_sleep(monkeypatch):
     (["--idle-poll"], "--idle-poll needs a value in seconds (default 0.5)"),
 ])
 def test_supernode_launcher_refuses_a_bad_idle_poll(argv, message, capsys):
-    from flower_vfl import supernode
+    from flower_vfl.deploy import supernode
 
     assert supernode.main(argv) == 2
     assert capsys.readouterr().err.strip() == f"flower-vfl-supernode: {message}"

@@ -5,8 +5,8 @@
 - :func:`centralized_logreg`, :func:`local_only_logreg`: scikit-learn ``LogisticRegression``
   at the project's regularization (:func:`lam_to_C`), the horizontal lines of Figure 3.
 """
-from .sgd import SGDCentral, SGDParty, VerticalSGD, batch_indices, learning_rate
-from .sklearn_baselines import C_to_lam, centralized_logreg, lam_to_C, local_only_logreg, logreg_objective
+from flower_vfl.baselines.sgd import SGDCentral, SGDParty, VerticalSGD, batch_indices, learning_rate
+from flower_vfl.baselines.sklearn_baselines import C_to_lam, centralized_logreg, lam_to_C, local_only_logreg, logreg_objective
 
 __all__ = ["VerticalSGD", "SGDParty", "SGDCentral", "batch_indices", "learning_rate", "lam_to_C",
            "C_to_lam", "centralized_logreg", "local_only_logreg", "logreg_objective"]

@@ -23,12 +23,12 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from ..core.central import CentralUpdate
-from ..core.engine import default_rho
-from ..core.losses import get_loss
-from ..core.party import PartyUpdate
-from ..core.penalties import get_penalty
-from ..privacy.mechanism import GaussianOutputMechanism
+from flower_vfl.core.central import CentralUpdate
+from flower_vfl.core.schedule import default_rho
+from flower_vfl.core.losses import get_loss
+from flower_vfl.core.party import PartyUpdate
+from flower_vfl.core.penalties import get_penalty
+from flower_vfl.privacy.mechanism import GaussianOutputMechanism
 
 __all__ = ["noisy_admm", "FactoredMechanism"]
 

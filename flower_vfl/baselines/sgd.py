@@ -30,8 +30,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..core.losses import get_loss
-from ..core.validation import check_blocks
+from flower_vfl.core.losses import get_loss
+from flower_vfl.core.validation import check_blocks
 
 __all__ = ["VerticalSGD", "SGDParty", "SGDCentral", "batch_indices", "learning_rate", "init_coef",
            "SCHEDULES", "eval_metrics"]

@@ -24,9 +24,9 @@ import math
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from ..horizontal.admm import DPIADMMParams, agent_update, dual_step, outp_constants
-from ..horizontal.model import local_gradient_blocks, one_hot
-from ..horizontal.privacy import account, ledger_entry, new_agent_seed, standard_draw
+from flower_vfl.horizontal.admm import DPIADMMParams, agent_update, dual_step, outp_constants
+from flower_vfl.horizontal.model import local_gradient_blocks, one_hot
+from flower_vfl.horizontal.privacy import account, ledger_entry, new_agent_seed, standard_draw
 
 __all__ = ["BudgetSpent", "DPIADMMClient", "agent_privacy_from_node_config"]
 

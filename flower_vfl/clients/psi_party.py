@@ -3,15 +3,15 @@
 Handler functions ``fn(msg, context) -> Message`` that a ClientApp registers as query
 handlers (``client_app.py``):
 
-* ``psi_answer``  (``query.psi_answer``): step 2 of :mod:`flower_vfl.psi` on the split's IDs;
+* ``psi_answer``  (``query.psi_answer``): step 2 of :mod:`flower_vfl.io.psi` on the split's IDs;
 * ``psi_order``   (``query.psi_order``): the agreed intersection; the row order is kept in
   ``context.state`` and every later message of the run uses it;
 * ``save_model``  (``query.save_model``): x_m, preprocessing, columns, fingerprint to the
   party's own disk (nothing of the model goes back);
 * ``predict``     (``query.predict``): D_m x_m on the aligned scoring rows from the saved model.
 
-Glue only: reading is :mod:`flower_vfl.io`, the protocol :mod:`flower_vfl.psi`, the file
-format :mod:`flower_vfl.model_io`.
+Glue only: reading is :mod:`flower_vfl.io`, the protocol :mod:`flower_vfl.io.psi`, the file
+format :mod:`flower_vfl.io.model_files`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from .. import model_io, psi
-from ..schema import ConfigError
-from ..scoring import party_scores
-from ..io import DataError, Preprocessor, align_rows, read_party, source_from_config
+from flower_vfl.io import model_files as model_io
+from flower_vfl.io import psi as psi
+from flower_vfl.config.schema import ConfigError
+from flower_vfl.core.scoring import party_scores
+from flower_vfl.io import DataError, Preprocessor, align_rows, read_party, source_from_config
 
 __all__ = ["psi_answer", "psi_order", "save_model", "predict", "own_blocks", "party_source", "model_path",
            "uses_own_data"]
@@ -45,7 +46,7 @@ _SHARED = ("id-column", "preprocess")
 
 def node_cfg(context: Context) -> dict:
     """The party's data keys: its node config, else its entry in the run config's per-party lists."""
-    from ..client_app import party_node_config      # the node config + the party's own file
+    from flower_vfl.apps.client import party_node_config      # the node config + the party's own file
     nc, rc = party_node_config(context), context.run_config
     pid = int(nc.get("partition-id", 0))
     from_run = set()
@@ -154,7 +155,7 @@ def model_path(context: Context, party: int | None = None) -> Path:
 def save_model(msg: Message, context: Context) -> Message:
     """Write x_m (for a private party only its released x̃), preprocessing, columns and a
     fingerprint of the aligned training rows to the party's own disk; reply with an ack."""
-    from ..client_app import make_client
+    from flower_vfl.apps.client import make_client
     D, _, pre, ids = own_blocks(context)
     client = make_client(context)
     private = client.privacy is not None
@@ -195,7 +196,7 @@ def predict(msg: Message, context: Context) -> Message:
                         f"{missing[:5]}; export the same columns as for training (or fix the key columns)")
     cols = [table.columns.index(c) for c in pre.columns_]        # the model's column order, by name
     D = pre.transform(table.X[idx][:, cols], {c: v[idx] for c, v in table.categorical.items()})
-    # the evaluate handler's code (flower_vfl.scoring); a private party's x̃ is post-processed, free
+    # the evaluate handler's code (flower_vfl.core.scoring); a private party's x̃ is post-processed, free
     s = party_scores(D, m["x"], private=bool(meta.get("private")))
     return Message(RecordDict({"release": ArrayRecord({"s_score": Array(s)}),
                                "meta": ConfigRecord({"party": _party_id(context)})}), reply_to=msg)

@@ -20,11 +20,11 @@ import numpy as np
 import scipy.sparse as sp
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..core.constraints import make_constraint
-from ..core.party import PartyUpdate
-from ..core.penalties import get_penalty
-from ..privacy.boundary import InvalidMessage, Refused, inputs_hash, parse_round
-from ..scoring import party_scores
+from flower_vfl.core.constraints import make_constraint
+from flower_vfl.core.party import PartyUpdate
+from flower_vfl.core.penalties import get_penalty
+from flower_vfl.privacy.boundary import InvalidMessage, Refused, inputs_hash, parse_round
+from flower_vfl.core.scoring import party_scores
 
 
 __all__ = ["VerticalPartyClient"]
@@ -48,7 +48,7 @@ _STORES: dict = {}
 
 def _fingerprint(D) -> tuple:
     """Type, shape and a SHA-256 of the block's content."""
-    from ..privacy.store import data_fingerprint
+    from flower_vfl.privacy.store import data_fingerprint
     return type(D).__name__, tuple(D.shape), data_fingerprint(D)
 
 
@@ -87,7 +87,7 @@ class VerticalPartyClient:
 
     # ----------------------------------------------------------------- state
     def _store(self):
-        from ..privacy.store import PartyStore, default_state_dir
+        from flower_vfl.privacy.store import PartyStore, default_state_dir
         key = str(self.state_dir or default_state_dir())
         if key not in _STORES:
             _STORES[key] = PartyStore(key)
@@ -95,7 +95,7 @@ class VerticalPartyClient:
 
     def _build(self, context: Context, n_outputs: int):
         if self.privacy is not None:
-            from ..privacy.party import PrivateParty
+            from flower_vfl.privacy.party import PrivateParty
             party = PrivateParty(self.D, self.D_test, self.lam, self.privacy, self.party_id, self.n_parties,
                                  store=self._store(), run=str(context.run_id), fingerprint=_fingerprint(self.D)[2])
             party.restore()                # the iterate is in the store (a restarted node resumes)
@@ -205,7 +205,7 @@ class VerticalPartyClient:
             inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
                                  needs_vectors=final, n_outputs=n_out)
             self.party = self._build(context, n_out)
-            if self.privacy is None:      # flower_vfl.scoring: the predict job's code on the held-out rows
+            if self.privacy is None:      # flower_vfl.core.scoring: the predict job's code on the held-out rows
                 s_test = party_scores(self.D_test, self.party.x)
             else:
                 if self.party.x_released is None:
@@ -243,7 +243,7 @@ class VerticalPartyClient:
 
 def _affordability(party) -> dict:
     """Whether the party's remaining budget covers its plan (every planned release at z)."""
-    from ..privacy.accounting import epsilon_for_releases
+    from flower_vfl.privacy.accounting import epsilon_for_releases
     c = party.config
     spent = [e.noise_multiplier for e in party.store.entries(party.fingerprint, party.unit)
              if e.run != party.run]
@@ -255,5 +255,5 @@ def _affordability(party) -> dict:
 
 
 def _jsonable(obj):
-    from ..report import to_jsonable
+    from flower_vfl.reporting.report import to_jsonable
     return to_jsonable(obj)

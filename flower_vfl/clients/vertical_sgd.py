@@ -8,7 +8,7 @@ s_m = D_m[B] x_m for the new batch. The evaluation message carries the last pend
 gradient and asks for D_m x_m on the training and the held-out rows, plus lam/2 ||x_m||^2.
 x_m and the last applied step live in ``context.state`` (every message may be a fresh
 process on real SuperNodes). The party's data loading is the ADMM party's
-(:func:`flower_vfl.data.party_block`).
+(:func:`flower_vfl.io.data.party_block`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..baselines.sgd import SGDParty, batch_indices, init_coef
-from ..config import run_setting
-from ..data import party_block
+from flower_vfl.baselines.sgd import SGDParty, batch_indices, init_coef
+from flower_vfl.config.settings import run_setting
+from flower_vfl.io.data import party_block
 
 __all__ = ["VerticalSGDPartyClient", "make_sgd_client", "SGD_HANDLERS"]
 

@@ -1,12 +1,11 @@
 """The ADMM sharing math (no Flower imports): losses, penalties, party and central updates.
 
-Names are loaded on first use: the estimator (``VerticalADMM``) pulls in scikit-learn, which a
-party's message handler, a fresh process per message on a real SuperNode, does not need.
+Nothing here imports a module above ``core`` (the estimator is ``flower_vfl.estimator``).
 """
 
 from importlib import import_module
 
-_LAZY = {"VerticalADMM": ".engine", "default_rho": ".engine", "CentralUpdate": ".central",
+_LAZY = {"default_rho": ".schedule", "private_schedule": ".schedule", "CentralUpdate": ".central",
          "get_loss": ".losses", "PartyUpdate": ".party", "get_penalty": ".penalties"}
 
 __all__ = sorted(_LAZY)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg.lapack import dposv
 
-from .xsolve import LOG, one_blas_thread
+from flower_vfl.core.xsolve import LOG, one_blas_thread
 
 __all__ = ["Anderson", "SpectralRho", "Chain", "ACCELERATIONS", "make_accelerator", "acceleration_name", "anderson_bytes",
            "AUTO_ANDERSON_MAX_BYTES"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .multinomial import multinomial_newton
-from .xsolve import one_blas_thread
+from flower_vfl.core.multinomial import multinomial_newton
+from flower_vfl.core.xsolve import one_blas_thread
 
 __all__ = ["CentralUpdate", "residuals"]
 

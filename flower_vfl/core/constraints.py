@@ -3,7 +3,7 @@ the party's message handlers import this in a fresh process per message)."""
 
 from __future__ import annotations
 
-from .penalties import Ball, Box
+from flower_vfl.core.penalties import Ball, Box
 
 __all__ = ["make_constraint"]
 

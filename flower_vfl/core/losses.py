@@ -446,7 +446,7 @@ class MultinomialLoss(Loss):
         return onehot
 
     def value(self, z, t):
-        from .multinomial import softmax_lse      # no axis-1 max/sum: see core/multinomial.py
+        from flower_vfl.core.multinomial import softmax_lse      # no axis-1 max/sum: see core/multinomial.py
         return softmax_lse(z)[1] - np.einsum("ij,ij->i", z, t)
 
     def mean(self, z, t):
@@ -457,7 +457,7 @@ class MultinomialLoss(Loss):
 
     def z_update(self, a, y, t, rho, n, z0=None, max_iter=50, tol=1e-13):
         """Eq. (7) per sample: Newton with Sherman-Morrison solves (core/multinomial.py)."""
-        from .multinomial import multinomial_newton
+        from flower_vfl.core.multinomial import multinomial_newton
         w0 = a + y / rho if z0 is None else z0
         return multinomial_newton(a, y, t, rho, n, w0, np.zeros(a.shape[1]), fit_b=False,
                                   max_iter=max_iter, tol=tol)[0]
@@ -512,7 +512,7 @@ def get_loss(loss) -> Loss:
     if isinstance(loss, Loss):
         return loss
     if loss == "logistic_rr":   # label-noise-corrected logistic (imports this module: lazy)
-        from .label_noise import ForwardCorrectedLogistic
+        from flower_vfl.core.label_noise import ForwardCorrectedLogistic
         return ForwardCorrectedLogistic()
     if loss not in LOSSES:
         raise ValueError(f"loss={loss!r} is not supported; choose one of {sorted(LOSSES)}")

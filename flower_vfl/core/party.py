@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .xsolve import XSolver, _norm
+from flower_vfl.core.xsolve import XSolver, _norm
 
 __all__ = ["PartyUpdate"]
 

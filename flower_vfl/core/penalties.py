@@ -140,6 +140,6 @@ def _spectral_norm_sq(D) -> float:
 def __getattr__(name):
     """``XSolver`` moved to :mod:`flower_vfl.core.xsolve`; still importable from here."""
     if name == "XSolver":
-        from .xsolve import XSolver
+        from flower_vfl.core.xsolve import XSolver
         return XSolver
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,7 +35,7 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from .penalties import Ball
+from flower_vfl.core.penalties import Ball
 
 __all__ = ["XSolver", "choose_method", "sparse_gram", "METHODS", "EIG_MAX", "GRAM_MAX"]
 
@@ -298,7 +298,7 @@ class XSolver:
             rtol = self._outer_rtol(v, outer, x0)
             if self.direct:
                 return self._cg(v, rho, x0, rtol, carry, overwrite_x0)
-            from .xsolve_prox import fista_on_D
+            from flower_vfl.core.xsolve_prox import fista_on_D
             x, it = fista_on_D(self, v, rho, x0, rtol)
             self.inner_iters_ += it
             return x
@@ -310,9 +310,9 @@ class XSolver:
             e, V = self._eig
             return mm(V, mm(V, rho * c, trans=True) / _col(rho * e + self.lam, c))
         if self.ball_l2:
-            from .xsolve_prox import ball_l2
+            from flower_vfl.core.xsolve_prox import ball_l2
             return ball_l2(self, c, rho)
-        from .xsolve_prox import prox_on_gram
+        from flower_vfl.core.xsolve_prox import prox_on_gram
         x, it = prox_on_gram(self, c, rho, x0)
         self.inner_iters_ += it
         return x

@@ -35,7 +35,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .fashion_mnist import load_fashion_mnist
+from flower_vfl.datasets.fashion_mnist import load_fashion_mnist
 
 __all__ = ["load_gisette_like", "GISETTE_SPLIT", "FASHION_MNIST_CLASSES"]
 

@@ -5,9 +5,9 @@
 totals), ``engine`` (all agents vectorized), ``data`` (flwr-datasets splits), ``audit``
 (sensitivity audit), ``anchors`` (FedAvg and DP-SGD baselines).
 """
-from .admm import VARIANTS, DPIADMMParams, rho_schedule
-from .engine import DPIADMMResult, agent_seeds, run_dpiadmm
-from .privacy import account
+from flower_vfl.horizontal.admm import VARIANTS, DPIADMMParams, rho_schedule
+from flower_vfl.horizontal.engine import DPIADMMResult, agent_seeds, run_dpiadmm
+from flower_vfl.horizontal.privacy import account
 
 __all__ = ["VARIANTS", "DPIADMMParams", "DPIADMMResult", "account", "agent_seeds", "rho_schedule",
            "run_dpiadmm"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .model import error_rate, softmax
+from flower_vfl.horizontal.model import error_rate, softmax
 
 __all__ = ["fedavg", "dpsgd_fedavg"]
 

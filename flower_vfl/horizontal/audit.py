@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .model import one_hot, softmax
+from flower_vfl.horizontal.model import one_hot, softmax
 
 __all__ = ["audit_sensitivity"]
 

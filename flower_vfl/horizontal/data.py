@@ -63,7 +63,7 @@ def fashion_mnist_split(num_agents: int = 10, kind: str = "iid", alpha: float = 
     Returns X_parts, y_parts, X_test, y_test. The training rows of Fashion-MNIST are not
     sorted by class, so the IID split is 10 x 6000 with about 600 rows of each class.
     """
-    from ..datasets import load_fashion_mnist
+    from flower_vfl.datasets import load_fashion_mnist
     X, y, Xt, yt = load_fashion_mnist(data_dir)
     Xp, yp = split_arrays(X, y, num_agents, kind, alpha, seed)
     return Xp, yp, Xt, yt

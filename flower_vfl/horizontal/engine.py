@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .admm import DPIADMMParams, agent_update, dual_step, outp_constants, rho_schedule, server_step
-from .model import error_rate, local_gradient_blocks, one_hot
-from .privacy import account, ledger_entry, standard_draw
+from flower_vfl.horizontal.admm import DPIADMMParams, agent_update, dual_step, outp_constants, rho_schedule, server_step
+from flower_vfl.horizontal.model import error_rate, local_gradient_blocks, one_hot
+from flower_vfl.horizontal.privacy import account, ledger_entry, standard_draw
 
 __all__ = ["pad_agents", "agent_seeds", "DPIADMMResult", "run_dpiadmm", "run_dpiadmm_many"]
 

@@ -6,8 +6,8 @@ the party's own training rows and keeps it; ``flower_vfl.io.bundled`` writes the
 datasets (a9a, breast_cancer) as such files.
 """
 
-from .preprocess import Preprocessor
-from .sources import DataError, PartyTable, SourceConfig, align_rows, read_party, source_from_config
+from flower_vfl.io.preprocess import Preprocessor
+from flower_vfl.io.sources import DataError, PartyTable, SourceConfig, align_rows, read_party, source_from_config
 
 __all__ = ["DataError", "PartyTable", "Preprocessor", "SourceConfig", "align_rows", "read_party",
            "source_from_config"]

@@ -84,8 +84,8 @@ def write_party_files(X, y, ids, ranges, out_dir, fmt="csv", seed=0, missing=Non
 
 def write_bundled(name: str, out_dir, num_parties: int = 2, fmt: str = "csv", data_dir=None):
     """The bundled dataset (``a9a`` or ``breast_cancer``) as party files with IDs ``0..N-1``
-    (train) and ``t0..`` (test), split by :func:`flower_vfl.data.column_ranges`."""
-    from ..data import column_ranges, load_all
+    (train) and ``t0..`` (test), split by :func:`flower_vfl.io.data.column_ranges`."""
+    from flower_vfl.io.data import column_ranges, load_all
     X, y, Xt, yt = load_all(name, data_dir)
     ranges = column_ranges(name, X.shape[1], num_parties)
     tr = write_party_files(X, y, range(X.shape[0]), ranges, out_dir, fmt, prefix="train")

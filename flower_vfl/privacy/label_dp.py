@@ -197,7 +197,7 @@ def privatize_labels(loss, y, label_epsilon, seed=None):
         raise ValueError(f"label_epsilon={label_epsilon!r} needs loss='logistic' (binary labels, "
                          f"randomized response with a corrected logistic loss); got "
                          f"loss={getattr(loss, 'name', loss)!r}. Set label_epsilon=0 for other losses")
-    from ..core.label_noise import ForwardCorrectedLogistic
+    from flower_vfl.core.label_noise import ForwardCorrectedLogistic
 
     lp = LabelPrivacy(eps, seed)
     return ForwardCorrectedLogistic(lp.flip_probability), lp.privatize(y), lp

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 
 import dp_accounting
 
-from .boundary import Refused
+from flower_vfl.privacy.boundary import Refused
 
-from .accounting import (
+from flower_vfl.privacy.accounting import (
     _check_delta,
     _check_method,
     _check_positive,
@@ -125,7 +125,7 @@ class PrivacyLedger:
         self.method = _check_method(method)
         if method not in available_methods():
             # fail now, not on the first release
-            from .accounting import _import_opacus_accountants
+            from flower_vfl.privacy.accounting import _import_opacus_accountants
 
             _import_opacus_accountants()
         self.sensitivity = _check_positive("sensitivity", sensitivity)

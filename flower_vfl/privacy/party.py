@@ -25,14 +25,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..core.party import PartyUpdate
-from ..core.penalties import Ball, get_penalty
-from .accounting import epsilon_for_releases, noise_multiplier_for
-from .boundary import Refused, RoundInputs, inputs_hash
-from .ledger import _RTOL, BudgetExceeded, LedgerEntry, PrivacyLedger
-from .store import PartyStore, data_fingerprint  # noqa: F401  (re-exported)
-from .mechanism import GaussianOutputMechanism
-from .sensitivity import (NEIGHBOURING_RELATIONS, paper_sensitivity, strict_param_sensitivity,
+from flower_vfl.core.party import PartyUpdate
+from flower_vfl.core.scoring import normalize_rows
+from flower_vfl.core.penalties import Ball, get_penalty
+from flower_vfl.privacy.accounting import epsilon_for_releases, noise_multiplier_for
+from flower_vfl.privacy.boundary import Refused, RoundInputs, inputs_hash
+from flower_vfl.privacy.ledger import _RTOL, BudgetExceeded, LedgerEntry, PrivacyLedger
+from flower_vfl.privacy.store import PartyStore, data_fingerprint  # noqa: F401  (re-exported)
+from flower_vfl.privacy.mechanism import GaussianOutputMechanism
+from flower_vfl.privacy.sensitivity import (NEIGHBOURING_RELATIONS, paper_sensitivity, strict_param_sensitivity,
                           strict_sensitivity)
 
 __all__ = ["PrivacyConfig", "PrivateParty", "ReplayRefused", "PlanExceeded", "data_fingerprint",
@@ -104,19 +105,6 @@ class PlanExceeded(Refused):
     """More releases of one kind than the party's plan (train_rounds / eval_rounds) allows."""
 
     code = "plan"
-
-
-def normalize_rows(D):
-    """Scale every non-zero row to unit L2 norm (Assumption 2.3)."""
-    if sp.issparse(D):
-        D = sp.csr_matrix(D, dtype=float)
-        norms = np.sqrt(np.asarray(D.multiply(D).sum(axis=1)).ravel())
-        norms[norms == 0] = 1.0
-        return sp.diags(1.0 / norms) @ D
-    D = np.asarray(D, dtype=float)
-    norms = np.linalg.norm(D, axis=1)
-    norms[norms == 0] = 1.0
-    return D / norms[:, None]
 
 
 class PrivateParty:

@@ -2,7 +2,7 @@
 
 Both are pure functions of public configuration (never of the data), so printing or
 sending them leaks nothing. The derivation of ``strict`` is in docs/privacy.md; the
-audit (:mod:`flower_vfl.privacy.audit`) searches for neighbours that violate either.
+audit (:mod:`flower_vfl.estimator.audit`) searches for neighbours that violate either.
 
 Notation: the party's x-update (eq. 6, completed square) is
 

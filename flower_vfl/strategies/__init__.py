@@ -1,9 +1,9 @@
 """Flower strategies (the central node): ``from flower_vfl.strategies import VerticalADMMStrategy``."""
-from .vertical_admm import PartyRefused, VerticalADMMStrategy
-from .dpiadmm import AgentRefused, DPIADMMStrategy  # horizontal DP inexact ADMM
+from flower_vfl.strategies.vertical_admm import PartyRefused, VerticalADMMStrategy
+from flower_vfl.strategies.dpiadmm import AgentRefused, DPIADMMStrategy  # horizontal DP inexact ADMM
 
 __all__ = ["PartyRefused", "VerticalADMMStrategy", "AgentRefused", "DPIADMMStrategy"]
-from .vertical_sgd import VerticalSGDStrategy  # FDML-style vertical SGD baseline
+from flower_vfl.strategies.vertical_sgd import VerticalSGDStrategy  # FDML-style vertical SGD baseline
 __all__ += ["VerticalSGDStrategy"]
-from .psi_align import AlignResult, PSIAlignment  # own data: the label owner's PSI alignment
+from flower_vfl.strategies.psi_align import AlignResult, PSIAlignment  # own data: the label owner's PSI alignment
 __all__ += ["AlignResult", "PSIAlignment"]

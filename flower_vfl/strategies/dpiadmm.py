@@ -21,9 +21,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..horizontal.admm import DPIADMMParams, dual_step, rho_schedule, server_step
-from ..horizontal.model import error_rate
-from .replies import claim
+from flower_vfl.horizontal.admm import DPIADMMParams, dual_step, rho_schedule, server_step
+from flower_vfl.horizontal.model import error_rate
+from flower_vfl.strategies.replies import claim
 
 __all__ = ["DPIADMMStrategy", "AgentRefused"]
 

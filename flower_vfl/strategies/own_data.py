@@ -1,8 +1,8 @@
 """The label owner's own-data runs: PSI alignment, training, saved models, prediction jobs.
 
 Called by the ServerApp when the run config names a labels file (``labels-path``); glue
-only: reading is :mod:`flower_vfl.io`, the protocol :mod:`flower_vfl.psi`, the file format
-:mod:`flower_vfl.model_io`.
+only: reading is :mod:`flower_vfl.io`, the protocol :mod:`flower_vfl.io.psi`, the file format
+:mod:`flower_vfl.io.model_files`.
 
 Run-config keys (the label owner's; a party's keys are in its node config, see
 :mod:`flower_vfl.io.sources`):
@@ -32,14 +32,14 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .. import model_io
-from ..core.losses import get_loss
-from ..io import DataError, read_party, source_from_config
-from ..core.sklearn_api import BINARY_LOSSES, decode_scores, encode_classes
-from ..schema import ConfigError
-from ..scoring import combine
-from .psi_align import PSIAlignment
-from .replies import PartyFailed, check_release
+from flower_vfl.io import model_files as model_io
+from flower_vfl.core.losses import get_loss
+from flower_vfl.io import DataError, read_party, source_from_config
+from flower_vfl.core.scoring import BINARY_LOSSES, decode_scores, encode_classes
+from flower_vfl.config.schema import ConfigError
+from flower_vfl.core.scoring import combine
+from flower_vfl.strategies.psi_align import PSIAlignment
+from flower_vfl.strategies.replies import PartyFailed, check_release
 
 __all__ = ["OWN_DATA_DEFAULTS", "enabled", "owner_labels", "train", "predict", "owner_model_path"]
 
@@ -121,10 +121,10 @@ def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
     """Score the rows named by ``score-ids-path``: PSI against each party's scoring file, each
     party returns D_m x_m from its saved model, the label owner writes the predictions.
 
-    The same code as the evaluation rounds during training (:mod:`flower_vfl.scoring`): the
-    party's handler calls :func:`~flower_vfl.scoring.party_scores`, the label owner checks each
+    The same code as the evaluation rounds during training (:mod:`flower_vfl.core.scoring`): the
+    party's handler calls :func:`~flower_vfl.core.scoring.party_scores`, the label owner checks each
     reply as a training-time release (:func:`~flower_vfl.strategies.replies.check_release`) and
-    calls :func:`~flower_vfl.scoring.combine`."""
+    calls :func:`~flower_vfl.core.scoring.combine`."""
     num_parties = int(run_config.get("num-parties", 2))
     if not _get(run_config, "score-ids-path"):
         raise ConfigError("mode=predict needs the run-config key score-ids-path (a file with the IDs to score)")

@@ -1,6 +1,6 @@
 """The label owner's sample alignment, run as Flower query messages before training.
 
-Two round trips per split (see :mod:`flower_vfl.psi` for the protocol and what each side
+Two round trips per split (see :mod:`flower_vfl.io.psi` for the protocol and what each side
 learns): ``query.psi_answer`` carries the label owner's encrypted request and brings back each
 party's encrypted set; ``query.psi_order`` sends each party the agreed intersection in the
 label owner's row order, and every party answers with the digest it aligned to. Glue only.
@@ -16,9 +16,9 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .. import psi
-from ..schema import ConfigError
-from .replies import PartyFailed, PartyLost, ReplyError, claim
+from flower_vfl.io import psi as psi
+from flower_vfl.config.schema import ConfigError
+from flower_vfl.strategies.replies import PartyFailed, PartyLost, ReplyError, claim
 
 __all__ = ["PSIAlignment", "AlignResult"]
 

@@ -12,7 +12,7 @@ ADMM math stays in :mod:`flower_vfl.core.central`.
   ``stragglers='stale'`` the round goes on with the party's last release (at most
   ``max-staleness`` rounds in a row);
 - the label owner's state is checkpointed atomically after every round
-  (:mod:`flower_vfl.checkpoint`).
+  (:mod:`flower_vfl.io.checkpoint`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from logging import INFO, WARNING
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 
-from .replies import LOST_CODES, PartyFailed, PartyLost, ReplyError, claim, match_replies, message_key
+from flower_vfl.strategies.replies import LOST_CODES, PartyFailed, PartyLost, ReplyError, claim, match_replies, message_key
 
 __all__ = ["ResilientRounds", "key_fingerprint", "load_party_keys", "send_and_receive"]
 

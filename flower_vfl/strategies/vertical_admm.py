@@ -20,17 +20,17 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..core.accel import acceleration_name, make_accelerator
-from ..core.central import CentralUpdate, residuals
-from ..core.engine import default_rho, private_schedule
-from ..core.losses import get_loss
-from ..privacy.label_dp import privatize_labels
-from ..core.validation import check_params
-from ..checkpoint import load_checkpoint, save_checkpoint
-from ..report import to_jsonable
-from ..scoring import combine
-from .replies import PartyFailed, PartyLost, ReplyError, check_release
-from .resilience import ResilientRounds, load_party_keys
+from flower_vfl.core.accel import acceleration_name, make_accelerator
+from flower_vfl.core.central import CentralUpdate, residuals
+from flower_vfl.core.schedule import default_rho, private_schedule
+from flower_vfl.core.losses import get_loss
+from flower_vfl.privacy.label_dp import privatize_labels
+from flower_vfl.core.validation import check_params
+from flower_vfl.io.checkpoint import load_checkpoint, save_checkpoint
+from flower_vfl.reporting.report import to_jsonable
+from flower_vfl.core.scoring import combine
+from flower_vfl.strategies.replies import PartyFailed, PartyLost, ReplyError, check_release
+from flower_vfl.strategies.resilience import ResilientRounds, load_party_keys
 
 __all__ = ["VerticalADMMStrategy", "PartyRefused", "PartyFailed", "PartyLost", "ReplyError"]
 
@@ -238,7 +238,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     def aggregate_evaluate(self, server_round, replies, suffix=""):
         """``replies``: party -> checked D_test x_m. ``suffix='_nonprivate'``: the score of the
         non-private parties alone (private parties are never asked before their final update).
-        The scores are combined by :func:`flower_vfl.scoring.combine`, as in the predict job."""
+        The scores are combined by :func:`flower_vfl.core.scoring.combine`, as in the predict job."""
         f = combine(replies, self.central.b, sorted(replies) if suffix else range(self.num_parties), "test scores")
         if not suffix:
             self.decision_test_ = f
@@ -326,7 +326,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     def start(self, grid: Grid, timeout: float | None = None, progress=None):
         """Identify the parties, then run rounds until the stopping rule or ``max_rounds``.
 
-        With private parties the rounds follow :func:`~flower_vfl.core.engine.private_schedule`
+        With private parties the rounds follow :func:`~flower_vfl.core.schedule.private_schedule`
         (as the in-process engine does): the non-private parties first, then the private
         parties' declared number of training rounds, then the final evaluation, in which the
         private parties make their last, unreleased x-update.

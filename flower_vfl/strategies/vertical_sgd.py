@@ -20,9 +20,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..baselines.sgd import FLOAT_BYTES, SGDCentral, batch_indices, eval_metrics, learning_rate, n_batches
-from ..core.losses import get_loss
-from .replies import PartyLost, ReplyError, check_release, claim, match_replies
+from flower_vfl.baselines.sgd import FLOAT_BYTES, SGDCentral, batch_indices, eval_metrics, learning_rate, n_batches
+from flower_vfl.core.losses import get_loss
+from flower_vfl.strategies.replies import PartyLost, ReplyError, check_release, claim, match_replies
 
 __all__ = ["VerticalSGDStrategy"]
 

@@ -279,20 +279,20 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
     key m so that a node claiming another party is refused at identify.
 
     ``isolation``: ``'warm'`` (default: ``--isolation process``, each SuperNode served by
-    :mod:`flower_vfl.warm_exec`, which forks each message's ClientApp process from an
+    :mod:`flower_vfl.deploy.warm_exec`, which forks each message's ClientApp process from an
     interpreter that has already imported flwr, numpy and scipy; ~2x faster rounds, see
     docs/benchmarks.md) or ``'subprocess'`` (Flower's default: the SuperNode's SuperExec starts
     a new ``flwr-clientapp`` interpreter per message).
 
     ``idle_poll``: seconds an idle SuperNode waits between pulls (default 0.5): the SuperNodes
-    are started as ``flower-vfl-supernode --idle-poll`` (:mod:`flower_vfl.supernode`, Flower's
+    are started as ``flower-vfl-supernode --idle-poll`` (:mod:`flower_vfl.deploy.supernode`, Flower's
     ``flower-supernode`` with its hard-coded 3 s idle sleep capped); ``None`` starts Flower's
     ``flower-supernode`` as shipped.
     """
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation={isolation!r}; choose one of {ISOLATIONS}")
     if idle_poll is not None:
-        from .supernode import check_idle_poll
+        from flower_vfl.deploy.supernode import check_idle_poll
         idle_poll = check_idle_poll(idle_poll)
     workdir = Path(workdir).resolve()
     home, logs = workdir / "flwr_home", workdir / "logs"
@@ -330,7 +330,7 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
         for m in range(num_parties):
             nc = {"partition-id": m, **(node_configs or {}).get(m, {})}
             cmd = ["flower-supernode"] if idle_poll is None else \
-                [sys.executable, "-m", "flower_vfl.supernode", "--idle-poll", str(idle_poll)]
+                [sys.executable, "-m", "flower_vfl.deploy.supernode", "--idle-poll", str(idle_poll)]
             cmd += ["--superlink", f"127.0.0.1:{link}", "--port", free_port(), "--node-config", _node_config(nc)]
             cmd += ["--root-certificates", pki["ca"]] if tls else ["--insecure"]
             if auth:
@@ -339,7 +339,7 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
                 cmd += ["--isolation", "process"]
             procs.start(f"node{m}", cmd, env, workdir)
             if isolation == "warm":      # the node's Runtime API is plain HTTP on loopback (its --port)
-                procs.start(f"exec{m}", [sys.executable, "-m", "flower_vfl.warm_exec", "--insecure",
+                procs.start(f"exec{m}", [sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--insecure",
                                          "--runtime-api-address", f"127.0.0.1:{cmd[cmd.index('--port') + 1]}"],
                             env, workdir)
         run_id = submit(Path(app_dir).resolve(), conn, _node_config(run_config), env)

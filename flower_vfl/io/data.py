@@ -42,7 +42,7 @@ def load_all(name: str, data_dir: str | None = None):
     if name == "breast_cancer":
         from sklearn.model_selection import train_test_split
 
-        from .io import Preprocessor
+        from flower_vfl.io import Preprocessor
         t = _read_bundled("breast_cancer")              # a file with IDs, read like a party's export
         X, y = t.X, np.where(t.y == 1, 1.0, -1.0)
         X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=0.25, random_state=0, stratify=y)
@@ -82,8 +82,8 @@ def _read_bundled(name, libsvm_path=None):
     import os
     import tempfile
 
-    from .io import read_party, source_from_config
-    from .io.bundled import write_table
+    from flower_vfl.io import read_party, source_from_config
+    from flower_vfl.io.bundled import write_table
     cache = bundled_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     if name == "breast_cancer":

@@ -33,11 +33,11 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from .core.accel import ACCELERATIONS
-from .core.losses import LOSSES
-from .core.xsolve import METHODS as X_SOLVERS
-from .core.penalties import PENALTIES
-from .data import DATASETS
+from flower_vfl.core.accel import ACCELERATIONS
+from flower_vfl.core.losses import LOSSES
+from flower_vfl.core.xsolve import METHODS as X_SOLVERS
+from flower_vfl.core.penalties import PENALTIES
+from flower_vfl.io.data import DATASETS
 
 __all__ = ["ConfigError", "Key", "SCHEMA", "run_defaults", "check_value", "parse_run_config",
            "parse_node_config", "setting", "markdown_table"]

@@ -18,20 +18,15 @@ import time
 
 import numpy as np
 
-from .config import RUN_DEFAULTS, privacy_from_config
-from .schema import SCHEMA, ConfigError, parse_run_config
+from flower_vfl.config.settings import RUN_DEFAULTS, privacy_from_config
+from flower_vfl.config.schema import SCHEMA, ConfigError, parse_run_config
+from flower_vfl.cli.own import absolute
 
 
 #: run-config keys that name a file or folder: made absolute on the command line, since the
 #: ServerApp and ClientApps they reach run in Flower's processes, from another working directory
 PATH_KEYS = ("out-dir", "resume", "party-keys", "data-dir", "state-dir", "labels-path", "labels-test-path",
              "score-ids-path", "model-dir", "predictions-path")
-
-
-def absolute(path: str) -> str:
-    """``path`` made absolute against this process's working directory ('' stays '')."""
-    from pathlib import Path
-    return str(Path(path).expanduser().resolve()) if path else path
 
 
 def _run_config(args) -> dict:
@@ -87,13 +82,13 @@ def _bool(text: str) -> bool:
 
 
 def cmd_fit(args):
-    from . import VerticalADMM
-    from .data import labels, party_block
-    from .report import write_report
+    from flower_vfl import VerticalADMM
+    from flower_vfl.io.data import labels, party_block
+    from flower_vfl.reporting.report import write_report
 
     rc = _run_config(args)
     if getattr(args, "party", None):     # own data: party files aligned on their IDs
-        from .own_cli import fit_own
+        from flower_vfl.cli.own import fit_own
         return fit_own(args, rc)
     n = args.num_parties
     blocks = [party_block(args.dataset, m, n, args.data_dir or None) for m in range(n)]
@@ -109,7 +104,7 @@ def cmd_fit(args):
     t0 = time.perf_counter()
     model.fit([b[0] for b in blocks], y)
     f = model.decision_function([b[1] for b in blocks])
-    from .core.losses import get_loss
+    from flower_vfl.core.losses import get_loss
     # test labels are scored with the plain loss (label DP trains on a corrected loss)
     metric = get_loss(args.loss) if model.loss_.name == "logistic_rr" else model.loss_
     t = metric.encode_labels(yt)
@@ -156,7 +151,7 @@ def _eval_callback(args, test_blocks, y_test):
 
 def cmd_report(args):
     """One run's PNG (default RUN_DIR/run.png) or several runs overlaid (--out)."""
-    from .plots import plot_run, plot_runs
+    from flower_vfl.reporting.plots import plot_run, plot_runs
     if len(args.run_dirs) == 1 and not args.out:
         path = plot_run(args.run_dirs[0])
     else:
@@ -169,7 +164,7 @@ def local_node_configs(rc: dict, n: int) -> dict[int, dict]:
     """Each party's own settings when one operator plays every party (``fit``, ``simulate``):
     the ``--dp-*`` flags become the private parties' node configs (a party's privacy settings
     come only from its node config). Unknown ids in ``--dp-parties`` are an error."""
-    from .config import PRIVACY_KEYS, dp_party_ids
+    from flower_vfl.config.settings import PRIVACY_KEYS, dp_party_ids
     nodes = {m: {"partition-id": m} for m in range(n)}
     if rc.get("dp"):
         for m in dp_party_ids(rc, n):
@@ -201,13 +196,13 @@ def cmd_simulate(args):
     rc = _run_config(args)
     nodes = local_node_configs(rc, args.num_parties)
     if getattr(args, "party", None):     # own data: each party's files become its node config
-        from .own_cli import own_node_configs
+        from flower_vfl.cli.own import own_node_configs
         rc, nodes, args.num_parties = own_node_configs(args, rc, nodes)
     items = []
     for k, v in rc.items():
         items.append(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}")
     env = dict(os.environ, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    # The simulated parties' own settings, as their node configs (flower_vfl.client_app reads the
+    # The simulated parties' own settings, as their node configs (flower_vfl.apps.client reads the
     # file at every message). One stable path, rewritten every time: a local SuperLink started
     # by an earlier run keeps that run's environment, so a fresh temporary path would go stale.
     from pathlib import Path
@@ -218,8 +213,8 @@ def cmd_simulate(args):
     if rc.get("dp"):
         print(f"private parties' node configs: {path} (FLOWER_VFL_NODE_CONFIG)")
     # `flwr run --stream` exits 0 even when the ServerApp failed: submit, stream the log, then
-    # read the run's status from Flower (flower_vfl.deploy) and exit non-zero unless it completed
-    from .deploy import exit_code, submit, wait_run
+    # read the run's status from Flower (flower_vfl.deploy.local) and exit non-zero unless it completed
+    from flower_vfl.deploy.local import exit_code, submit, wait_run
     run_config = " ".join(items).replace('"', "'")
     print(f"flwr run . --federation-config num-supernodes={args.num_parties} --run-config \"{run_config}\"")
     run_id = submit(".", None, run_config, env, federation_config=f"num-supernodes={args.num_parties}")
@@ -232,7 +227,7 @@ def cmd_simulate(args):
 def cmd_deploy_local(args):
     """SuperLink + one SuperNode per party on loopback (TLS, registered keys bound to parties),
     one job, the report collected, every process started stopped; non-zero unless it completed."""
-    from .deploy import deploy_local
+    from flower_vfl.deploy.local import deploy_local
     rc = _run_config(args)
     data = {"data-dir": rc["data-dir"]} if rc.get("data-dir") else {}
     res = deploy_local(args.workdir, args.num_parties, rc, node_configs={m: dict(data) for m in range(args.num_parties)},
@@ -251,8 +246,8 @@ def cmd_ledger(args):
     import shlex
     from pathlib import Path
 
-    from .privacy.accounting import epsilon_for_releases
-    from .privacy.store import PartyStore, default_state_dir
+    from flower_vfl.privacy.accounting import epsilon_for_releases
+    from flower_vfl.privacy.store import PartyStore, default_state_dir
     state = args.state_dir
     if args.node_config:
         kv = dict(item.split("=", 1) for item in shlex.split(args.node_config) if "=" in item)
@@ -291,16 +286,16 @@ def cmd_ledger(args):
 
 
 def cmd_epsilon(args):
-    from .privacy import available_methods, epsilon_spent
+    from flower_vfl.privacy import available_methods, epsilon_spent
     for method in available_methods():
         print(f"{method:>6}: ε = {epsilon_spent(args.noise_multiplier, args.rounds, args.delta, method):.4f}")
     return 0
 
 
 def cmd_audit(args):
-    from .data import labels, party_block
-    from .privacy.audit import audit_private_run
-    from .privacy.party import PrivacyConfig
+    from flower_vfl.io.data import labels, party_block
+    from flower_vfl.estimator.audit import audit_private_run
+    from flower_vfl.privacy.party import PrivacyConfig
 
     n = args.num_parties
     blocks = [party_block(args.dataset, m, n, args.data_dir or None)[0] for m in range(n)]
@@ -329,7 +324,7 @@ def main(argv=None):
     p = sub.add_parser("simulate", help="the same run in Flower's simulation engine (flwr run .)")
     _add_run_args(p)
     p.set_defaults(fn=cmd_simulate)
-    from .own_cli import add_own_args, cmd_model_show
+    from flower_vfl.cli.own import add_own_args, cmd_model_show
     add_own_args(sub.choices["fit"])
     add_own_args(p)
     p = sub.add_parser("predict", help="score new rows with the saved model: a Flower job (mode=predict)")
@@ -388,7 +383,7 @@ def main(argv=None):
     except ConfigError as exc:       # a bad value: the key and what is allowed, no traceback
         ap.exit(2, f"flower-vfl: error: {exc}\n")
     except Exception as exc:         # bad data, a refusal, a missing party: one line (flower_vfl.errors)
-        from .errors import is_user_error
+        from flower_vfl.errors import is_user_error
         if not is_user_error(exc):
             raise                        # a bug keeps its traceback
         ap.exit(1, f"flower-vfl: error: {type(exc).__name__}: {exc}\n")

@@ -13,65 +13,18 @@ import numpy as np
 
 from sklearn.base import BaseEstimator
 
-from .accel import acceleration_name, make_accelerator
-from .central import CentralUpdate, residuals
-from .constraints import make_constraint  # noqa: F401  (re-exported)
-from .losses import get_loss
-from .party import PartyUpdate
-from .penalties import Ball, Box, get_penalty
-from .sklearn_api import BINARY_LOSSES, SklearnAPIMixin, check_target, decode_scores, encode_classes
-from .validation import check_blocks, check_params
+from flower_vfl.core.accel import acceleration_name, make_accelerator
+from flower_vfl.core.central import CentralUpdate, residuals
+from flower_vfl.core.constraints import make_constraint  # noqa: F401  (re-exported)
+from flower_vfl.core.losses import get_loss
+from flower_vfl.core.party import PartyUpdate
+from flower_vfl.core.penalties import Ball, Box, get_penalty
+from flower_vfl.estimator.sklearn_api import BINARY_LOSSES, SklearnAPIMixin, check_target, decode_scores, encode_classes
+from flower_vfl.core.validation import check_blocks, check_params
+
+from flower_vfl.core.schedule import balance_rho, default_rho, private_schedule  # noqa: F401  (re-exported)
 
 __all__ = ["VerticalADMM", "default_rho", "make_constraint", "private_schedule"]
-
-
-def default_rho(loss, n_samples: int, penalty="l2") -> float:
-    """Default penalty: the loss is averaged over N, so its curvature is ~c/N; rho is
-    set to that scale (c = the loss's curvature bound, 1 for non-smooth losses).
-
-    Convex l: 0.2 c/N (measured on a9a (N=32561) and breast cancer: see docs/benchmarks.md);
-    with a non-smooth penalty ('l1', 'elasticnet') 0.2 c/(8N): rounds to a relative gap of 1e-4
-    with logistic L1, a9a > 400 -> 55, breast cancer 300 -> 75 (docs/math.md Section 4).
-    Nonconvex l: with L = c/N the Lipschitz constant of grad l, Assumption 1.2 of the paper
-    needs gamma(rho) = rho - L > 0 (strongly convex z-update) and rho * gamma(rho) > 2 L^2,
-    i.e. rho > 2L strictly (at rho = 2L the descent constant gamma/2 - L^2/rho of Lemma 4 is
-    0). The default 3 c/N = 3L gives gamma/2 - L^2/rho = 2L/3 > 0. See docs/math.md.
-    """
-    c = loss.curvature if loss.curvature is not None else 1.0
-    if not loss.convex:
-        return 3.0 * c / n_samples
-    if getattr(penalty, "name", penalty) in ("l1", "elasticnet"):
-        return 0.025 * c / n_samples
-    return 0.2 * c / n_samples
-
-
-def balance_rho(rho, r, d, loss, n_samples, mu=10.0, tau=2.0):
-    """Residual balancing (Boyd et al. 2011, Sec. 3.4.1): rho * tau when the primal residual r
-    exceeds mu * d, rho / tau when d exceeds mu * r. For a nonconvex loss rho never drops below
-    :func:`default_rho` (> 2c/N, where the z-update stays strongly convex)."""
-    new = rho * tau if r > mu * d else rho / tau if d > mu * r else rho
-    return new if loss.convex else max(new, default_rho(loss, n_samples))
-
-
-def private_schedule(private, max_rounds, private_train_rounds):
-    """Phases of a run as ``[(rounds, active_mask, use_tol), ...]``.
-
-    Without private parties: one phase of ``max_rounds`` with every party. With private
-    parties (see docs/privacy.md, "Protocol"):
-
-    1. warm start: the non-private parties and the label owner's intercept run ADMM sharing
-       for up to ``max_rounds`` (the stopping rule applies); private parties release
-       nothing and keep x_m = 0;
-    2. ``min(private_train_rounds)`` rounds with every party, private ones releasing noisy
-       s_m (0 rounds is allowed and is usually best: see docs/privacy.md);
-    3. (done by the caller) one final x-update of each private party from the last
-       message, never released on training rows; evaluation releases use it.
-    """
-    everyone = [True] * len(private)
-    if not any(private):
-        return [(int(max_rounds), everyone, True)]
-    t_private = int(min(private_train_rounds))
-    return [(int(max_rounds), [not p for p in private], True), (t_private, everyone, False)]
 
 
 def _sum_releases(released):
@@ -206,7 +159,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         if loss.name in BINARY_LOSSES:      # any two labels; classes_[1] is the positive class
             y = encode_classes(y, loss.name)[0]
         # label DP: randomized response once, then the corrected loss (privacy/label_dp.py)
-        from ..privacy.label_dp import privatize_labels
+        from flower_vfl.privacy.label_dp import privatize_labels
         loss, y, self.label_privacy_ = privatize_labels(loss, y, getattr(self, "label_epsilon", None),
                                                         getattr(self, "label_seed", None))
         t = loss.encode_labels(y)
@@ -234,7 +187,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
                 parties.append(PartyUpdate(D, penalty, self.lam, constraint, n_outputs=loss.n_outputs,
                                            x_solver=getattr(self, "x_solver", "auto")))
                 continue
-            from ..privacy.party import PrivateParty
+            from flower_vfl.privacy.party import PrivateParty
             if penalty.name != "l2" or loss.n_outputs != 1:
                 raise ValueError("private parties support penalty='l2' with a scalar-output loss; "
                                  f"got penalty={penalty.name!r}, loss={loss.name!r}")

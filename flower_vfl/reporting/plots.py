@@ -58,7 +58,7 @@ def _read_report(run_dir) -> dict:
 def privacy_curves(report: dict) -> dict[str, tuple[list[int], list[float]]]:
     """Per private party: (round of each release, total ε after it) from its ledger entries,
     accounted by the ledger's method at its δ."""
-    from .privacy.accounting import epsilon_for_releases
+    from flower_vfl.privacy.accounting import epsilon_for_releases
 
     priv = report.get("privacy") or []
     reps = priv.values() if isinstance(priv, dict) else priv

@@ -15,7 +15,7 @@ the OS at the time of the draw (``SeedSequence()``), so forked children share no
 Python's ``random`` is reseeded in a forked child by CPython itself.
 
     flower-supernode --isolation process --port 9094 ...   # the party's SuperNode
-    python -m flower_vfl.warm_exec --insecure --runtime-api-address 127.0.0.1:9094
+    python -m flower_vfl.deploy.warm_exec --insecure --runtime-api-address 127.0.0.1:9094
 
 Other task types (and non-POSIX systems) fall back to Flower's subprocess launch.
 """
@@ -63,7 +63,7 @@ def _fork_executor():
                 return LaunchResult.accepted()
             code = 0
             # the app's code comes from the FAB, as in flwr-clientapp: forget this package (it
-            # is imported here when started with ``python -m flower_vfl.warm_exec``)
+            # is imported here when started with ``python -m flower_vfl.deploy.warm_exec``)
             for name in [m for m in sys.modules if m == "flower_vfl" or m.startswith("flower_vfl.")]:
                 del sys.modules[name]
             try:                                      # the child: what flwr-clientapp's main does

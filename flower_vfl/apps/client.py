@@ -12,12 +12,12 @@ import os
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from .clients import psi_party
-from .errors import install_log_filter, reply_user_errors
-from .clients.vertical_party import VerticalPartyClient
-from .config import PRIVACY_KEYS, privacy_from_config, run_setting
-from .schema import parse_node_config
-from .party_cache import cached_party_block
+from flower_vfl.clients import psi_party
+from flower_vfl.errors import install_log_filter, reply_user_errors
+from flower_vfl.clients.vertical_party import VerticalPartyClient
+from flower_vfl.config.settings import PRIVACY_KEYS, privacy_from_config, run_setting
+from flower_vfl.config.schema import parse_node_config
+from flower_vfl.io.party_cache import cached_party_block
 
 app = ClientApp()
 install_log_filter()     # our user-facing errors: one line, no traceback (flower_vfl.errors)
@@ -48,7 +48,7 @@ def make_client(context: Context) -> VerticalPartyClient:
         D, D_test = psi_party.own_blocks(context)[:2]
     else:
         # through the party's on-disk block cache: every message on a real SuperNode is a
-        # fresh process, and re-parsing a9a cost seconds per round (flower_vfl.party_cache)
+        # fresh process, and re-parsing a9a cost seconds per round (flower_vfl.io.party_cache)
         D, D_test = cached_party_block(str(run_setting("dataset", rc, nc)), party, num_parties,
                                        run_setting("data-dir", rc, nc) or None, nc.get("state-dir") or None)
     return VerticalPartyClient(party, D, D_test, penalty=str(run_setting("penalty", rc, nc)),

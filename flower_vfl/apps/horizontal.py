@@ -1,8 +1,8 @@
 """ServerApp / ClientApp pair for horizontal DP inexact ADMM on Fashion-MNIST.
 
 Not the project's default app (pyproject's components stay the vertical ones). Use it
-from your own Flower app (``serverapp = "flower_vfl.horizontal_apps:server"``,
-``clientapp = "flower_vfl.horizontal_apps:client"``) or from Python.
+from your own Flower app (``serverapp = "flower_vfl.apps.horizontal:server"``,
+``clientapp = "flower_vfl.apps.horizontal:client"``) or from Python.
 
 Run config (public, the server's): ``hz-variant`` (objt|objp|outp), ``hz-iterations``,
 ``hz-num-agents``, ``hz-split`` (iid|dirichlet), ``hz-dirichlet-alpha``, ``hz-a``,
@@ -24,9 +24,9 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from .clients.dpiadmm import DPIADMMClient, agent_privacy_from_node_config
-from .errors import install_log_filter, reply_user_errors
-from .strategies.dpiadmm import DPIADMMStrategy
+from flower_vfl.clients.dpiadmm import DPIADMMClient, agent_privacy_from_node_config
+from flower_vfl.errors import install_log_filter, reply_user_errors
+from flower_vfl.strategies.dpiadmm import DPIADMMStrategy
 
 __all__ = ["server", "client", "make_agent", "make_server_strategy"]
 
@@ -45,8 +45,8 @@ def _get(key, run_config):
 
 def make_agent(context: Context) -> DPIADMMClient:
     """The agent of this node: its own partition and its own privacy settings (node config)."""
-    from .datasets import load_fashion_mnist
-    from .horizontal.data import agent_partition
+    from flower_vfl.datasets import load_fashion_mnist
+    from flower_vfl.horizontal.data import agent_partition
     rc, nc = context.run_config, context.node_config
     X, y, _, _ = load_fashion_mnist(nc.get("data-dir") or None)
     pid, num = int(nc.get("partition-id", 0)), int(_get("hz-num-agents", rc))
@@ -54,7 +54,7 @@ def make_agent(context: Context) -> DPIADMMClient:
     privacy = agent_privacy_from_node_config(nc)
     store = None
     if privacy["eps_bar"] is not None:
-        from .privacy.store import PartyStore, default_state_dir
+        from flower_vfl.privacy.store import PartyStore, default_state_dir
         store = PartyStore(nc.get("state-dir") or default_state_dir())
     return DPIADMMClient(pid, Xp, yp, 10, privacy, store=store)
 
@@ -74,7 +74,7 @@ client.train()(reply_user_errors(train))
 
 
 def make_server_strategy(run_config) -> DPIADMMStrategy:
-    from .datasets import load_fashion_mnist
+    from flower_vfl.datasets import load_fashion_mnist
     _, _, Xt, yt = load_fashion_mnist(run_config.get("data-dir") or None)
     g = lambda k: _get(k, run_config)  # noqa: E731
     return DPIADMMStrategy(str(g("hz-variant")), int(g("hz-num-agents")), Xt.shape[1], 10, int(g("hz-iterations")),

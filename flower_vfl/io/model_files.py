@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["FORMAT", "VERSION", "save_party_model", "save_owner_model", "save_estimator", "load_model", "describe",
+__all__ = ["FORMAT", "VERSION", "save_party_model", "save_owner_model", "load_model", "describe",
            "data_fingerprint", "ModelFileError"]
 
 FORMAT = "flower-vfl-model"
@@ -84,13 +84,6 @@ def save_owner_model(path, intercept, loss: str, classes, config: dict, history:
             "classes": None if classes is None else np.asarray(classes).tolist(),
             "config": dict(config), "history": list(history), **(extra or {})}
     return _write(path, {"intercept": np.asarray(intercept, dtype=float)}, meta)
-
-
-def save_estimator(path, est) -> Path:
-    """A fitted in-process :class:`~flower_vfl.VerticalADMM` (every block; no training data)."""
-    from .core.sklearn_api import estimator_meta
-    arrays, meta = estimator_meta(est)
-    return _write(path, arrays, meta)
 
 
 def load_model(path) -> dict:

@@ -31,7 +31,7 @@ def write_report(out_dir, config: dict, history: list[dict], final: dict, extra:
                  plot: bool = True):
     """Write ``report.json`` (config, per-round metrics, final metrics, timing, extras),
     ``metrics.csv`` (one row per round) and, with ``plot``, ``run.png``
-    (:func:`flower_vfl.plots.plot_run`; not while ``final`` says the run is still running).
+    (:func:`flower_vfl.reporting.plots.plot_run`; not while ``final`` says the run is still running).
     Returns the report path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,8 +49,8 @@ def write_report(out_dir, config: dict, history: list[dict], final: dict, extra:
         for row in history:
             w.writerow({k: to_jsonable(row.get(k, "")) for k in keys})
     if history and plot and not (final or {}).get("running"):   # a live run rewrites per round: no PNG
-        try:                     # the run's picture (flower_vfl/plots.py) must not cost its report
-            from .plots import plot_run
+        try:                     # the run's picture (flower_vfl/reporting/plots.py) must not cost its report
+            from flower_vfl.reporting.plots import plot_run
             plot_run(out)
         except Exception as exc:  # noqa: BLE001
             import warnings

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from ..core.penalties import Ball, L2, XSolver
-from .sensitivity import paper_sensitivity, strict_param_sensitivity, strict_sensitivity
+from flower_vfl.core.penalties import Ball, L2, XSolver
+from flower_vfl.privacy.sensitivity import paper_sensitivity, strict_param_sensitivity, strict_sensitivity
 
 __all__ = ["AuditResult", "audit_targets", "audit_private_run"]
 
@@ -129,7 +129,7 @@ def audit_targets(D, targets, lam, rho_x, b1, c_v, c_s, relation="strict", n_ran
 def audit_private_run(X_blocks, y, party, lam, privacy, rounds=5, relation="strict",
                       n_random=20, n_climb=30, seed=0, **engine_kw):
     """Run a real private fit for ``rounds`` and audit ``party`` at every round's target."""
-    from ..core.engine import VerticalADMM
+    from flower_vfl.estimator.engine import VerticalADMM
 
     targets = []
 

@@ -19,6 +19,12 @@ import numpy as np
 __all__ = ["add_own_args", "own_parties", "fit_own", "own_node_configs", "cmd_model_show"]
 
 
+def absolute(path: str) -> str:
+    """``path`` made absolute against this process's working directory ('' stays '')."""
+    from pathlib import Path
+    return str(Path(path).expanduser().resolve()) if path else path
+
+
 def add_own_args(p, predict: bool = False):
     p.add_argument("--party", action="append", default=None, metavar="PATH",
                    help="a party's file (CSV, Parquet or LIBSVM with PATH.ids), once per party"
@@ -34,7 +40,7 @@ def _has_features(path, id_column, label_column) -> bool:
     """Whether the label owner's file holds columns besides the ID and the label."""
     from pathlib import Path
 
-    from .io import DataError, source_from_config
+    from flower_vfl.io import DataError, source_from_config
     if not Path(path).is_file():
         raise DataError(f"the label owner's file {path} does not exist; fix --labels")
     fmt = source_from_config({"data-path": path}).resolved_format()
@@ -56,7 +62,6 @@ def own_parties(args) -> list[dict]:
     lab = getattr(args, "label_column", None) or "label"
     if not args.labels:
         raise SystemExit("--party needs --labels (the label owner's file with the IDs and labels)")
-    from .cli import absolute      # the paths reach Flower's processes: absolute, from here
     parties = []
     if _has_features(args.labels, idc, lab):
         parties.append({"data-path": absolute(args.labels), "label-column": lab})
@@ -69,8 +74,8 @@ def own_parties(args) -> list[dict]:
 def fit_own(args, rc) -> int:
     """The in-process engine on the parties' files, aligned on their common IDs (one operator
     holds every file here, so the intersection is computed directly, in the label owner's order)."""
-    from . import VerticalADMM
-    from .io import Preprocessor, read_party, source_from_config
+    from flower_vfl import VerticalADMM
+    from flower_vfl.io import Preprocessor, read_party, source_from_config
     parties = own_parties(args)
     lab = getattr(args, "label_column", None) or "label"
     owner = read_party(source_from_config({"data-path": args.labels, "id-column": parties[0]["id-column"],
@@ -111,7 +116,6 @@ def own_node_configs(args, rc: dict, nodes: dict) -> tuple[dict, dict, int]:
     simulation engine gives nodes no config of their own, and a local SuperLink started by an
     earlier ``flwr run`` keeps that run's environment, so a node-config file named by the
     environment could be stale."""
-    from .cli import absolute
     parties = own_parties(args)
     predict = str(rc.get("mode", "train")) == "predict"
     model_dir = absolute(rc.get("model-dir") or rc.get("out-dir") or "vfl-model")
@@ -128,6 +132,6 @@ def own_node_configs(args, rc: dict, nodes: dict) -> tuple[dict, dict, int]:
 
 
 def cmd_model_show(args) -> int:
-    from .model_io import describe
+    from flower_vfl.io.model_files import describe
     print(json.dumps(describe(args.path), indent=2, default=lambda o: np.asarray(o).tolist()))
     return 0

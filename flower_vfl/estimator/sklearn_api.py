@@ -1,4 +1,4 @@
-"""What makes :class:`~flower_vfl.core.engine.VerticalADMM` behave like a scikit-learn estimator.
+"""What makes :class:`~flower_vfl.estimator.engine.VerticalADMM` behave like a scikit-learn estimator.
 
 Class encoding (the user's own labels in ``classes_``, ``predict`` returning them), ``score``,
 ``save``/``load`` without the training data, and pickles that drop the parties' blocks.
@@ -14,63 +14,10 @@ import numpy as np
 
 __all__ = ["BINARY_LOSSES", "encode_classes", "decode_scores", "check_target", "SklearnAPIMixin"]
 
-BINARY_LOSSES = ("logistic", "hinge", "sigmoid", "logistic_rr")   # logistic_rr: core/label_noise.py
+from flower_vfl.core.scoring import BINARY_LOSSES, check_target, decode_scores, encode_classes  # noqa: F401
+
 #: state that holds training data (the parties' blocks, the labels): never pickled or saved
 _TRAINING_STATE = ("_parties", "_central")
-
-
-def encode_classes(y, loss_name: str):
-    """``(y for the loss, classes)``: a binary loss gets t in {-1, +1} with ``classes[1]`` the
-    positive class (sorted, as scikit-learn does); ``classes`` is None for 'squared'."""
-    y = np.asarray(y)
-    if y.ndim == 2 and y.shape[1] == 1:       # check_target already warned
-        y = y.ravel()
-    if loss_name == "squared":
-        return y, None
-    if loss_name not in BINARY_LOSSES:          # multinomial encodes its own classes
-        return y, np.unique(y)
-    if y.ndim != 1:
-        raise ValueError(f"y must be 1-D for loss={loss_name!r}; got shape {y.shape}")
-    from sklearn.utils.multiclass import type_of_target
-    kind = type_of_target(y)
-    if kind in ("continuous", "continuous-multioutput"):
-        raise ValueError(f"Unknown label type: {kind}. loss={loss_name!r} needs class labels; use "
-                         "loss='squared' for a continuous target")
-    classes = np.unique(y)
-    if classes.size != 2:
-        raise ValueError(f"Only binary classification is supported with loss={loss_name!r}: y has "
-                         f"{classes.size} class{'es' if classes.size != 1 else ''} "
-                         f"({classes[:5].tolist()}{'...' if classes.size > 5 else ''}), it needs exactly 2. "
-                         "Use loss='multinomial' for more classes or loss='squared' for regression")
-    return np.where(y == classes[1], 1.0, -1.0), classes
-
-
-def check_target(y, who="VerticalADMM"):
-    """y as a 1-D array: None is refused, a column vector is raveled with scikit-learn's warning."""
-    if y is None:
-        raise ValueError(f"{who} requires y to be passed, but the target y is None")
-    y = np.asarray(y)
-    if y.ndim == 2 and y.shape[1] == 1:
-        import warnings
-        from sklearn.exceptions import DataConversionWarning
-        warnings.warn("A column-vector y was passed when a 1d array was expected; please change its shape "
-                      "to (n_samples,), for example using ravel().", DataConversionWarning, stacklevel=3)
-        y = y.ravel()
-    return y
-
-
-def decode_scores(f, loss, classes):
-    """(labels in the user's encoding, probabilities or None) for decision values ``f``."""
-    f = np.asarray(f, dtype=float)
-    if classes is None:
-        return f, None
-    try:
-        proba = loss.predict_proba(f)
-    except AttributeError:
-        proba = None
-    if loss.name in BINARY_LOSSES:
-        return np.asarray(classes)[(f >= 0).astype(int)], proba
-    return np.asarray(classes)[np.argmax(f, axis=1)], proba
 
 
 class SklearnAPIMixin:
@@ -118,7 +65,7 @@ class SklearnAPIMixin:
             if private:
                 if x is None:
                     raise ValueError("a private party's model was never released; it cannot score rows")
-                from ..privacy.party import normalize_rows   # noqa: only reached for private models
+                from flower_vfl.core.scoring import normalize_rows
                 D = normalize_rows(D)
             total = total + D @ x
         return total + self.intercept_
@@ -127,21 +74,22 @@ class SklearnAPIMixin:
     def save(self, path):
         """Write the fitted model (coefficients, intercept, classes, parameters, history) to a
         versioned ``.npz``; no training data is written."""
-        from ..model_io import save_estimator
+        from flower_vfl.io.model_files import _write
         if not hasattr(self, "coef_"):
             raise AttributeError("this VerticalADMM is not fitted yet; call fit(X_blocks, y) before save")
-        return save_estimator(path, self)
+        arrays, meta = estimator_meta(self)
+        return _write(path, arrays, meta)
 
     @classmethod
     def load(cls, path):
         """A fitted estimator from :meth:`save` (``predict``/``decision_function``/``score`` work)."""
-        from ..model_io import load_model
-        from .losses import get_loss
+        from flower_vfl.io.model_files import load_model
+        from flower_vfl.core.losses import get_loss
         m = load_model(path)
         meta = m["meta"]
         if meta["kind"] != "estimator":
             raise ValueError(f"{path} holds a {meta['kind']!r} model, not a VerticalADMM estimator; "
-                             "use flower_vfl.model_io.load_model for a party's or label owner's file")
+                             "use flower_vfl.io.model_files.load_model for a party's or label owner's file")
         params = {k: v for k, v in meta["params"].items() if k in cls().get_params()}
         est = cls(**params)
         n = int(meta["n_blocks"])
@@ -160,7 +108,7 @@ class SklearnAPIMixin:
 
 
 def estimator_meta(est) -> tuple[dict, dict]:
-    """(arrays, meta) of a fitted estimator, for :func:`flower_vfl.model_io.save_estimator`."""
+    """(arrays, meta) of a fitted estimator, written by :meth:`SklearnAPIMixin.save`."""
     params, text = {}, {}
     for k, v in est.get_params().items():
         if k == "label_seed":

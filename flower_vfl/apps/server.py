@@ -9,13 +9,13 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from .config import run_setting
-from .errors import install_log_filter
-from .schema import parse_run_config
-from .data import labels
-from .report import write_report
-from .strategies import own_data
-from .strategies.vertical_admm import VerticalADMMStrategy
+from flower_vfl.config.settings import run_setting
+from flower_vfl.errors import install_log_filter
+from flower_vfl.config.schema import parse_run_config
+from flower_vfl.io.data import labels
+from flower_vfl.reporting.report import write_report
+from flower_vfl.strategies import own_data
+from flower_vfl.strategies.vertical_admm import VerticalADMMStrategy
 
 app = ServerApp()
 install_log_filter()     # our user-facing errors: one line, no traceback; the run still fails (flower_vfl.errors)
@@ -28,7 +28,7 @@ def make_strategy(run_config, y=None, y_test=None) -> VerticalADMMStrategy:
     if y is None:
         y, y_test = labels(str(get("dataset")), get("data-dir") or None)
     if bool(get("dp")):                        # unknown party ids: an error, never a silent non-private run
-        from .config import dp_party_ids
+        from flower_vfl.config.settings import dp_party_ids
         dp_party_ids(run_config, int(get("num-parties")))
     rho = float(get("rho"))
     out, state = get("out-dir"), get("state-dir")

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 __all__ = ["PRIVACY_KEYS", "RUN_DEFAULTS", "dp_party_ids", "run_setting", "privacy_from_config"]
 
-from .schema import run_defaults, setting
+from flower_vfl.config.schema import run_defaults, setting
 
-#: every key a run config may carry, with its default (flower_vfl.schema owns types, ranges,
+#: every key a run config may carry, with its default (flower_vfl.config.schema owns types, ranges,
 #: scopes and meanings; pyproject's [tool.flwr.app.config] declares the same defaults)
 RUN_DEFAULTS = run_defaults()
 
 
 def run_setting(key, run_config, node_config=None):
     """A value from the node config (when the key's scope lets a node set it), else the run
-    config, else the default; checked against :mod:`flower_vfl.schema` (a bad value raises
-    :class:`~flower_vfl.schema.ConfigError` naming the key and the allowed values)."""
+    config, else the default; checked against :mod:`flower_vfl.config.schema` (a bad value raises
+    :class:`~flower_vfl.config.schema.ConfigError` naming the key and the allowed values)."""
     return setting(key, run_config, node_config)
 
 
 def dp_party_ids(run_config, num_parties: int) -> set[int]:
     """The parties the run config asks to be private (``dp-parties``; empty: all); unknown
     ids are an error naming the key, never a silently non-private run."""
-    from .schema import ConfigError
+    from flower_vfl.config.schema import ConfigError
     raw = str((run_config or {}).get("dp-parties", "")).strip()
     if not raw:
         return set(range(num_parties))
@@ -52,7 +52,7 @@ def privacy_from_config(party: int, run_config, node_config=None):
     config's ``dp-*`` values are ignored. A party asked to be private without a node-level
     budget refuses to start.
     """
-    from .schema import SCHEMA, check_value
+    from flower_vfl.config.schema import SCHEMA, check_value
     nc, rc = dict(node_config or {}), dict(run_config or {})
     defaults = {k: spec.default for k, spec in SCHEMA.items()}
     node_dp = check_value("dp", nc["dp"], "node config") if "dp" in nc else None
@@ -64,7 +64,7 @@ def privacy_from_config(party: int, run_config, node_config=None):
     if not (node_private or run_wants):
         return None
     if "dp-epsilon" not in nc:
-        from .schema import ConfigError
+        from flower_vfl.config.schema import ConfigError
         raise ConfigError(
             f"party {party}: the run config asks this party to be private (dp=true, dp-parties="
             f"{rc.get('dp-parties', '')!r}) but its node config declares no budget. A party's privacy "
@@ -72,7 +72,7 @@ def privacy_from_config(party: int, run_config, node_config=None):
             "\"... dp=true dp-epsilon=<ε> dp-delta=<δ>\" (and optionally dp-lam, dp-train-rounds, "
             "dp-eval-rounds, dp-seed, state-dir)")
     get = lambda k: check_value(k, nc[k], "node config") if k in nc else defaults[k]  # noqa: E731
-    from .privacy.party import PrivacyConfig
+    from flower_vfl.privacy.party import PrivacyConfig
     lam = float(get("dp-lam"))
     return PrivacyConfig(epsilon=float(get("dp-epsilon")), delta=float(get("dp-delta")),
                          train_rounds=int(get("dp-train-rounds")), eval_rounds=int(get("dp-eval-rounds")),

@@ -6,7 +6,7 @@ slicing out the party's columns took 3-9 s of every round on a 2-core machine
 (docs/benchmarks.md, "Latency of a round on real SuperNodes"); loading the cached block takes
 milliseconds.
 
-What is kept: the party's own ``(D_train, D_test)`` exactly as :func:`flower_vfl.data.party_block`
+What is kept: the party's own ``(D_train, D_test)`` exactly as :func:`flower_vfl.io.data.party_block`
 returns them (same class, dtypes and index arrays, so the privacy ledger's data fingerprint is
 unchanged), in ``<state-dir>/block-cache/`` on the party's own disk beside its ledger: the same
 trust domain as the data file it came from. Nothing else: no iterate, no noise, no model.
@@ -50,7 +50,7 @@ def cache_enabled() -> bool:
 def block_cache_dir(state_dir=None) -> Path:
     """``<state-dir>/block-cache`` (the party's own state folder, as for its ledger)."""
     if not state_dir:
-        from .privacy.store import default_state_dir
+        from flower_vfl.privacy.store import default_state_dir
         state_dir = default_state_dir()
     return Path(state_dir) / "block-cache"
 
@@ -63,10 +63,10 @@ def _sha_file(h, path: Path) -> None:
 
 
 def _source_files(name: str, data_dir) -> list[Path] | None:
-    """The files a bundled dataset is parsed from (:func:`flower_vfl.data.source_files`); None
+    """The files a bundled dataset is parsed from (:func:`flower_vfl.io.data.source_files`); None
     when one is missing or the name is not a bundled dataset (no caching: the fresh load then
     raises its own error or writes the file first)."""
-    from .data import source_files
+    from flower_vfl.io.data import source_files
     try:
         files = source_files(name, data_dir)
     except ValueError:
@@ -189,10 +189,10 @@ _MEMO: dict = {}
 
 
 def cached_party_block(name: str, party: int, num_parties: int, data_dir=None, state_dir=None):
-    """:func:`flower_vfl.data.party_block`, through the party's block cache when it is enabled
+    """:func:`flower_vfl.io.data.party_block`, through the party's block cache when it is enabled
     and the source files exist. Returns ``(D_train, D_test)``, bitwise those of a fresh parse
     (shared objects: callers must not modify them in place)."""
-    from .data import party_block
+    from flower_vfl.io.data import party_block
     data_dir = None if data_dir in (None, "") else str(data_dir)
     files = _source_files(name, data_dir) if cache_enabled() else None
     if files is None:
