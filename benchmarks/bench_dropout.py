@@ -49,7 +49,8 @@ class DropGrid(LocalGrid):
 
 def objectives(rc, p, seed, rounds=()):
     grid = DropGrid(rc, p, seed, rounds)
-    st = sa.make_strategy(rc).start(grid)
+    st = sa.make_strategy(rc)
+    st.start(grid)
     return np.array([r.get("objective", np.nan) for r in st.history_]), grid.lost, sum(r.get("stale", 0) for r in st.history_)
 
 

@@ -189,7 +189,8 @@ def in_process(rounds: int):
     rc = {"dataset": "a9a", "num-parties": 2, "max-rounds": rounds, "data-dir": dd}
     grid = LocalGrid({"train": timed_train, "evaluate": ca.evaluate, "query.identify": ca.identify},
                      {100: {"partition-id": 0}, 101: {"partition-id": 1}}, rc)
-    st = sa.make_strategy(rc).start(grid)
+    st = sa.make_strategy(rc)
+    st.start(grid)
     e = [h["elapsed_s"] for h in st.history_]
     local = (e[-1] - e[0]) / (len(e) - 1)
     return {"engine_s_per_round": engine, "localgrid_s_per_round": local,

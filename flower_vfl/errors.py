@@ -1,6 +1,7 @@
-"""User-facing errors in Flower runs: one clear line, no traceback, and still a failed run.
+"""User-facing errors: one :class:`UserError` base, and in Flower runs one clear line, no
+traceback, and still a failed run.
 
-A bad export, a wrong config key, a party's refusal or a missing party stops a run with a
+Every error meant for the user subclasses :class:`UserError`; anything else is a bug. A bad export, a wrong config key, a party's refusal or a missing party stops a run with a
 message that names the file (or key, or party) and the fix. Flower logs every exception that
 ends a ServerApp with its traceback (``"ServerApp raised an exception"`` on a SuperLink,
 ``"Simulation raised an exception"`` in ``flwr run``'s simulation), and a run is marked
@@ -18,44 +19,33 @@ Ray, in the simulation) would log with two tracebacks. A bug in a handler still 
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 
-__all__ = ["PartyMissing", "USER_ERROR_NAMES", "user_error_types", "is_user_error", "CleanUserErrors", "install_log_filter",
+__all__ = ["UserError", "PartyMissing", "is_user_error", "CleanUserErrors", "install_log_filter",
            "reply_user_errors"]
 
-class PartyMissing(RuntimeError):
+
+class UserError(Exception):
+    """Base of every error whose message is meant for the user: it names the file, key or party,
+    and the fix. Each subclass also keeps its builtin kind (``ConfigError(UserError, ValueError)``,
+    ``Refused(UserError, RuntimeError)`` ...), so ``except ValueError`` still catches it.
+
+    The subclasses: :class:`~flower_vfl.config.schema.ConfigError`,
+    :class:`~flower_vfl.io.sources.DataError`, :class:`~flower_vfl.io.psi.AlignmentError`,
+    :class:`~flower_vfl.io.model_files.ModelFileError`, :class:`~flower_vfl.privacy.boundary.Refused`
+    (InvalidMessage, BudgetExceeded, ReplayRefused, PlanExceeded), the central node's reply errors
+    (ReplyError, PartyFailed, PartyLost, PartyRefused, AgentRefused), the horizontal agent's
+    BudgetSpent and :class:`PartyMissing`. This module imports nothing of the package, so any
+    room may define one.
+    """
+
+
+class PartyMissing(UserError, RuntimeError):
     """A party whose part is needed (its scores, its model) did not provide it."""
 
 
-#: module -> the exception classes of this project whose message is meant for the user
-#: (names the file, key or party, and the fix); subclasses count too
-USER_ERROR_NAMES = {
-    "flower_vfl.errors": ("PartyMissing",),
-    "flower_vfl.config.schema": ("ConfigError",),
-    "flower_vfl.io.sources": ("DataError",),
-    "flower_vfl.io.psi": ("AlignmentError",),
-    "flower_vfl.io.model_files": ("ModelFileError",),
-    "flower_vfl.privacy.boundary": ("Refused",),          # InvalidMessage, BudgetExceeded, ReplayRefused ...
-    "flower_vfl.strategies.replies": ("ReplyError", "PartyFailed", "PartyLost"),
-    "flower_vfl.strategies.vertical_admm": ("PartyRefused",),
-    "flower_vfl.strategies.dpiadmm": ("AgentRefused",),
-    "flower_vfl.clients.dpiadmm": ("BudgetSpent",),
-}
-
-
-@functools.lru_cache(maxsize=1)
-def user_error_types() -> tuple[type, ...]:
-    """The classes of :data:`USER_ERROR_NAMES` (imported on first use)."""
-    out = []
-    for mod, names in USER_ERROR_NAMES.items():
-        m = importlib.import_module(mod)
-        out.extend(getattr(m, n) for n in names)
-    return tuple(out)
-
-
 def is_user_error(exc: BaseException | None) -> bool:
-    return exc is not None and isinstance(exc, user_error_types())
+    return isinstance(exc, UserError)
 
 
 def one_line(exc: BaseException) -> str:

@@ -34,8 +34,10 @@ def write_a9a_files(tmp, X, y, Xt, fmt="csv", n_extra=50):
 def node_configs(train, score, fmt, tmp, extra=None):
     cfgs = {}
     for m in range(3):
+        # psi-max-asked: party 1 lacks 5 % of the label owner's rows, so the label owner asks it
+        # about 1/0.95 x its own number of IDs (the default cap, 1.0x, would refuse that)
         cfg = {"partition-id": m, "data-path": str(train[m]), "score-path": str(score[m]),
-               "model-dir": str(tmp / f"models-party{m}")}
+               "model-dir": str(tmp / f"models-party{m}"), "psi-max-asked": 1.25}
         if m == 0:
             cfg["label-column"] = "label"      # the label owner's own SuperNode serves its columns
         if fmt == "libsvm":

@@ -78,7 +78,8 @@ def test_both_admm_engines_write_objective_and_train_loss():
     rc = {"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 8}
     grid = LocalGrid({"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify},
                      {100 + i: {"partition-id": i} for i in range(3)}, rc)
-    st = sa.make_strategy(rc).start(grid)
+    st = sa.make_strategy(rc)
+    st.start(grid)
     B = [party_block("breast_cancer", i, 3)[0] for i in range(3)]
     m = VerticalADMM(lam=1e-4, max_rounds=8, tol=0).fit(B, labels("breast_cancer")[0])
     for a, b in zip(st.history_, m.history_):
@@ -138,7 +139,7 @@ def test_server_app_writes_the_run_picture(tmp_path):
 def test_sgd_node_without_partition_id_is_refused_naming_the_fix():
     grid = LocalGrid(SGD_HANDLERS, {100: {}}, {"dataset": "breast_cancer", "num-parties": 1})
     y, _ = labels("breast_cancer")
-    from flower_vfl.strategies.replies import PartyFailed
-    with pytest.raises(PartyFailed, match=r"party 0 \(node 100\) failed in the identify request .*node config has "
+    from flower_vfl.strategies.exchange import PartyFailed
+    with pytest.raises(PartyFailed, match=r"node 100 failed in the identify query: ValueError: .*node config has "
                                           r"no partition-id: start it with --node-config"):
         VerticalSGDStrategy(y, num_parties=1).start(grid)

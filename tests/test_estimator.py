@@ -129,6 +129,28 @@ def test_save_load_and_pickle_hold_no_training_data(bc, tmp_path):
     np.testing.assert_array_equal(pickle.loads(blob).predict(Xt), m.predict(Xt))
 
 
+def test_private_save_load_and_pickle_score_as_the_fitted_model(bc, tmp_path):
+    """A private party's saved block is its released x~, fitted on row-normalized rows: after
+    load (and unpickling) its rows are normalized as in training (core.scoring.released_scores).
+    Before the fix, load scored them raw: decision values off by hundreds, 16 of 143 flipped."""
+    from flower_vfl.core.scoring import normalize_rows
+    from flower_vfl.privacy import PrivacyConfig
+    Xb, Xt, y, _ = bc
+    X_all = [np.vstack([a, b]) for a, b in zip(Xb, Xt)]          # all 569 rows of breast cancer
+    m = VerticalADMM(lam=1e-3, max_rounds=30, tol=0, random_state=0,
+                     privacy=[None, PrivacyConfig(epsilon=1.0, seed=0)]).fit(Xb, y)
+    f = m.decision_function(X_all)
+    x0, x1 = m.coef_
+    np.testing.assert_allclose(f, X_all[0] @ x0 + normalize_rows(X_all[1]) @ x1 + m.intercept_, rtol=0, atol=1e-12)
+    m2 = VerticalADMM.load(m.save(tmp_path / "private.npz"))
+    assert m2.privacy is None and m2._private_mask_ == [False, True]
+    for other in (m2, pickle.loads(pickle.dumps(m))):
+        np.testing.assert_allclose(other.decision_function(X_all), f, rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(other.predict(X_all), m.predict(X_all))
+    raw = X_all[0] @ x0 + X_all[1] @ x1 + m.intercept_                # what load used to return
+    assert np.abs(raw - f).max() > 1.0
+
+
 def test_sparse_blocks(bc):
     Xb, Xt, y, _ = bc
     dense = VerticalADMM(lam=1e-3, max_rounds=20).fit(Xb, y)

@@ -128,7 +128,7 @@ def test_no_common_ids_and_too_few_common_rows(tmp_path):
     with pytest.raises(AlignmentError, match=r"party 1 has no training ID in common with the label owner's 6 "
                                              r"rows; check that both exports use the same ID column"):
         run_train(rc, nodes)
-    nodes[101]["data-path"] = str(p1b)
+    nodes[101].update({"data-path": str(p1b), "psi-max-asked": 3.0})   # asked about 6 IDs, holds 2
     with pytest.raises(AlignmentError, match=r"only 1 training ID\(s\) are common to the label owner and all 2 "
                                              r"parties \(pairwise: \{0: 6, 1: 1\}\); at least 2 are needed"):
         run_train(rc, nodes)
@@ -139,13 +139,13 @@ def test_bad_party_file_stops_the_run_naming_the_node_and_file(tmp_path, a9a_sma
     nodes = node_configs(train, score, "csv", tmp_path)
     nodes[102]["data-path"] = str(tmp_path / "missing.csv")
     rc = run_config(train, score, tmp_path)
-    with pytest.raises(RuntimeError, match=r"node 102 failed the PSI answer step for split 'train': DataError: "
+    with pytest.raises(RuntimeError, match=r"node 102 failed in the PSI answer step for split 'train': DataError: "
                                            r"the data file .*missing.csv does not exist; fix the node-config key "
                                            r"data-path"):
         run_train(rc, nodes)
     nodes = node_configs(train, score, "csv", tmp_path)
     nodes[101]["data-path"] = str(train[0])          # a party pointed at the label owner's file
-    with pytest.raises(RuntimeError, match=r"node 101 failed the PSI answer step .* holds the label column "
+    with pytest.raises(RuntimeError, match=r"node 101 failed in the PSI answer step .* holds the label column "
                                            r"'label' but this node is not the label owner"):
         run_train(rc, nodes)
 
@@ -156,42 +156,47 @@ def test_predict_with_a_missing_party_names_it(tmp_path, a9a_small):
     rc = run_config(train, score, tmp_path)
     run_train(rc, nodes)
     del nodes[102]
-    with pytest.raises(RuntimeError, match=r"parties \[2\] did not take part in the PSI step"):
-        run_predict(rc, nodes)
+    with pytest.raises(RuntimeError, match=r"parties \[2\] did not answer the PSI answer step for split 'score' "
+                                           r"within party-wait=0.2 s \(nodes seen: \[100, 101\]\)"):
+        run_predict({**rc, "party-wait": 0.2}, nodes)
     nodes = node_configs(train, score, "csv", tmp_path, extra={2: {"model-dir": str(tmp_path / "elsewhere")}})
-    with pytest.raises(RuntimeError, match=r"party 2 \(node 102\) failed to score: ModelFileError: model file "
+    with pytest.raises(RuntimeError, match=r"party 2 \(node 102\) failed in the predict request \(Flower error 2\): ModelFileError: model file "
                                            r".*elsewhere/party-2.npz does not exist"):
         run_predict(rc, nodes)
 
 
 def test_private_party_saves_its_released_x_tilde_and_scores_from_it(tmp_path, a9a_small):
-    """Party 2 private (ε = 1): its model file holds only the released x̃ (one ledger entry,
-    the evaluation release); the predict job scores from it, equal to the engine with the
-    same seed on the aligned intersection."""
+    """Party 2 private (ε = 1, noise from OS entropy: a party never takes a seed): its model
+    file holds only the released x̃ (one ledger entry, the evaluation release); the predict job
+    scores from the saved blocks, D_m x_m (x̃ on normalized rows for the private party) plus the
+    label owner's intercept, to 1e-9."""
     from _own_data_helpers import RANGES
 
-    from flower_vfl.config.settings import privacy_from_config
+    from flower_vfl.core.scoring import party_scores
     from flower_vfl.io.bundled import write_party_files
     X, y, Xt = a9a_small
     yt = load_all("a9a")[3][:Xt.shape[0]]
     train, score = write_a9a_files(tmp_path, X, y, Xt, "csv")
     test = write_party_files(Xt, yt, [f"t{i:06d}" for i in range(Xt.shape[0])], RANGES, tmp_path, "csv",
                              seed=5, prefix="test")
-    priv = {"dp": True, "dp-epsilon": 1.0, "dp-seed": 7, "dp-lam": 3e-3, "state-dir": str(tmp_path / "p2")}
+    priv = {"dp": True, "dp-epsilon": 1.0, "dp-lam": 3e-3, "state-dir": str(tmp_path / "p2")}
     extra = {m: {"test-path": str(test[m])} for m in range(3)}
     extra[2].update(priv)
     nodes = node_configs(train, score, "csv", tmp_path, extra=extra)
     rc = run_config(train, score, tmp_path, **{"labels-test-path": str(test[0])})
     st, _ = run_train(rc, nodes)
     assert [e["kind"] for e in st.privacy_[2]["ledger"]["entries"]] == ["eval"]
-    privacy = [None, None, privacy_from_config(2, {}, {"partition-id": 2, **priv})]
-    model, _, sorder, f_ref = reference(nodes, rc, privacy=privacy)
-    saved = model_io.load_model(tmp_path / "models-party2" / "party-2.npz")
-    assert saved["meta"]["private"] and saved["meta"]["x_kind"] == "released x_tilde"
-    np.testing.assert_allclose(saved["x"], model.coef_[2], rtol=0, atol=1e-9)
+    _, _, sorder, _ = reference(nodes, rc)
+    models = [model_io.load_model(tmp_path / f"models-party{m}" / f"party-{m}.npz") for m in range(3)]
+    assert models[2]["meta"]["private"] and models[2]["meta"]["x_kind"] == "released x_tilde"
+    assert not models[0]["meta"]["private"] and not models[1]["meta"]["private"]
+    owner = model_io.load_model(tmp_path / "owner" / "label-owner.npz")
+    blocks = _blocks(nodes, sorder, "score")
+    f = float(np.ravel(owner["intercept"])[0]) + sum(
+        party_scores(blocks[m], models[m]["x"], private=bool(models[m]["meta"]["private"])) for m in range(3))
     res = run_predict(rc, nodes)
     assert res["ids"] == [str(i) for i in sorder]
-    assert np.max(np.abs(res["scores"] - f_ref)) <= 1e-9
+    assert np.max(np.abs(res["scores"] - f)) <= 1e-9
 
 
 def test_cli_fit_on_party_files_and_model_show(tmp_path, a9a_small, capsys):
@@ -243,7 +248,7 @@ def test_docs_example_of_plugging_the_classes_into_an_existing_flower_app(tmp_pa
                 "query.identify": client_ns["identify"], "train": client_ns["train"],
                 "evaluate": client_ns["evaluate"]}
     nodes = {100: {"partition-id": 0, "data-path": str(files[0]), "label-column": "label"},
-             101: {"partition-id": 1, "data-path": str(files[1])}}
+             101: {"partition-id": 1, "data-path": str(files[1]), "psi-max-asked": 1.2}}   # holds 90 %
     grid = LocalGrid(handlers, nodes, {})
     captured = {}
     orig = server_ns["VerticalADMMStrategy"].start

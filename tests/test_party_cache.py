@@ -9,7 +9,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flower_vfl.apps import client as ca
 from flower_vfl.io import data as data_mod
 from flower_vfl.io import party_cache as pc
-from flower_vfl.privacy.store import data_fingerprint
+from flower_vfl.io.model_files import data_fingerprint
 
 RC = {"dataset": "a9a", "num-parties": 2, "lam": 1e-2}
 _PARTY_BLOCK = data_mod.party_block          # the real one (a test replaces it with _no_parse)

@@ -188,7 +188,7 @@ def test_available_methods_without_opacus(monkeypatch):
 def test_import_pulls_in_neither_torch_nor_flwr():
     code = (
         "import sys, flower_vfl.privacy as p;"
-        "p.PrivacyLedger(0, 1.0, 1e-5, 5).totals();"
+        "p.Ledger(p.PartyStore(':memory:'), 's', p.Budget(1.0, 1e-5), 0).totals();"
         "print(sorted(m for m in ('torch', 'opacus', 'flwr') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

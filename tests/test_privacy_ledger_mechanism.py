@@ -1,7 +1,9 @@
-"""The party's ledger (budget, replay, persistence) and the noise it releases."""
+"""The party's one ledger (budget, charge, replay store, persistence) and the noise it draws.
+
+The ledger is tested as it runs: a :class:`Ledger` over a :class:`PartyStore` (in memory or a
+file on the party's disk), charged only through :meth:`Ledger.commit`."""
 
 import importlib.util
-import json
 import math
 import sys
 
@@ -11,25 +13,30 @@ import pytest
 from scipy import stats
 
 from flower_vfl.privacy import (
+    Budget,
     BudgetExceeded,
     GaussianOutputMechanism,
-    PrivacyLedger,
-    ReplayMismatch,
+    Ledger,
+    PartyStore,
     calibrate_sigma,
     epsilon_spent,
     noise_multiplier_for,
 )
 
 DELTA = 1e-5
+Z = noise_multiplier_for(1.76, DELTA, 20)          # ≈ 10: 20 releases spend ε = 1.76
 
 
 # ============================================================================ ledger
 
 
-def _ledger(**kw):
-    args = dict(party_id=3, epsilon=1.76, delta=DELTA, planned_rounds=20, sensitivity=2.0)
-    args.update(kw)
-    return PrivacyLedger(**args)
+def _ledger(store=None, epsilon=1.76, accountant="exact", source="files:a", party_id=3):
+    return Ledger(store or PartyStore(":memory:"), source, Budget(epsilon, DELTA, accountant), party_id)
+
+
+def _charge(led, round, kind="train", z=Z, run="r1", mechanism="gaussian", sensitivity=2.0):
+    return led.commit(run, round, kind, f"h{round}", unit="strict:row", noise_multiplier=z, sigma=z * sensitivity,
+                      sensitivity=sensitivity, payload={"s": np.full(3, float(round))}, mechanism=mechanism)
 
 
 def test_calibrate_sigma_is_multiplier_times_sensitivity():
@@ -42,93 +49,107 @@ def test_calibrate_sigma_is_multiplier_times_sensitivity():
 
 
 def test_ledger_refuses_once_budget_would_be_exceeded():
-    ledger = _ledger()
-    assert ledger.noise_multiplier == pytest.approx(10.0, rel=5e-3)
+    led = _ledger()
+    assert Z == pytest.approx(10.0, rel=5e-3)
     for r in range(15):
-        ledger.record(r, "train")
+        _charge(led, r, "train")
     for r in range(15, 20):
-        ledger.record(r, "eval")  # evaluation rounds are releases too
-    assert ledger.spent() == pytest.approx(1.76, rel=1e-3)
-    assert ledger.spent() <= 1.76
-    assert not ledger.can_release()
+        _charge(led, r, "eval")                    # evaluation rounds are releases too
+    assert led.spent() == pytest.approx(1.76, rel=1e-3) and led.spent() <= 1.76
     with pytest.raises(BudgetExceeded) as info:
-        ledger.record(20, "eval")
+        _charge(led, 20, "eval")
     err = info.value
-    assert isinstance(err, RuntimeError)
+    assert isinstance(err, RuntimeError) and err.code == "budget"
     msg = str(err)
     assert "party 3" in msg and "round 20" in msg and "budget ε=1.76" in msg
     assert "already spent ε=1.76" in msg and "20 release(s)" in msg
-    assert err.requested == pytest.approx(epsilon_spent(ledger.noise_multiplier, 21, DELTA))
-    assert len(ledger.entries) == 20  # nothing recorded on refusal
-    # a much noisier release still fits
-    assert ledger.can_release(1e4)
+    assert err.requested == pytest.approx(epsilon_spent(Z, 21, DELTA))
+    assert len(led.entries) == 20 and led.answer("r1", 20, "eval") is None     # nothing written on refusal
+    _charge(led, 20, "eval", z=1e4)                # a much noisier release still fits
+    assert len(led.entries) == 21
 
 
-def test_check_release_reports_total_after_release():
-    ledger = _ledger()
-    ledger.record(0)
-    after = ledger.check_release(1, "train")
-    assert after == pytest.approx(epsilon_spent(ledger.noise_multiplier, 2, DELTA), rel=1e-12)
-    assert len(ledger.entries) == 1  # checking does not record
+def test_check_reports_total_after_release_and_writes_nothing():
+    led = _ledger()
+    _charge(led, 0)
+    after = led.check(led.entries, round=1, kind="train", mechanism="gaussian", noise_multiplier=Z)
+    assert after == pytest.approx(epsilon_spent(Z, 2, DELTA), rel=1e-12)
+    assert len(led.entries) == 1
 
 
-def test_replay_costs_nothing_and_must_match():
-    ledger = _ledger()
-    first = ledger.record(0, "train")
-    spent = ledger.spent()
-    assert ledger.record(0, "train") is first
-    assert ledger.check_release(0, "train") == spent
-    assert ledger.spent() == spent
-    with pytest.raises(ValueError, match=r"already released at z="):
-        ledger.record(0, "train", sigma=ledger.sigma * 2)
-    ledger.record(0, "eval")  # same round, other kind: a new release
-    assert len(ledger.entries) == 2
+def test_a_round_is_charged_once_and_its_answer_is_stored():
+    led = _ledger()
+    first = _charge(led, 0)
+    spent = led.spent()
+    with pytest.raises(RuntimeError, match=r"round 0 \(train\) of run r1 was already released"):
+        _charge(led, 0)
+    assert led.spent() == spent
+    np.testing.assert_array_equal(led.answer("r1", 0, "train").payload["s"], first.payload["s"])
+    _charge(led, 0, "eval")                        # same round, other kind: a new release
+    _charge(led, 0, run="r2")                      # same round, other run: a new release, same ledger
+    assert len(led.entries) == 3 and led.spent() == pytest.approx(epsilon_spent(Z, 3, DELTA), rel=1e-12)
+
+
+def test_one_ledger_per_source_whatever_the_run():
+    store = PartyStore(":memory:")
+    a, b = _ledger(store, source="files:a"), _ledger(store, source="files:b")
+    for r, run in enumerate(("1", "2", "3")):
+        _charge(a, r, run=run)
+    _charge(b, 0)
+    assert len(a.entries) == 3 and len(b.entries) == 1
+    assert a.spent() == pytest.approx(epsilon_spent(Z, 3, DELTA), rel=1e-12)
+    assert a.affordable([("gaussian", Z)] * 2, exclude_run="3")["spent_before_run"] == pytest.approx(
+        epsilon_spent(Z, 2, DELTA), rel=1e-12)
 
 
 def test_heterogeneous_multipliers():
-    ledger = _ledger(sigma=20.0, epsilon=50.0)
-    for r, sigma in enumerate([16.0, 32.0, 64.0]):
-        ledger.record(r, sigma=sigma)  # C = 2 -> z = 8, 16, 32
+    led = _ledger(epsilon=50.0)
+    for r, z in enumerate([8.0, 16.0, 32.0]):
+        _charge(led, r, z=z)
     z_eff = 1 / math.sqrt(1 / 64 + 1 / 256 + 1 / 1024)
-    assert ledger.spent("exact") == pytest.approx(
-        dp_accounting.get_epsilon_gaussian(z_eff, DELTA), rel=1e-12
-    )
-    d0, dp = DELTA / 6, DELTA / 2  # three releases so far
+    assert led.spent("exact") == pytest.approx(dp_accounting.get_epsilon_gaussian(z_eff, DELTA), rel=1e-12)
+    d0, dp = DELTA / 6, DELTA / 2                  # three releases so far
     e = [math.sqrt(2 * math.log(1.25 / d0)) / z for z in (8, 16, 32)]
     assert max(e) <= 1
-    paper = math.sqrt(2 * math.log(1 / dp) * sum(x * x for x in e)) + sum(
-        x * (math.exp(x) - 1) for x in e
-    )
-    assert ledger.spent("paper") == pytest.approx(paper, rel=1e-12)
+    paper = math.sqrt(2 * math.log(1 / dp) * sum(x * x for x in e)) + sum(x * (math.exp(x) - 1) for x in e)
+    assert led.spent("paper") == pytest.approx(paper, rel=1e-12)
 
 
-def test_entries_carry_theorem3_epsilon_only_when_valid():
-    ledger = _ledger(sigma=20.0, epsilon=100.0)
-    ok = ledger.record(0)  # z = 10
-    d0 = DELTA / (2 * 20)
-    assert ok.delta0 == d0
-    assert ok.epsilon0 == pytest.approx(math.sqrt(2 * math.log(1.25 / d0)) / 10, rel=1e-12)
-    assert ok.epsilon0 == pytest.approx(0.5554, abs=1e-4)
-    bad = ledger.record(1, sigma=4.0)  # z = 2: ε₀ ≈ 2.78 > 1
-    assert bad.epsilon0 is None and bad.delta0 is None
+def test_laplace_and_gaussian_releases_compose_in_one_privacy_loss_distribution():
+    from dp_accounting.pld import PLDAccountant
+
+    led = _ledger(epsilon=100.0, accountant="pld")
+    for r in range(3):
+        _charge(led, r, z=5.0, mechanism="laplace")
+    for r in range(3, 5):
+        _charge(led, r, z=3.0)
+    ref = PLDAccountant(value_discretization_interval=1e-4)
+    ref.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(3.0), 2))
+    ref.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(5.0), 3))
+    assert led.spent() == pytest.approx(ref.get_epsilon(DELTA), rel=1e-6)
+    assert led.spent() > _ledger(epsilon=100.0).epsilon_of(led.entries[3:])      # the Laplace part counts
+    assert set(led.totals()) == {"exact", "pld"}
+    with pytest.raises(ValueError, match="cannot compose Laplace releases"):
+        led.spent("paper")
 
 
 def test_paper_method_ledger_refuses_outside_theorem_3():
-    ledger = PrivacyLedger("p", epsilon=20.523, delta=DELTA, planned_rounds=20, method="paper",
-                           sensitivity=1.0)
-    assert ledger.noise_multiplier == pytest.approx(10.0, rel=1e-4)
-    assert not ledger.can_release(2.0)  # ε₀ > 1 -> inf
+    z = noise_multiplier_for(20.523, DELTA, 20, "paper")
+    led = _ledger(epsilon=20.523, accountant="paper", party_id="p")
+    assert z == pytest.approx(10.0, rel=1e-4)
+    with pytest.raises(BudgetExceeded):
+        led.check([], round=0, kind="train", mechanism="gaussian", noise_multiplier=2.0)   # ε₀ > 1 -> inf
     for r in range(20):
-        ledger.record(r)
+        _charge(led, r, z=z)
     with pytest.raises(BudgetExceeded, match="party 'p'"):
-        ledger.record(20)
+        _charge(led, 20, z=z)
 
 
 def test_totals_by_every_available_method():
-    ledger = _ledger(sigma=20.0, epsilon=10.0)
+    led = _ledger(epsilon=10.0)
     for r in range(20):
-        ledger.record(r)
-    totals = ledger.totals()
+        _charge(led, r, z=10.0)
+    totals = led.totals()
     expected = {"paper", "exact", "pld"}
     if importlib.util.find_spec("opacus") is not None:
         expected |= {"rdp", "prv"}
@@ -141,18 +162,19 @@ def test_totals_by_every_available_method():
         assert totals["prv"] == pytest.approx(totals["exact"], abs=5e-3)
 
 
-def test_ledger_json_round_trip():
-    ledger = _ledger(party_id="bank")
+def test_the_ledger_is_on_the_partys_disk_and_survives_a_restart(tmp_path):
+    led = _ledger(PartyStore(tmp_path), party_id="bank")
     for r in range(19):
-        ledger.record(r, "train" if r % 4 else "eval")
-    text = ledger.to_json()
-    restored = PrivacyLedger.from_json(text)
-    assert json.loads(text) == restored.to_dict() == ledger.to_dict()
-    assert restored.spent() == ledger.spent()
-    restored.record(19)
+        _charge(led, r, "train" if r % 4 else "eval")
+    spent = led.spent()
+    led.store.close()
+    again = _ledger(PartyStore(tmp_path), party_id="bank")          # a restarted party process
+    assert [(e.round, e.kind) for e in again.entries] == [(r, "train" if r % 4 else "eval") for r in range(19)]
+    assert again.spent() == spent
+    np.testing.assert_array_equal(again.answer("r1", 7, "train").payload["s"], np.full(3, 7.0))
+    _charge(again, 19)
     with pytest.raises(BudgetExceeded, match="party 'bank'"):
-        restored.record(20)
-    assert PrivacyLedger.from_dict(json.loads(json.dumps(ledger.to_dict()))).entries == ledger.entries
+        _charge(again, 20)
 
 
 @pytest.mark.parametrize(
@@ -160,42 +182,33 @@ def test_ledger_json_round_trip():
     [
         (dict(epsilon=-1.0), r"epsilon=-1.0 must be"),
         (dict(delta=1.5), r"delta=1.5 must be"),
-        (dict(planned_rounds=0), r"rounds=0 must be an integer >= 1"),
-        (dict(method="moments"), r"method='moments' is not supported; accepted values"),
-        (dict(sensitivity=0.0), r"sensitivity=0.0 must be"),
-        (dict(sigma=-3.0), r"sigma=-3.0 must be"),
+        (dict(accountant="moments"), r"method='moments' is not supported; accepted values"),
     ],
 )
-def test_ledger_rejects_bad_configuration(kwargs, pattern):
+def test_budget_rejects_bad_configuration(kwargs, pattern):
+    args = dict(epsilon=1.0, delta=DELTA, accountant="exact")
+    args.update(kwargs)
     with pytest.raises(ValueError, match=pattern):
-        _ledger(**kwargs)
+        Budget(**args)
 
 
 def test_ledger_rejects_bad_release():
-    ledger = _ledger()
+    led = _ledger()
     with pytest.raises(ValueError, match=r"kind='predict' is not supported"):
-        ledger.record(0, "predict")
-    with pytest.raises(ValueError, match=r"round=-1 must be an integer >= 0"):
-        ledger.record(-1)
+        _charge(led, 0, "predict")
+    with pytest.raises(ValueError, match=r"noise_multiplier=inf must be"):
+        _charge(led, 0, z=math.inf)
+    with pytest.raises(ValueError, match=r"mechanism\(s\) \['cauchy'\] are not supported"):
+        _charge(led, 0, mechanism="cauchy")
+    assert led.entries == []
 
 
-def test_opacus_ledger_method_needs_opacus(monkeypatch):
+def test_opacus_accountant_needs_opacus(monkeypatch):
     monkeypatch.setitem(sys.modules, "opacus", None)
     monkeypatch.setitem(sys.modules, "opacus.accountants", None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(ImportError, match=r"pip install 'flower-vfl\[opacus\]'"):
-        _ledger(method="rdp")
-
-
-def test_dp_event_describes_the_releases():
-    ledger = _ledger()
-    assert isinstance(ledger.dp_event(), dp_accounting.NoOpDpEvent)
-    ledger.record(0)
-    ledger.record(1)
-    event = ledger.dp_event()
-    assert event == dp_accounting.SelfComposedDpEvent(
-        dp_accounting.GaussianDpEvent(ledger.noise_multiplier), 2
-    )
+        Budget(1.0, DELTA, "rdp")
 
 
 # ============================================================================ mechanism
@@ -232,39 +245,19 @@ def test_noise_independent_across_rounds_kinds_and_parties():
             assert abs(r) < bound, (i, j, r)
 
 
-def test_replay_returns_identical_vector_and_never_touches_global_state():
+def test_draws_are_fresh_without_a_seed_and_never_touch_global_state():
     np.random.seed(0)
     before = np.random.get_state()[1].copy()
-    mech = GaussianOutputMechanism(SIGMA, party_id=5, seed=11)
     s = np.linspace(0, 1, 500)
-    first = mech.release(s, round=3, kind="eval")
-    again = mech.release(s, round=3, kind="eval")
-    np.testing.assert_array_equal(first, again)
-    np.testing.assert_array_equal(mech.cached(3, "eval"), first)
-    assert mech.verify(3, "eval", first) and not mech.verify(3, "eval", first + 1e-9)
-    # a restarted party (state restored from JSON) answers the same
-    restored = GaussianOutputMechanism.from_dict(json.loads(json.dumps(mech.to_dict())))
-    np.testing.assert_array_equal(restored.release(s, round=3, kind="eval"), first)
-    # the noise depends on the seed
+    fresh = GaussianOutputMechanism(SIGMA, party_id=5)
+    a, b = fresh.release(s, round=3, kind="eval"), fresh.release(s, round=3, kind="eval")
+    assert not np.allclose(a, b)                   # OS entropy: the same (round, kind) never repeats
+    seeded = GaussianOutputMechanism(SIGMA, party_id=5, seed=11)   # in-process experiments only
+    np.testing.assert_array_equal(seeded.release(s, round=3, kind="eval"), seeded.release(s, round=3, kind="eval"))
     other = GaussianOutputMechanism(SIGMA, party_id=5, seed=12).release(s, round=3, kind="eval")
-    assert not np.allclose(other, first)
+    assert not np.allclose(other, seeded.release(s, round=3, kind="eval"))
     np.testing.assert_array_equal(np.random.get_state()[1], before)
-
-
-def test_replay_with_different_input_is_refused():
-    mech = GaussianOutputMechanism(SIGMA, party_id=0, seed=1)
-    s = np.ones(10)
-    mech.release(s, round=0)
-    with pytest.raises(ReplayMismatch, match=r"round 0 \(train\) was already released"):
-        mech.release(2 * s, round=0)
-
-
-def test_cache_is_bounded():
-    mech = GaussianOutputMechanism(SIGMA, party_id=0, seed=1, cache_size=2)
-    for r in range(5):
-        mech.release(np.zeros(3), round=r)
-    assert mech.cached(0) is None and mech.cached(4) is not None
-    assert len(mech.hashes) == 5
+    assert not hasattr(fresh, "hashes") and not hasattr(fresh, "cached")   # it keeps no record: the ledger does
 
 
 def _column_space_residual(D, v):

@@ -19,8 +19,7 @@ from flower_vfl.apps import client as ca
 from flower_vfl.apps import server as sa
 from flower_vfl.io.checkpoint import load_checkpoint
 from flower_vfl.deploy.local_grid import LocalGrid
-from flower_vfl.strategies.replies import PartyFailed, PartyLost, ReplyError
-from flower_vfl.strategies.resilience import key_fingerprint
+from flower_vfl.strategies.exchange import PartyFailed, PartyLost, ReplyError, key_fingerprint
 
 HANDLERS = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}
 RC = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 8, "party-wait": 0.0}
@@ -75,7 +74,9 @@ def nodes(n=2):
 
 
 def run(grid, **rc):
-    return sa.make_strategy({**RC, **rc}).start(grid)
+    st = sa.make_strategy({**RC, **rc})
+    st.start(grid)
+    return st
 
 
 def round_of(msg):
@@ -136,10 +137,12 @@ def test_malformed_reply_stops_the_run_naming_the_party_and_leaves_z_untouched(c
     assert st.failed_ and "party 1" in st.stopped_reason_ and len(st.history_) == 2
     arrays, header = load_checkpoint(state)
     assert header["round"] == 2
-    ref = sa.make_strategy({**RC, "max-rounds": 2}).start(FaultyGrid(nodes(), RC))
+    ref = sa.make_strategy({**RC, "max-rounds": 2})
+    ref.start(FaultyGrid(nodes(), RC))
     assert np.array_equal(st.central.z, ref.central.z) and np.array_equal(st.central.y, ref.central.y)
     # valid exchanges afterwards: a new run resumed from the checkpoint reaches the clean result
-    resumed = sa.make_strategy({**RC, "resume": str(state)}).start(FaultyGrid(nodes(), RC))
+    resumed = sa.make_strategy({**RC, "resume": str(state)})
+    resumed.start(FaultyGrid(nodes(), RC))
     assert np.max(np.abs(resumed.decision_test_ - clean.decision_test_)) <= 1e-9
     assert resumed.history_[:2] == st.history_
 
@@ -294,7 +297,7 @@ def test_two_nodes_claiming_one_index_are_refused_by_name():
     """The identify steps of every strategy (vertical, horizontal, SGD baseline, PSI) record
     claims through one function: the same node again is fine, a second node is refused."""
     from flower_vfl.config.schema import ConfigError
-    from flower_vfl.strategies.replies import claim
+    from flower_vfl.strategies.exchange import claim
 
     seen = {}
     claim(seen, "agent", 3, 100)

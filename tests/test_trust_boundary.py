@@ -66,7 +66,7 @@ def vectors(seed=0):
 
 def ledger(node_config):
     store = PartyStore(node_config["state-dir"])
-    return [e for fp, unit, _ in store.datasets() for e in store.entries(fp, unit)]
+    return [e for src, _ in store.sources() for e in store.entries(src)]
 
 
 def refusal(reply):
@@ -131,7 +131,7 @@ def test_run_config_privacy_keys_have_no_effect(tmp_path, override):
     want = json.loads(str(base.content["privacy"]["report"]))
     assert report["config"] == want["config"] and report["noise_multiplier"] == want["noise_multiplier"]
     assert report["ledger"]["entries"] == want["ledger"]["entries"]    # same sigma, same sensitivity
-    assert report["config"]["noise_source"] == "os-entropy"
+    assert "noise_source" not in report["config"] and "seed" not in report["config"]
 
 
 def test_run_config_asking_for_privacy_without_a_node_budget_refuses_to_start(tmp_path):
@@ -142,10 +142,14 @@ def test_run_config_asking_for_privacy_without_a_node_budget_refuses_to_start(tm
         send(ca.identify, c, RecordDict({"config": ConfigRecord({"want": "party"})}), "query.identify")
 
 
-def test_the_noise_seed_never_leaves_the_party(tmp_path):
-    seed = 918273645
-    nc = node(tmp_path, **{"dp-seed": seed})
-    c = ctx(nc)
+def test_a_party_refuses_a_noise_seed_and_its_replies_say_nothing_of_the_noise(tmp_path):
+    from flower_vfl.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="node config key 'dp-seed'=918273645 is refused: a party draws its noise "
+                                          "from OS entropy only"):
+        send(ca.identify, ctx(node(tmp_path, **{"dp-seed": 918273645})),
+             RecordDict({"config": ConfigRecord({"want": "party"})}), "query.identify")
+    c = ctx(node(tmp_path, **{"dp-seed": -1}))             # -1 is "no seed": accepted
     q, y = vectors()
     replies = [send(ca.identify, c, RecordDict({"config": ConfigRecord({"want": "party"})}), "query.identify"),
                train(c, 1, q, y), train(c, 1, q * 2, y), train(c, 2, q, y),
@@ -153,7 +157,7 @@ def test_the_noise_seed_never_leaves_the_party(tmp_path):
     for rep in replies:
         text = json.dumps({name: {k: str(v) for k, v in rec.items()}
                            for name, rec in rep.content.items() if not isinstance(rec, ArrayRecord)})
-        assert str(seed) not in text and '"seed"' not in text and "seed\\\"" not in text
+        assert "seed" not in text and "noise_source" not in text and "entropy" not in text
 
 
 # ------------------------------------------------------------- runs and restarts
@@ -175,15 +179,24 @@ def test_a_new_run_on_the_same_data_sees_only_what_is_left(tmp_path):
 
 def test_a_restarted_node_resumes_its_iterate_and_ledger(tmp_path):
     q, y = vectors()
-    steady, restarted = node(tmp_path / "a", **{"dp-seed": 5}), node(tmp_path / "b", **{"dp-seed": 5})
-    c = ctx(steady)
-    out_a = [s_of(train(c, k, q, y)) for k in (1, 2, 3)]
-    c = ctx(restarted)
-    out_b = [s_of(train(c, 1, q, y))]
-    c = ctx(restarted)                                  # the SuperNode restarted: context.state is gone
-    out_b += [s_of(train(c, k, q, y)) for k in (2, 3)]
-    assert all(np.array_equal(a, b) for a, b in zip(out_a, out_b))
-    assert len(ledger(restarted)) == 3
+    nc = node(tmp_path)
+    c = ctx(nc)
+    first = s_of(train(c, 1, q, y))
+    store = PartyStore(nc["state-dir"])
+    (src, _), = store.sources()
+    after1 = store.get_state(src, "1")
+    c = ctx(nc)                                         # the SuperNode restarted: context.state is gone
+    assert np.array_equal(s_of(train(c, 1, q, y)), first)             # the re-sent round: the stored answer
+    second = s_of(train(c, 2, q, y))
+    # round 2 started from the stored iterate: the same x-update a steady party makes from x1
+    from flower_vfl.privacy.party import PrivateParty
+    from flower_vfl.config.settings import privacy_from_config
+    D = party_block("breast_cancer", 1, 2)[0]
+    steady = PrivateParty(D, None, 1e-2, privacy_from_config(1, RC, nc), party_id=1)
+    steady.restore(after1)
+    steady.update.step(q, y, 1e-3, 1.0, 0.5)
+    assert np.allclose(store.get_state(src, "1")["x"], steady.update.x, rtol=0, atol=1e-12)
+    assert not np.array_equal(second, first) and len(ledger(nc)) == 2
 
 
 def test_an_evaluation_allowance_cannot_be_spent_as_a_training_release(tmp_path):
@@ -217,8 +230,8 @@ def _bad(kw):
 
 @pytest.mark.parametrize("private", [True, False])
 def test_invalid_messages_are_refused_naming_the_field_and_change_nothing(tmp_path, private):
-    nc = node(tmp_path, **{"dp-seed": 3}) if private else {"partition-id": 1, "state-dir": str(tmp_path)}
-    clean_nc = node(tmp_path / "clean", **{"dp-seed": 3}) if private else {"partition-id": 1}
+    nc = node(tmp_path) if private else {"partition-id": 1, "state-dir": str(tmp_path)}
+    clean_nc = node(tmp_path / "clean") if private else {"partition-id": 1}
     c = ctx(nc)
     for field, kw in BAD:
         rep = refusal(send(ca.train, c, _bad(dict(kw))))
@@ -230,9 +243,17 @@ def test_invalid_messages_are_refused_naming_the_field_and_change_nothing(tmp_pa
     if private:
         assert ledger(nc) == []                          # nothing charged
     q, y = vectors()
-    after = s_of(train(c, 1, q, y))                      # a valid message afterwards ...
-    clean = s_of(train(ctx(clean_nc), 1, q, y))          # ... answers as a party that saw no garbage
-    assert np.array_equal(after, clean)
+    after = train(c, 1, q, y)                            # a valid message afterwards ...
+    clean = train(ctx(clean_nc), 1, q, y)                # ... answers as a party that saw no garbage
+    if private:                                          # (fresh noise each: compare the iterate and the charge)
+        def state(cfg):
+            st = PartyStore(cfg["state-dir"])
+            (src, _), = st.sources()
+            return st.get_state(src, "1")["x"], [(e.round, e.sigma) for e in st.entries(src)]
+        (xa, la), (xc, lc) = state(nc), state(clean_nc)
+        assert np.array_equal(xa, xc) and la == lc and len(la) == 1
+    else:
+        assert np.array_equal(s_of(after), s_of(clean))
 
 
 def test_a_non_private_party_caps_its_answers_per_run(tmp_path):
@@ -273,9 +294,9 @@ def test_a_crash_between_ledger_write_and_reply_loses_budget_never_privacy(tmp_p
     assert [(e.run, e.round, e.kind) for e in entries] == [("1", 1, "train")]     # charged
     rep = train(ctx(nc), 1, q, y)                       # the server re-sends after the restart
     store = PartyStore(nc["state-dir"])
-    (fp, unit, count), = store.datasets()
+    (src, count), = store.sources()
     assert count == 1                                   # no second draw exists
-    assert np.array_equal(s_of(rep), store.answer(fp, unit, "1", 1, "train").payload["s"])
+    assert np.array_equal(s_of(rep), store.answer(src, "1", 1, "train").payload["s"])
 
 
 # ------------------------------------------------------------- predict many
@@ -305,7 +326,9 @@ def _grid_run(rc, nodes, seen=None, run_id=1):
     handlers = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}
     grid = LocalGrid(handlers, nodes, rc, on_reply=None if seen is None else (lambda m, r: seen.append((m, r))),
                      run_id=run_id)
-    return sa.make_strategy(rc).start(grid)
+    st = sa.make_strategy(rc)
+    st.start(grid)
+    return st
 
 
 def test_unknown_party_ids_in_dp_parties_are_an_error():

@@ -1,9 +1,12 @@
 """Flower ClientApp: one vertical party per SuperNode.
 
-Node config: ``partition-id`` (the party, required), ``num-partitions``, ``data-dir``,
-``state-dir`` (the party's own folder for its ledger and answers), ``max-answers``, and the
-party's own privacy settings (``dp``, ``dp-epsilon`` ...): the only source of them, since
-the run config is written by the server side (docs/privacy.md, "Trust model").
+Node config: ``partition-id`` (the party, required), ``num-partitions``, its data
+(``data-path`` + ``id-column`` for its own files, or ``data-dir`` for a bundled dataset:
+:mod:`flower_vfl.clients.source`), ``state-dir`` (the party's own folder for its ledger and
+answers), ``max-answers``, ``min-rho``/``max-rho``, and the party's own privacy settings
+(``dp``, ``dp-epsilon`` ...): the only source of them, since the run config is written by
+the server side (docs/privacy.md, "Trust model"). A run config that names the party's files,
+ID column, preprocessing or model folder is refused; so is a noise seed in the node config.
 """
 
 import json
@@ -13,10 +16,11 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from flower_vfl.clients import psi_party
+from flower_vfl.clients.source import declared_source
 from flower_vfl.errors import install_log_filter, reply_user_errors
 from flower_vfl.clients.vertical_party import VerticalPartyClient
 from flower_vfl.config.settings import PRIVACY_KEYS, privacy_from_config, run_setting
-from flower_vfl.config.schema import parse_node_config
+from flower_vfl.config.schema import ConfigError, parse_node_config
 from flower_vfl.io.party_cache import cached_party_block
 
 app = ClientApp()
@@ -37,6 +41,16 @@ def party_node_config(context: Context) -> dict:
     return nc
 
 
+def _rho_range(nc: dict, party: int):
+    """The party's own (min-rho, max-rho), inclusive; None when neither is set."""
+    lo, hi = nc.get("min-rho"), nc.get("max-rho")
+    if lo is not None and hi is not None and float(lo) > float(hi):
+        raise ConfigError(f"party {party}: node config min-rho={lo!r} is above max-rho={hi!r}; give "
+                          "min-rho <= max-rho")
+    return None if lo is None and hi is None else (None if lo is None else float(lo),
+                                                   None if hi is None else float(hi))
+
+
 def make_client(context: Context) -> VerticalPartyClient:
     rc, nc = context.run_config, party_node_config(context)
     # every key typed and range-checked before anything is read; the run config's privacy
@@ -44,18 +58,28 @@ def make_client(context: Context) -> VerticalPartyClient:
     parse_node_config(nc, {k: v for k, v in rc.items() if k not in PRIVACY_KEYS})
     party = int(run_setting("partition-id", rc, nc))
     num_parties = int(run_setting("num-parties", rc, nc))
-    if psi_party.uses_own_data(context):      # the party's own export, PSI-aligned (docs/own-data.md)
+    if int(nc.get("dp-seed", -1)) >= 0:
+        raise ConfigError(f"party {party}: node config key 'dp-seed'={nc['dp-seed']!r} is refused: a party draws "
+                          "its noise from OS entropy only, since noise from a seed repeats in every run and "
+                          "two runs' releases would cancel it (docs/privacy.md). Remove dp-seed; seeded noise "
+                          "exists only for in-process experiments (PrivacyConfig(seed=...))")
+    # the ledger's key and the data read: what the node config declares (a run config naming
+    # the party's files, ID column, preprocessing or model folder is refused here)
+    source = declared_source(nc, rc, party)
+    if source.kind == "files":      # the party's own export, PSI-aligned (docs/own-data.md)
         D, D_test = psi_party.own_blocks(context)[:2]
     else:
         # through the party's on-disk block cache: every message on a real SuperNode is a
-        # fresh process, and re-parsing a9a cost seconds per round (flower_vfl.io.party_cache)
-        D, D_test = cached_party_block(str(run_setting("dataset", rc, nc)), party, num_parties,
-                                       run_setting("data-dir", rc, nc) or None, nc.get("state-dir") or None)
+        # fresh process, and re-parsing a9a cost seconds per round (flower_vfl.io.party_cache).
+        # The folder is the node config's data-dir only (the run config's is the label owner's)
+        D, D_test = cached_party_block(source.dataset, party, num_parties, source.data_dir or None,
+                                       nc.get("state-dir") or None)
     return VerticalPartyClient(party, D, D_test, penalty=str(run_setting("penalty", rc, nc)),
                                lam=float(run_setting("lam", rc, nc)), x_solver=str(run_setting("x-solver", rc, nc)),
                                privacy=privacy_from_config(party, rc, nc), n_parties=num_parties,
                                state_dir=nc.get("state-dir") or None,
-                               max_answers=int(nc.get("max-answers", 0)))
+                               max_answers=int(nc.get("max-answers", 0)), source=source,
+                               rho_range=_rho_range(nc, party))
 
 
 def identify(msg: Message, context: Context) -> Message:

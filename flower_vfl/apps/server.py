@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
@@ -96,14 +96,17 @@ def main(grid: Grid, context: Context) -> None:
             return
         strategy = own_data.train(grid, context.run_config, make_strategy, progress=log_round)
     else:
+        cfg = parse_run_config(context.run_config)
         strategy = make_strategy(context.run_config)
 
         def progress(k, row):
             log_round(k, row)
             write_outputs(strategy, context.run_config, {"rounds": k, "running": True})
 
+        strategy.progress = progress
         try:
-            strategy.start(grid, progress=progress)
+            strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=int(cfg["max-rounds"]),
+                           timeout=float(cfg["round-timeout"]))
         except Exception as exc:      # keep what was done, then fail the run (non-zero status)
             write_outputs(strategy, context.run_config,
                           dict(strategy.final_ or {"rounds": len(strategy.history_)}, failed=True,

@@ -21,6 +21,7 @@ import numpy as np
 from flower_vfl.config.settings import RUN_DEFAULTS, privacy_from_config
 from flower_vfl.config.schema import SCHEMA, ConfigError, parse_run_config
 from flower_vfl.cli.own import absolute
+from flower_vfl.errors import UserError
 
 
 #: run-config keys that name a file or folder: made absolute on the command line, since the
@@ -208,10 +209,11 @@ def cmd_simulate(args):
     from pathlib import Path
     path = Path(os.environ.get("FLOWER_VFL_NODE_CONFIG") or Path.home() / ".flower-vfl" / "simulate-node-config.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({str(m): cfg for m, cfg in nodes.items()} if rc.get("dp") else {}))
+    own = any(len(cfg) > 1 for cfg in nodes.values())       # privacy settings or own-data files
+    path.write_text(json.dumps({str(m): cfg for m, cfg in nodes.items()} if own else {}))
     env["FLOWER_VFL_NODE_CONFIG"] = str(path)
-    if rc.get("dp"):
-        print(f"private parties' node configs: {path} (FLOWER_VFL_NODE_CONFIG)")
+    if own:
+        print(f"the simulated parties' node configs: {path} (FLOWER_VFL_NODE_CONFIG)")
     # `flwr run --stream` exits 0 even when the ServerApp failed: submit, stream the log, then
     # read the run's status from Flower (flower_vfl.deploy.local) and exit non-zero unless it completed
     from flower_vfl.deploy.local import exit_code, submit, wait_run
@@ -347,12 +349,7 @@ def main(argv=None):
                    help="seconds an idle SuperNode waits between pulls (flower-vfl-supernode; "
                         "0 = Flower's flower-supernode as shipped, which sleeps 3 s)")
     p.set_defaults(fn=cmd_deploy_local)
-    p = sub.add_parser("ledger", help="a party's privacy spend across runs, from its own state-dir")
-    p.add_argument("--state-dir", default="", help="the party's state-dir (default: $FLOWER_VFL_STATE_DIR "
-                                                   "or ~/.flower-vfl/party-state)")
-    p.add_argument("--node-config", default="", help="or the SuperNode's --node-config string (reads state-dir)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(fn=cmd_ledger)
+    __import__("flower_vfl.cli.ledger", fromlist=["add_parser"]).add_parser(sub)   # flower_vfl/cli/ledger.py
     p = sub.add_parser("epsilon", help="ε of T Gaussian releases by every accountant")
     p.add_argument("--noise-multiplier", type=float, required=True)
     p.add_argument("--rounds", type=int, required=True)
@@ -382,10 +379,7 @@ def main(argv=None):
         return args.fn(args)
     except ConfigError as exc:       # a bad value: the key and what is allowed, no traceback
         ap.exit(2, f"flower-vfl: error: {exc}\n")
-    except Exception as exc:         # bad data, a refusal, a missing party: one line (flower_vfl.errors)
-        from flower_vfl.errors import is_user_error
-        if not is_user_error(exc):
-            raise                        # a bug keeps its traceback
+    except UserError as exc:         # bad data, a refusal, a missing party: one line (flower_vfl.errors)
         ap.exit(1, f"flower-vfl: error: {type(exc).__name__}: {exc}\n")
 
 

@@ -34,6 +34,9 @@ def add_own_args(p, predict: bool = False):
                                                       else "IDs, labels (and its own columns)"))
     p.add_argument("--preprocess", default="none", choices=["none", "standardize", "maxabs"],
                    help="each party's scaling, fitted on its own aligned training rows")
+    p.add_argument("--psi-max-asked", type=float, default=None, metavar="X",
+                   help="each simulated party's PSI cap: distinct IDs ever asked, as a multiple of its own "
+                        "number of IDs (node-config key psi-max-asked; default 1.0)")
 
 
 def _has_features(path, id_column, label_column) -> bool:
@@ -68,6 +71,8 @@ def own_parties(args) -> list[dict]:
     parties += [{"data-path": absolute(p)} for p in args.party]
     for m, cfg in enumerate(parties):
         cfg.update({"partition-id": m, "id-column": idc, "preprocess": args.preprocess})
+        if getattr(args, "psi_max_asked", None) is not None:
+            cfg["psi-max-asked"] = float(args.psi_max_asked)
     return parties
 
 
@@ -112,23 +117,25 @@ def fit_own(args, rc) -> int:
 def own_node_configs(args, rc: dict, nodes: dict) -> tuple[dict, dict, int]:
     """(run config, node configs, num-parties) of a simulated own-data run or predict job.
 
-    The parties' files go in the run config's per-party lists (``party-data-paths`` ...): the
-    simulation engine gives nodes no config of their own, and a local SuperLink started by an
-    earlier ``flwr run`` keeps that run's environment, so a node-config file named by the
-    environment could be stale."""
+    Each party's files, ID column, preprocessing and model folder go in its node config (which
+    ``flower-vfl simulate`` writes to the parties' FLOWER_VFL_NODE_CONFIG file): only a party's
+    node config names its data (docs/own-data.md). The run config keeps the label owner's keys."""
     parties = own_parties(args)
     predict = str(rc.get("mode", "train")) == "predict"
     model_dir = absolute(rc.get("model-dir") or rc.get("out-dir") or "vfl-model")
-    paths = ",".join(cfg["data-path"] for cfg in parties)
-    rc = dict(rc, **{"num-parties": len(parties), "model-dir": model_dir,
-                     "party-model-dirs": ",".join([model_dir] * len(parties)),
-                     "id-column": parties[0]["id-column"], "preprocess": args.preprocess})
+    rc = dict(rc, **{"num-parties": len(parties), "model-dir": model_dir, "id-column": parties[0]["id-column"]})
+    rc.pop("preprocess", None)
     if predict:                        # the same files name the rows to score
-        rc.update({"score-ids-path": absolute(args.labels), "party-score-paths": paths})
+        rc["score-ids-path"] = absolute(args.labels)
     else:
-        rc.update({"labels-path": absolute(args.labels), "party-data-paths": paths})
-    nodes = {m: {**nodes.get(m, {}), "partition-id": m} for m in range(len(parties))}
-    return rc, nodes, len(parties)
+        rc["labels-path"] = absolute(args.labels)
+    out = {}
+    for m, cfg in enumerate(parties):
+        cfg = dict(cfg, **{"model-dir": model_dir})
+        if predict:
+            cfg["score-path"] = cfg.pop("data-path")
+        out[m] = {**nodes.get(m, {}), **cfg, "partition-id": m}
+    return rc, out, len(parties)
 
 
 def cmd_model_show(args) -> int:

@@ -24,6 +24,7 @@ import math
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from flower_vfl.errors import UserError
 from flower_vfl.horizontal.admm import DPIADMMParams, agent_update, dual_step, outp_constants
 from flower_vfl.horizontal.model import local_gradient_blocks, one_hot
 from flower_vfl.horizontal.privacy import account, ledger_entry, new_agent_seed, standard_draw
@@ -35,7 +36,7 @@ _PRIVACY_KEYS = ("dp-eps-bar", "dp-delta-bar", "dp-sensitivity", "dp-x-l1-max", 
                  "dp-max-epsilon")
 
 
-class BudgetSpent(RuntimeError):
+class BudgetSpent(UserError, RuntimeError):
     """The agent's own dp-max-epsilon would be exceeded by one more release."""
 
 
@@ -86,16 +87,19 @@ class DPIADMMClient:
         mech = "gaussian" if variant == "outp" else "laplace"
         return f"horizontal-sample:{mech}:{self.privacy['sensitivity']}"
 
+    def _key(self, unit: str) -> str:
+        return f"{self.fingerprint}:{unit}"
+
     def _seed(self, unit: str):
         """The configured seed, or one drawn from OS entropy once and kept on the agent's disk."""
         if self.privacy["seed"] is not None:
             return int(self.privacy["seed"])
         if self.store is None:
             return None
-        got = self.store.get_state(self.fingerprint, unit, "seed")
+        got = self.store.get_state(self._key(unit), "seed")
         if got is None:
-            self.store.put_state(self.fingerprint, unit, "seed", {"seed": np.array([str(new_agent_seed())])})
-            got = self.store.get_state(self.fingerprint, unit, "seed")
+            self.store.put_state(self._key(unit), "seed", {"seed": np.array([str(new_agent_seed())])})
+            got = self.store.get_state(self._key(unit), "seed")
         return int(str(got["seed"][0]))
 
     def ledger(self, variant: str) -> list[dict]:
@@ -105,7 +109,7 @@ class DPIADMMClient:
         eps, dbar = self.privacy["eps_bar"], self.privacy["delta_bar"]
         return [{"t": a.round, "run": a.run, "mechanism": "gaussian" if variant == "outp" else "laplace",
                  "eps_bar": eps, "delta_bar": dbar if variant == "outp" else 0.0, "scale": a.sigma,
-                 "sensitivity": a.sensitivity} for a in self.store.entries(self.fingerprint, self._unit(variant))]
+                 "sensitivity": a.sensitivity} for a in self.store.entries(self._key(self._unit(variant)))]
 
     # ---------------------------------------------------------------- state
     def _meta(self, context: Context) -> dict:
@@ -152,14 +156,14 @@ class DPIADMMClient:
         unit, run = self._unit(p.variant), str(context.run_id)
         meta = self._meta(context)
         if self.store is not None and p.private:
-            done = self.store.answer(self.fingerprint, unit, run, t, "train")
+            done = self.store.answer(self._key(unit), run, t, "train")
             if done is not None:           # released before (maybe by a crashed process): same answer
                 return self._reply(msg, done.payload["z"], meta, bool(cfg.get("final", False)), p)
-            last = self.store.last_round(self.fingerprint, unit, run, "train")
+            last = self.store.last_round(self._key(unit), run, "train")
             if last is not None and t < last:
                 return self._refuse(msg, f"agent {self.agent_id}: round t={t} is not after the last answered "
                                          f"round {last}; rounds must increase")
-            st = self.store.get_state(self.fingerprint, unit, run)
+            st = self.store.get_state(self._key(unit), run)
             if st is not None and STATE_ARRAYS not in context.state:   # a restarted node resumes
                 context.state[STATE_ARRAYS] = ArrayRecord({k: Array(v) for k, v in st.items()})
                 meta["last_t"] = int(last or 0)
@@ -201,7 +205,8 @@ class DPIADMMClient:
         """Charge the release on the agent's disk before it leaves (refuse past dp-max-epsilon)."""
         cap, delta = self.privacy["max_epsilon"], self.privacy["delta"]
 
-        def check(multipliers):
+        def check(entries):
+            multipliers = [e.noise_multiplier for e in entries]
             if cap is None:
                 return
             mech = entry["mechanism"]
@@ -215,7 +220,7 @@ class DPIADMMClient:
 
         h = hashlib.sha256(msg.content["arrays"]["w"].numpy().tobytes() + str(sorted(
             msg.content["config"].items())).encode()).hexdigest()
-        self.store.commit_release(self.fingerprint, unit, run, t, "train", h,
+        self.store.commit_release(self._key(unit), run, t, "train", h, unit=unit, mechanism=entry["mechanism"],
                                   noise_multiplier=entry["scale"] / entry["sensitivity"] if entry["sensitivity"] else 0.0,
                                   sigma=entry["scale"], sensitivity=entry["sensitivity"], payload={"z": z_new},
                                   check=check, state={"z": z_new, "lam": lam, "last": z_new})

@@ -36,33 +36,12 @@ STATE_ALIGN = "vfl.align."
 _TABLES: OrderedDict = OrderedDict()     # (source, mtime) -> PartyTable, while the process lives
 
 
-#: node-config key -> run-config key listing it per party (index = partition-id), for runs
-#: where nodes cannot be given their own config (Flower's simulation, ``flower-vfl simulate``)
-_PER_PARTY = {"data-path": "party-data-paths", "test-path": "party-test-paths",
-              "score-path": "party-score-paths", "model-dir": "party-model-dirs"}
-#: node-config keys that default to the run config's value
-_SHARED = ("id-column", "preprocess")
-
-
 def node_cfg(context: Context) -> dict:
-    """The party's data keys: its node config, else its entry in the run config's per-party lists."""
+    """The party's data keys: its node config (over the party's own FLOWER_VFL_NODE_CONFIG file),
+    and nothing else. The run config is the central node's: it never names this party's files,
+    ID column, preprocessing or folders (docs/own-data.md, issue 20)."""
     from flower_vfl.apps.client import party_node_config      # the node config + the party's own file
-    nc, rc = party_node_config(context), context.run_config
-    pid = int(nc.get("partition-id", 0))
-    from_run = set()
-    for key, rkey in _PER_PARTY.items():
-        vals = [v.strip() for v in str(rc.get(rkey, "") or "").split(",")]
-        if key not in nc and pid < len(vals) and vals[pid]:
-            nc[key] = vals[pid]
-            from_run.add(key)
-    for key in _SHARED:
-        if key not in nc and rc.get(key):
-            nc[key] = rc[key]
-    owner = ("data-path" in from_run and nc["data-path"] == rc.get("labels-path")) or \
-        ("score-path" in from_run and nc["score-path"] == rc.get("score-ids-path"))
-    if owner and "label-column" not in nc:
-        nc["label-column"] = rc.get("label-column", "label")      # the label owner's own node
-    return nc
+    return party_node_config(context)
 
 
 def uses_own_data(context: Context) -> bool:
@@ -118,14 +97,42 @@ def own_blocks(context: Context):
 
 
 # ------------------------------------------------------------------------ PSI handlers
+def _psi_record(context: Context, split: str, table, kind: str, items) -> None:
+    """Count ``items`` in the party's PSI log for this split's file, or refuse past its cap
+    (``psi-max-asked`` × its own number of IDs, across all runs: :mod:`flower_vfl.io.psi_log`)."""
+    from flower_vfl.io.psi_log import PsiLog, source_key
+    from flower_vfl.privacy.store import default_state_dir
+    nc = node_cfg(context)
+    factor = nc.get("psi-max-asked", 1.0)
+    try:
+        factor = float(1.0 if factor in (None, "") else factor)
+    except (TypeError, ValueError):
+        factor = float("nan")
+    if not (factor > 0 and np.isfinite(factor)):
+        raise ConfigError(f"the node-config key psi-max-asked={nc.get('psi-max-asked')!r} must be a number > 0 "
+                          "(a multiple of this party's own number of IDs; default 1.0)")
+    src = party_source(context, split)
+    log = PsiLog(nc.get("state-dir") or default_state_dir())
+    try:
+        log.record(source_key(src.path, src.id_column), kind, items, table.n_rows, factor,
+                   run=getattr(context, "run_id", None), split=split)
+    finally:
+        log.close()
+
+
 def psi_answer(msg: Message, context: Context) -> Message:
-    """Step 2 of the ECDH-PSI: (setup, response) for the label owner's request."""
+    """Step 2 of the ECDH-PSI: (setup, response) for the label owner's request, once the
+    request's blinded items are counted in the party's PSI log (refused past its cap)."""
     cfg = msg.content["psi"]
     split = str(cfg["split"])
     table = _table(context, split)
-    setup, response = psi.party_answer(table.ids, bytes(cfg["request"]), float(cfg.get("fpr", 1e-9)),
-                                       str(cfg.get("structure", "raw")),
-                                       int(node_cfg(context).get("psi-max-request", 0) or 0))
+    request = bytes(cfg["request"])
+    max_request = int(node_cfg(context).get("psi-max-request", 0) or 0)
+    items = psi.request_items(request)
+    if not (max_request and len(items) > max_request):       # else party_answer names that cap
+        _psi_record(context, split, table, "request", items)
+    setup, response = psi.party_answer(table.ids, request, float(cfg.get("fpr", 1e-9)),
+                                       str(cfg.get("structure", "raw")), max_request)
     return Message(RecordDict({"psi": ConfigRecord({"party": _party_id(context), "split": split,
                                                     "setup": setup, "response": response})}), reply_to=msg)
 
@@ -137,7 +144,12 @@ def psi_order(msg: Message, context: Context) -> Message:
     order = psi.decode_ids(bytes(cfg["order"]))
     if psi.ids_digest(order) != str(cfg["digest"]):
         raise DataError(f"party {_party_id(context)}: the agreed {split} order arrived corrupted (digest mismatch)")
+    if len(set(order)) != len(order):
+        raise DataError(f"party {_party_id(context)}: the agreed {split} order names {len(order) - len(set(order))} "
+                        "ID(s) more than once; each sample is one row")
     table = _table(context, split)
+    # accepting an order tells the requester that this party holds every ID in it: counted too
+    _psi_record(context, split, table, "order", order)
     idx = align_rows(table.ids, order, where=f"party {_party_id(context)} ({table.path})")
     context.state[STATE_ALIGN + split] = ArrayRecord({"idx": Array(idx)})
     return Message(RecordDict({"psi": ConfigRecord({"party": _party_id(context), "split": split,

@@ -5,9 +5,11 @@ boundary (:mod:`flower_vfl.privacy.boundary`): fields, dtypes, shapes, finitenes
 ranges and round order are checked before anything touches state or budget, and a bad
 message gets a refusal naming the field. A private party's ledger and every answer it gave
 live in its :class:`~flower_vfl.privacy.store.PartyStore` on its own disk (``state-dir``),
-shared by every run on the same data; its iterate is kept there too, so a restarted node
-resumes. A non-private party keeps x_m, s_m and z_loc in ``context.state``. Replies carry
-only N-vectors and scalar metadata: never x_m, never the noise seed.
+in one :class:`~flower_vfl.privacy.ledger.Ledger` keyed by the data source its node config
+declares (:mod:`flower_vfl.clients.source`), shared by every run and every view of that data;
+its iterate is kept there too, so a restarted node resumes. A non-private party keeps x_m,
+s_m and z_loc in ``context.state``. Replies carry only N-vectors and scalar metadata: never
+x_m, never anything about the noise's origin.
 """
 
 from __future__ import annotations
@@ -47,9 +49,16 @@ _STORES: dict = {}
 
 
 def _fingerprint(D) -> tuple:
-    """Type, shape and a SHA-256 of the block's content."""
-    from flower_vfl.privacy.store import data_fingerprint
-    return type(D).__name__, tuple(D.shape), data_fingerprint(D)
+    """Type, shape and a SHA-256 of the block's content: the solver cache's key (never the
+    privacy ledger's: that is the declared source, flower_vfl.clients.source)."""
+    h = hashlib.sha256()
+    M = D.tocsr() if sp.issparse(D) else None
+    parts = (M.indptr, M.indices, M.data) if M is not None else (np.asarray(D),)
+    for a in parts:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}|{a.shape}|".encode())
+        h.update(memoryview(a).cast("B"))
+    return type(D).__name__, tuple(D.shape), h.hexdigest()
 
 
 class VerticalPartyClient:
@@ -71,10 +80,16 @@ class VerticalPartyClient:
         M (only used by the paper's Lemma 1 calibration).
     x_solver : {'auto', 'gram', 'cg', 'dual', 'chol'}, default='auto'
         The x-update method (:mod:`flower_vfl.core.xsolve`).
+    source : flower_vfl.clients.source.DeclaredSource or None
+        The data the node config declares: a private party's ledger key. None: the
+        ``partition-id`` only (direct use from Python; a ClientApp always passes one).
+    rho_range : (float, float) or None
+        The party's own bounds on the ρ it accepts (node config ``min-rho``/``max-rho``).
     """
 
     def __init__(self, party_id, D, D_test, penalty="l2", lam=1e-4, constraint=None, l1_ratio=0.5,
-                 privacy=None, n_parties=2, state_dir=None, max_answers=0, x_solver="auto"):
+                 privacy=None, n_parties=2, state_dir=None, max_answers=0, x_solver="auto", source=None,
+                 rho_range=None):
         self.party_id = int(party_id)
         self.x_solver = x_solver          # the x-update method (core/xsolve.py; run config x-solver)
         self.D, self.D_test = D, D_test
@@ -83,6 +98,8 @@ class VerticalPartyClient:
         self.n_parties = n_parties
         self.state_dir = state_dir
         self.max_answers = int(max_answers or 0)
+        self.source = source
+        self.rho_range = rho_range
         self.party = None
 
     # ----------------------------------------------------------------- state
@@ -96,8 +113,11 @@ class VerticalPartyClient:
     def _build(self, context: Context, n_outputs: int):
         if self.privacy is not None:
             from flower_vfl.privacy.party import PrivateParty
+            src = self.source
             party = PrivateParty(self.D, self.D_test, self.lam, self.privacy, self.party_id, self.n_parties,
-                                 store=self._store(), run=str(context.run_id), fingerprint=_fingerprint(self.D)[2])
+                                 store=self._store(), run=str(context.run_id),
+                                 source=src.key if src is not None else f"partition:{self.party_id}",
+                                 about=src.about if src is not None else None)
             party.restore()                # the iterate is in the store (a restarted node resumes)
             return party
         party = PartyUpdate(self.D, get_penalty(self.penalty, self.l1_ratio), self.lam,
@@ -150,7 +170,7 @@ class VerticalPartyClient:
                 "train_rounds": int(self.privacy.train_rounds) if self.privacy is not None else 0}
         if self.privacy is not None:
             party = self._build(context, 1)
-            info.update(_affordability(party))
+            info.update(party.affordability())
         else:   # the round this party's state in this run has reached (-1: none), for resume
             info["last_train"] = int(self._meta(context)["last_train"])
         return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
@@ -161,7 +181,7 @@ class VerticalPartyClient:
         try:
             n_out = self._n_outputs(msg, meta, context)
             inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
-                                 needs_vectors=True, n_outputs=n_out)
+                                 needs_vectors=True, n_outputs=n_out, rho_range=self.rho_range)
             self.party = self._build(context, n_out)
             if self.privacy is not None:
                 s = self.party.train_release(inputs.round, None, None, inputs.rho, inputs=inputs)
@@ -189,6 +209,10 @@ class VerticalPartyClient:
             raise Refused(f"party {self.party_id} has given the {self.max_answers} answers its node config "
                           "allows per run (max-answers); refused", field="config.round")
         s = self.party.train_release(inputs.round, inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
+        if not np.all(np.isfinite(s)):      # refused before context.state is written: nothing changes
+            raise InvalidMessage(f"party {self.party_id}: the train release at rho={inputs.rho!r} is not finite; "
+                                 "refused (the party's node config can narrow the accepted rho with min-rho / "
+                                 "max-rho)", field="config.rho")
         meta.update(last_train=inputs.round, answers=meta["answers"] + 1, last_hash=h)
         context.state[STATE_LAST] = ArrayRecord({"s": Array(np.asarray(s, dtype=float))})
         return s
@@ -203,7 +227,7 @@ class VerticalPartyClient:
             final = self.privacy is not None and bool(cfg.get("final_update", False))
             n_out = meta["n_outputs"] or int(cfg.get("n_outputs", 1))
             inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
-                                 needs_vectors=final, n_outputs=n_out)
+                                 needs_vectors=final, n_outputs=n_out, rho_range=self.rho_range)
             self.party = self._build(context, n_out)
             if self.privacy is None:      # flower_vfl.core.scoring: the predict job's code on the held-out rows
                 s_test = party_scores(self.D_test, self.party.x)
@@ -239,19 +263,6 @@ class VerticalPartyClient:
         if self.privacy is not None and self.party is not None:
             content["privacy"] = ConfigRecord({"report": json.dumps(_jsonable(self.party.report()))})
         return Message(content, reply_to=msg)
-
-
-def _affordability(party) -> dict:
-    """Whether the party's remaining budget covers its plan (every planned release at z)."""
-    from flower_vfl.privacy.accounting import epsilon_for_releases
-    c = party.config
-    spent = [e.noise_multiplier for e in party.store.entries(party.fingerprint, party.unit)
-             if e.run != party.run]
-    plan = [party.z] * (c.train_rounds + c.eval_rounds)
-    after = epsilon_for_releases(spent + plan, c.delta, c.accountant)
-    return {"epsilon": float(c.epsilon), "spent_before_run": float(epsilon_for_releases(spent, c.delta,
-                                                                                       c.accountant)),
-            "affordable": bool(after <= c.epsilon * (1 + 1e-9))}
 
 
 def _jsonable(obj):

@@ -33,6 +33,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from flower_vfl.errors import UserError
 from flower_vfl.core.accel import ACCELERATIONS
 from flower_vfl.core.losses import LOSSES
 from flower_vfl.core.xsolve import METHODS as X_SOLVERS
@@ -47,7 +48,7 @@ SCOPES = ("run", "node", "node-first", "party", "both")
 ACCOUNTANTS = ("exact", "pld", "rdp", "prv", "paper")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration value that the schema refuses (names the key and what is allowed)."""
 
 
@@ -174,6 +175,9 @@ SCHEMA: dict[str, Key] = dict([
                                      "flower_vfl.clients.psi_party; docs/own-data.md)")
       for name in ("data-path", "test-path", "score-path", "id-path", "columns", "categorical", "format",
                    "n-features", "sparse", "psi-max-request")),
+    _k("psi-max-asked", float, 1.0, "node", "own data: a party's cap on the distinct IDs it ever answers PSI for, "
+       "per file and across all runs, as a multiple of its own number of IDs in that file (docs/own-data.md)",
+       lo=0.0, lo_open=True),
     _k("preprocess", object, "none", "both", "own data: preprocessing of a party's columns (docs/own-data.md)"),
     *(_k(f"party-{name}s", str, "", "run", f"own data, simulation: comma-separated {name} per party "
                                             "(index = partition-id) for nodes without their own config")

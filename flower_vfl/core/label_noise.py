@@ -32,7 +32,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import expit
 
-from flower_vfl.core.losses import Loss, _check_binary, _newton_1d
+from flower_vfl.core.loss_base import Loss, _check_binary, _newton_1d
 
 __all__ = ["ForwardCorrectedLogistic", "curvature_bound"]
 

@@ -1,4 +1,4 @@
-"""Penalties R_m and constraint sets X_m, and the party's x-update (paper eq. 6).
+"""Penalties R_m and constraint sets X_m used by the party's x-update (paper eq. 6).
 
 Every party solves, in completed-square form,
 
@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-__all__ = ["Penalty", "get_penalty", "XSolver", "Ball", "Box", "PENALTIES"]
+__all__ = ["Penalty", "get_penalty", "Ball", "Box", "PENALTIES"]
 
 
 class Ball:
@@ -135,11 +135,3 @@ def _spectral_norm_sq(D) -> float:
         return float(np.linalg.norm(D, 2) ** 2)
     op = spla.LinearOperator((d, d), matvec=lambda v: D.T @ (D @ v), dtype=float)
     return float(spla.eigsh(op, k=1, which="LA", tol=1e-6, return_eigenvectors=False)[0])
-
-
-def __getattr__(name):
-    """``XSolver`` moved to :mod:`flower_vfl.core.xsolve`; still importable from here."""
-    if name == "XSolver":
-        from flower_vfl.core.xsolve import XSolver
-        return XSolver
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

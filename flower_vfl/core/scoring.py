@@ -1,11 +1,13 @@
-"""One scoring path for the evaluation rounds during training and the ``predict`` job.
+"""One scoring path for the estimator, the evaluation rounds during training and the ``predict`` job.
 
-* a party (:func:`party_scores`): its score contribution ``D_m x_m`` on a set of rows. The
-  evaluate handler (:meth:`~flower_vfl.clients.vertical_party.VerticalPartyClient.evaluate`,
-  held-out rows, x_m in memory) and the predict handler (:func:`flower_vfl.clients.psi_party.predict`,
-  scoring rows, x_m from the saved model file) both call it. A private party passes its
-  released x̃: it was fitted on row-normalized rows, so the rows are normalized the same way
-  (:func:`normalize_rows`); scoring is post-processing of x̃, free.
+* a party (:func:`released_scores`): its score contribution from its released block on a set
+  of rows. A non-private party's block is x_m and its contribution ``D_m x_m``; a private
+  party's block is its released x̃, fitted on row-normalized rows, so the rows are normalized
+  the same way (:func:`normalize_rows`) first; scoring is post-processing of x̃, free. Every
+  scoring site calls it: the estimator's ``decision_function`` (in memory, after ``load`` or
+  unpickling), the party's evaluate handler (held-out rows) and the predict handler (scoring
+  rows, x_m from the saved model file). :func:`party_scores` is the same function under its
+  older name.
 * the label owner (:func:`combine`): ``f = sum_m D_m x_m + b`` over the named parties (a
   missing one is an error, never a zero). The strategy's ``aggregate_evaluate`` and
   :func:`flower_vfl.strategies.own_data.predict` both call it; the predict job then decodes
@@ -26,7 +28,7 @@ import scipy.sparse as sp
 
 from flower_vfl.errors import PartyMissing
 
-__all__ = ["normalize_rows", "party_scores", "combine", "BINARY_LOSSES", "encode_classes", "check_target",
+__all__ = ["normalize_rows", "released_scores", "party_scores", "combine", "BINARY_LOSSES", "encode_classes", "check_target",
            "decode_scores"]
 
 
@@ -43,15 +45,23 @@ def normalize_rows(D):
     return D / norms[:, None]
 
 
-def party_scores(D_rows, x, private: bool = False) -> np.ndarray:
-    """``D_rows @ x`` as float64: one party's contribution to the scores of ``D_rows``.
+def released_scores(D_rows, x, private: bool = False) -> np.ndarray:
+    """One party's contribution to the scores of ``D_rows``, from its released block, as float64.
 
     ``D_rows``: the party's preprocessed rows to score (dense or sparse), in the aligned order;
-    ``x``: its block (x_m, or for a private party its released x̃, with ``private=True``).
+    ``x``: its released block: x_m of a non-private party (``D_rows @ x``), or the released x̃
+    of a private party (``private=True``: ``normalize_rows(D_rows) @ x``, as in training).
+    A private party that never released its block (``x is None``) cannot score rows.
     """
+    if x is None:
+        raise ValueError("a private party's model was never released; it cannot score rows")
     if private:
         D_rows = normalize_rows(D_rows)
     return np.asarray(D_rows @ np.asarray(x), dtype=float)
+
+
+#: the older name of :func:`released_scores` (the party handlers call it)
+party_scores = released_scores
 
 
 def combine(parts: Mapping[int, np.ndarray], intercept, parties: Iterable[int], what: str = "scores") -> np.ndarray:

@@ -19,7 +19,7 @@ import numpy as np
 import scipy.linalg as sla
 from scipy.linalg.lapack import dpotrf, dpotri
 
-from flower_vfl.core.xsolve import mm, one_blas_thread
+from flower_vfl.core.blas import mm, one_blas_thread
 
 __all__ = ["prox_on_gram", "fista_on_D", "ball_l2"]
 
@@ -192,7 +192,7 @@ def fista_on_D(solver, v, rho, x0, tol):
     """FISTA on D itself (no Gram): 2 mat-vecs per step; returns (x, inner iterations)."""
     D = solver.D
     if getattr(solver, "_L", None) is None or solver._L_rho != rho:
-        from flower_vfl.core.penalties import _spectral_norm_sq
+        from flower_vfl.core.penalties import _spectral_norm_sq     # no circle: penalties imports no solver
         solver._L, solver._L_rho = rho * _spectral_norm_sq(D), rho
     d = D.shape[1]
     shape = (d,) if v.ndim == 1 else (d, v.shape[1])

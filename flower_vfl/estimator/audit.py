@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from flower_vfl.core.penalties import Ball, L2, XSolver
+from flower_vfl.core.penalties import Ball, L2
+from flower_vfl.core.xsolve import XSolver
 from flower_vfl.privacy.sensitivity import paper_sensitivity, strict_param_sensitivity, strict_sensitivity
 
 __all__ = ["AuditResult", "audit_targets", "audit_private_run"]

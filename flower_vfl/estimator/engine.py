@@ -1,24 +1,24 @@
 """In-process vertical ADMM sharing with a scikit-learn-style API.
 
-The loop below is Algorithm 1 run in one process; the Flower strategy and party
-client call exactly the same :class:`PartyUpdate` / :class:`CentralUpdate`
-methods, so the two cannot drift.
+Algorithm 1 run in one process: the rounds are :class:`flower_vfl.core.rounds.RoundDriver`'s,
+the Flower strategy's loop, and the parties are the same :class:`PartyUpdate` /
+:class:`~flower_vfl.privacy.party.PrivateParty` objects the Flower ClientApp runs, so the two
+paths cannot drift.
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 
 from sklearn.base import BaseEstimator
 
-from flower_vfl.core.accel import acceleration_name, make_accelerator
-from flower_vfl.core.central import CentralUpdate, residuals
+from flower_vfl.core.central import CentralUpdate
 from flower_vfl.core.constraints import make_constraint  # noqa: F401  (re-exported)
 from flower_vfl.core.losses import get_loss
 from flower_vfl.core.party import PartyUpdate
-from flower_vfl.core.penalties import Ball, Box, get_penalty
+from flower_vfl.core.penalties import Ball, Box, get_penalty  # noqa: F401
+from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, RoundDriver
+from flower_vfl.core.rounds import sum_releases as _sum_releases  # noqa: F401  (tests)
 from flower_vfl.estimator.sklearn_api import BINARY_LOSSES, SklearnAPIMixin, check_target, decode_scores, encode_classes
 from flower_vfl.core.validation import check_blocks, check_params
 
@@ -27,12 +27,35 @@ from flower_vfl.core.schedule import balance_rho, default_rho, private_schedule 
 __all__ = ["VerticalADMM", "default_rho", "make_constraint", "private_schedule"]
 
 
-def _sum_releases(released):
-    """sum_m s_m in one new N-vector: s_0 + s_1, then in place (the values of 0.0 + s_0 + ...)."""
-    s_sum = released[0] + (released[1] if len(released) > 1 else 0.0)
-    for s in released[2:]:
-        s_sum += s
-    return s_sum
+class _InProcess:
+    """The engine's :class:`~flower_vfl.core.rounds.RoundExchange`: the party objects called
+    in process, with what a Flower party sends (s_m; lam R(x_m) from a non-private party)."""
+
+    evaluates = False      # no test rows: score with decision_function, or in a callback
+
+    def __init__(self, parties, private, central):
+        self.parties, self.private, self.central = parties, private, central
+
+    def train(self, k, active, qs):
+        c = self.central
+        fresh = {m: self.parties[m].train_release(k, c.q if qs is None else qs[m], c.y, c.rho, c.alpha, c.theta)
+                 for m in active}
+        return fresh, {m: self.parties[m].solver.lam * self.parties[m].penalty_value()
+                       for m in active if not self.private[m]}
+
+    def evaluate(self, k, parties, final):  # pragma: no cover - evaluates is False
+        raise NotImplementedError
+
+    def finish(self, k):
+        """Each private party's last x-update from the last message (internal, never released:
+        costs no privacy), then its model x~ drawn and charged once (numbered as in Flower)."""
+        c = self.central
+        for p, pr in zip(self.parties, self.private):
+            if pr:
+                p.final_update(c.q, c.y, c.rho, c.alpha, c.theta)
+        for p, pr in zip(self.parties, self.private):
+            if pr and p.config.eval_rounds > 0:
+                p.release_model(k)
 
 
 def _public_coef(parties):
@@ -57,9 +80,10 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         ADMM penalty on the z side; 'auto' uses :func:`default_rho`.
     fit_intercept : bool, default=True
         The label owner fits an unpenalized intercept jointly with z.
-    max_rounds : int, default=100
-    tol : float, default=1e-6
-        Relative tolerance of Boyd's residual stopping rule (0 runs all rounds).
+    max_rounds : int, default=50
+    tol : float, default=0.0
+        Relative tolerance of Boyd's residual stopping rule; 0 runs all rounds (the defaults
+        are the run config's, :mod:`flower_vfl.core.rounds`; e.g. ``tol=1e-6`` to stop early).
     tol_abs : float, default=1e-9
     alpha : float, default=1.0
         Over-relaxation (1 = the paper's eq. 7-8 verbatim).
@@ -67,7 +91,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         'sharing' damps the residual by 1/M (theta = 1/M, Boyd Sec. 7.3, convergent for
         any rho); 'paper' uses eq. (6) verbatim (theta = 1).
     adaptive_rho : bool, default=False
-        Residual balancing (Boyd Sec. 3.4.1, mu=10, tau=2).
+        Residual balancing (Boyd Sec. 3.4.1, mu=10, tau=2), after every round that does not stop.
     l1_ratio : float, default=0.5
     constraint : None, ('ball', r) or ('box', lo, hi)
         X_m, applied to every party's block.
@@ -76,8 +100,10 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
     privacy : None or list of (PrivacyConfig or None)
         Per party: None for a non-private party, or its own
         :class:`flower_vfl.privacy.PrivacyConfig` (then penalty must be 'l2'; rows are
-        normalized, x is kept in its ball, releases are noisy and ledgered, and every
-        call to :meth:`decision_function` is an evaluation release that is counted).
+        normalized, x is kept in its ball, releases are noisy and ledgered). The party's model
+        x~ is drawn and charged once, after its final update (when its ``eval_rounds`` > 0);
+        :meth:`decision_function` scores rows from that released x~ and costs nothing more
+        (post-processing).
         With private parties ``max_rounds`` and ``tol`` govern the warm-start phase of the
         non-private parties; each private party then takes part in ``train_rounds`` rounds
         (the smallest over private parties) and makes one final unreleased x-update
@@ -109,7 +135,10 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
     coef_ : list of ndarray
     intercept_ : float or ndarray
     history_ : list of dict
-        Per round: objective, primal and dual residuals, rho, elapsed seconds.
+        Per round (:class:`~flower_vfl.core.rounds.RoundDriver`, the same rows as the Flower
+        strategy's): train_loss (on the released s_m), objective (when no party is private:
+        a private party's lam R(x_m) is not released), primal and dual residuals, rho,
+        parties, stale, elapsed seconds.
     n_rounds_ : int
     converged_ : bool
     acceleration_ : str
@@ -118,7 +147,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
     """
 
     def __init__(self, loss="logistic", penalty="l2", lam=1e-4, rho="auto", fit_intercept=True,
-                 max_rounds=100, tol=1e-6, tol_abs=1e-9, alpha=1.0, variant="sharing",
+                 max_rounds=DEFAULT_MAX_ROUNDS, tol=DEFAULT_TOL, tol_abs=DEFAULT_TOL_ABS, alpha=1.0, variant="sharing",
                  adaptive_rho=False, l1_ratio=0.5, constraint=None, random_state=None,
                  privacy=None, verbose=False, callback=None, x_solver="auto",
                  acceleration="auto", label_epsilon=None, label_seed=None):
@@ -200,84 +229,52 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
     def fit(self, X_blocks, y):
         """Run ADMM sharing until the residual rule holds or ``max_rounds`` are done.
 
-        With private parties the run has the phases of :func:`private_schedule`: the
-        non-private parties (and the intercept) first, then the private parties' budgeted
-        rounds, then one unreleased x-update of each private party, used by its evaluation
-        releases.
+        The rounds are :class:`~flower_vfl.core.rounds.RoundDriver`'s, the Flower strategy's
+        loop, with the parties called in process. With private parties the run has the phases
+        of :func:`private_schedule`: the non-private parties (and the intercept) first, then
+        the private parties' budgeted rounds, then one unreleased x-update of each private
+        party, used by its evaluation releases.
         """
         loss, blocks, t, parties, central = self._setup(X_blocks, y)
         self._parties, self._central, self._eval_round = parties, central, 0
         self.loss_, self.n_features_in_ = loss, [D.shape[1] for D in blocks]
         self.classes_ = encode_classes(y, loss.name)[1]     # the user's own labels (None: regression)
-        self.history_ = []
-        self.converged_ = False
         private = [hasattr(p, "ledger") for p in parties]
-        phases = private_schedule(private, self.max_rounds,
-                                  [p.config.train_rounds for p, pr in zip(parties, private) if pr])
-        start = time.perf_counter()
+        driver = RoundDriver(central, len(parties), max_rounds=self.max_rounds, tol=self.tol,
+                             tol_abs=self.tol_abs, adaptive_rho=self.adaptive_rho)
+        phases = driver.plan(private, [p.config.train_rounds for p, pr in zip(parties, private) if pr],
+                             getattr(self, "acceleration", "none"), self.penalty, self.constraint is not None)
+        self.acceleration_ = driver.acceleration
+        self.history_ = driver.history
+        self.converged_ = False
         bar = None
         if self.verbose:
             from tqdm.auto import tqdm
             bar = tqdm(total=sum(r for r, _, _ in phases), desc="ADMM rounds", unit="round")
-        k = 0
-        acc = make_accelerator(getattr(self, "acceleration", "none"), central, private,
-                               self.penalty, self.constraint is not None)
-        self.acceleration_ = acceleration_name(acc)
+
+        def on_round(k, row, i_phase, j, stopped):
+            if self.callback is not None:   # copies of x (x is updated in place): for it only
+                self.coef_ = _public_coef(parties)
+            self.intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
+            self.n_rounds_ = k
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(objective=f"{row.get('objective', row['train_loss']):.6g}",
+                                r=f"{row['primal_residual']:.2e}")
+            if self.callback is not None:
+                self.callback(k, self)
+
+        def on_warm_start(k, metrics):   # the non-private parties' model alone: the bar to clear
+            self.nonprivate_coef_ = [None if pr else p.x.copy() for p, pr in zip(parties, private)]
+            self.nonprivate_intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
+
         try:
-            for i_phase, (n_rounds, active, use_tol) in enumerate(phases):
-                if i_phase == 1:     # end of the warm start: the non-private parties' model alone
-                    self.nonprivate_coef_ = [None if pr else p.x.copy() for p, pr in zip(parties, private)]
-                    self.nonprivate_intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
-                qs = None
-                for _ in range(n_rounds):
-                    k += 1
-                    # last round's releases and their sum go first: at 1M rows x 3 parties they
-                    # are 4 N-vectors (32 MB) the new releases would otherwise overlap
-                    released = s_sum = None
-                    released = [p.train_release(k, central.q if qs is None else qs[m], central.y, central.rho,
-                                                central.alpha, central.theta) if active[m] else p.s
-                                for m, p in enumerate(parties)]
-                    s_sum = _sum_releases(released)
-                    r, d = central.step(s_sum)
-                    obj = self._objective(loss, t, parties, central, None if any(private) else s_sum)
-                    # the stopping thresholds (3 N-vector norms) only where the rule is applied
-                    stop_rule = use_tol and self.tol > 0
-                    if stop_rule:
-                        eps_pri, eps_dual = residuals(r, d, s_sum, central.z, central.y, self.tol, self.tol_abs)
-                    self.history_.append({"round": k, "objective": obj, "primal_residual": r,
-                                          # the same column the Flower strategy writes (report.py)
-                                          "train_loss": obj - sum(p.solver.lam * p.penalty_value() for p in parties),
-                                          "dual_residual": d, "rho": central.rho,
-                                          "parties": int(sum(active)),
-                                          "elapsed_s": time.perf_counter() - start})
-                    if self.callback is not None:   # copies of x (x is updated in place): for it only
-                        self.coef_ = _public_coef(parties)
-                    self.intercept_ = central.b.copy() if np.ndim(central.b) else float(central.b)
-                    self.n_rounds_ = k
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(objective=f"{obj:.6g}", r=f"{r:.2e}")
-                    if self.callback is not None:
-                        self.callback(k, self)
-                    if stop_rule and r <= eps_pri and d <= eps_dual:
-                        self.converged_ = True
-                        break
-                    if self.adaptive_rho:
-                        central.set_rho(balance_rho(central.rho, r, d, loss, t.shape[0]))
-                    if acc is not None:     # the same call as the Flower strategy's (core/accel.py)
-                        qs = acc.step([p.s for p in parties], central)
+            driver.run(_InProcess(parties, private, central), on_round=on_round, on_warm_start=on_warm_start)
         finally:     # also when a round raises or the fit is interrupted: the parties' blocks as they are
             self.coef_ = _public_coef(parties)
-        for p, pr in zip(parties, private):
-            if pr:   # internal, never released: costs no privacy
-                p.final_update(central.q, central.y, central.rho, central.alpha, central.theta)
-        if any(private):
-            for p, pr in zip(parties, private):
-                if pr and p.config.eval_rounds > 0:
-                    p.release_model(k)   # x~ drawn and charged once (numbered as the Flower path does)
-            self.coef_ = _public_coef(parties)
-        if bar is not None:
-            bar.close()
+            self.converged_ = driver.converged
+            if bar is not None:
+                bar.close()
         return self
 
     def privacy_report(self):
@@ -288,12 +285,6 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
             reports.append(self.label_privacy_.report())
         return reports
 
-    @staticmethod
-    def _objective(loss, t, parties, central, s_sum=None):
-        # from the released s_m (exactly D_m x_m for non-private parties): no pass over the data
-        f = (sum(p.D @ p.x for p in parties) if s_sum is None else s_sum) + central.b
-        return loss.mean(f, t) + sum(p.solver.lam * p.penalty_value() for p in parties)
-
     # ------------------------------------------------------------- predict
     def decision_function(self, X_blocks):
         if not hasattr(self, "coef_"):
@@ -303,13 +294,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         if [D.shape[1] for D in blocks] != self.n_features_in_:
             raise ValueError(f"blocks have widths {[D.shape[1] for D in blocks]}; the model was fitted "
                              f"on widths {self.n_features_in_}")
-        if self.privacy is None or all(c is None for c in self.privacy):
-            return sum(D @ x for D, x in zip(blocks, self.coef_)) + self.intercept_
-        if getattr(self, "_parties", None) is None:     # loaded or unpickled: no training state
-            return self._released_decision(blocks)
-        # a private party scores from its released x~ (post-processing: no further privacy cost)
-        return sum(p.predict(D) if hasattr(p, "ledger") else D @ p.x
-                   for p, D in zip(self._parties, blocks)) + self.intercept_
+        return self._released_decision(blocks)      # core.scoring.released_scores per block
 
     def decision_function_nonprivate(self, X_blocks):
         """Scores of the non-private parties' model at the end of the warm start (private runs):

@@ -15,6 +15,7 @@ import numpy as np
 __all__ = ["BINARY_LOSSES", "encode_classes", "decode_scores", "check_target", "SklearnAPIMixin"]
 
 from flower_vfl.core.scoring import BINARY_LOSSES, check_target, decode_scores, encode_classes  # noqa: F401
+from flower_vfl.core.scoring import released_scores
 
 #: state that holds training data (the parties' blocks, the labels): never pickled or saved
 _TRAINING_STATE = ("_parties", "_central")
@@ -48,27 +49,27 @@ class SklearnAPIMixin:
     def __getstate__(self):
         """Pickle the fitted model without the parties' blocks or the labels."""
         state = dict(self.__dict__)
-        parties = state.get("_parties")
-        if parties is not None:
-            state["_private_mask_"] = [hasattr(p, "ledger") for p in parties]
+        if state.get("_parties") is not None:
+            state["_private_mask_"] = self._private_mask()
         for key in _TRAINING_STATE:
             state.pop(key, None)
         if state.get("label_seed") is not None:
             state["label_seed"] = None   # the label owner's flip seed never leaves it
         return state
 
+    def _private_mask(self) -> list[bool]:
+        """Per block, whether its party was private (from the parties in memory, else as saved)."""
+        parties = getattr(self, "_parties", None)
+        if parties is not None:
+            return [hasattr(p, "ledger") for p in parties]
+        return list(getattr(self, "_private_mask_", None) or [False] * len(self.coef_))
+
     def _released_decision(self, blocks):
-        """Scores from the saved blocks: x_m, or a private party's released x̃ on normalized rows."""
-        mask = getattr(self, "_private_mask_", None) or [False] * len(blocks)
-        total = 0.0
-        for D, x, private in zip(blocks, self.coef_, mask):
-            if private:
-                if x is None:
-                    raise ValueError("a private party's model was never released; it cannot score rows")
-                from flower_vfl.core.scoring import normalize_rows
-                D = normalize_rows(D)
-            total = total + D @ x
-        return total + self.intercept_
+        """Decision values from the released blocks ``coef_`` (x_m, or a private party's x̃ on
+        normalized rows: :func:`~flower_vfl.core.scoring.released_scores`), the same in memory,
+        after :meth:`load` and after unpickling."""
+        return sum(released_scores(D, x, private)
+                   for D, x, private in zip(blocks, self.coef_, self._private_mask())) + self.intercept_
 
     # ------------------------------------------------------------- files
     def save(self, path):
@@ -118,9 +119,7 @@ def estimator_meta(est) -> tuple[dict, dict]:
             params[k] = v
         except TypeError:
             text[k] = repr(v)        # privacy configs, callbacks: recorded as text, not restored
-    parties = getattr(est, "_parties", None)
-    mask = [hasattr(p, "ledger") for p in parties] if parties is not None else \
-        list(getattr(est, "_private_mask_", None) or [False] * len(est.coef_))
+    mask = est._private_mask()
     arrays = {f"coef_{i}": x for i, x in enumerate(est.coef_) if x is not None}
     arrays["intercept"] = np.asarray(est.intercept_, dtype=float)
     meta = {"kind": "estimator", "params": params, "params_text": text, "n_blocks": len(est.coef_),

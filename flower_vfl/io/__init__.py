@@ -2,8 +2,9 @@
 
 ``flower_vfl.io.sources`` reads CSV, Parquet and LIBSVM/svmlight files into
 ``(ids, X, columns, y)``; ``flower_vfl.io.preprocess`` fits the party-side preprocessing on
-the party's own training rows and keeps it; ``flower_vfl.io.bundled`` writes the bundled
-datasets (a9a, breast_cancer) as such files.
+the party's own training rows and keeps it; ``flower_vfl.io.bundled`` writes matrices as
+such files; ``flower_vfl.io.data`` loads the bundled datasets (a9a, breast_cancer) and splits
+their columns (``write_bundled`` writes them as party files).
 """
 
 from flower_vfl.io.preprocess import Preprocessor

@@ -1,5 +1,9 @@
 """Write a dataset as party files with IDs (the bundled demos, tests and benchmarks).
 
+Only writers: which datasets are bundled and how they are read is :mod:`flower_vfl.io.data`
+(which uses :func:`write_table` for its cached breast_cancer CSV, and whose
+:func:`~flower_vfl.io.data.write_bundled` writes a bundled dataset with :func:`write_party_files`).
+
 The label owner's file holds the ID, the label and its own columns; each other party's file
 holds the ID and its columns. Rows can be shuffled per file, a fraction dropped at one party
 and extra rows (IDs nobody else has) added at another: what real exports look like.
@@ -12,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["write_party_files", "write_table", "write_bundled"]
+__all__ = ["write_party_files", "write_table"]
 
 _SUFFIX = {"csv": ".csv", "parquet": ".parquet", "libsvm": ".svm"}
 
@@ -80,15 +84,3 @@ def write_party_files(X, y, ids, ranges, out_dir, fmt="csv", seed=0, missing=Non
         write_table(path, pid[perm], blk[perm], cols, fmt, y=None if lab is None else lab[perm])
         paths.append(path)
     return paths
-
-
-def write_bundled(name: str, out_dir, num_parties: int = 2, fmt: str = "csv", data_dir=None):
-    """The bundled dataset (``a9a`` or ``breast_cancer``) as party files with IDs ``0..N-1``
-    (train) and ``t0..`` (test), split by :func:`flower_vfl.io.data.column_ranges`."""
-    from flower_vfl.io.data import column_ranges, load_all
-    X, y, Xt, yt = load_all(name, data_dir)
-    ranges = column_ranges(name, X.shape[1], num_parties)
-    tr = write_party_files(X, y, range(X.shape[0]), ranges, out_dir, fmt, prefix="train")
-    te = write_party_files(Xt, yt, [f"t{i}" for i in range(Xt.shape[0])], ranges, out_dir, fmt, seed=1,
-                           prefix="test")
-    return tr, te

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DATASETS", "default_data_dir", "column_ranges", "party_block", "labels", "load_all"]
+__all__ = ["DATASETS", "default_data_dir", "column_ranges", "party_block", "labels", "load_all", "write_bundled"]
 
 DATASETS = ("breast_cancer", "a9a")
 #: the paper's a9a split: party 1 = features 1-66, party 2 = 67-123
@@ -127,3 +127,15 @@ def labels(name, data_dir=None):
     """(y_train, y_test): what the label owner (the central node) loads."""
     _, y, _, yt = load_all(name, None if data_dir in (None, "") else str(data_dir))
     return y, yt
+
+
+def write_bundled(name: str, out_dir, num_parties: int = 2, fmt: str = "csv", data_dir=None):
+    """The bundled dataset (``a9a`` or ``breast_cancer``) as party files with IDs ``0..N-1``
+    (train) and ``t0..`` (test), split by :func:`column_ranges`."""
+    from flower_vfl.io.bundled import write_party_files
+    X, y, Xt, yt = load_all(name, data_dir)
+    ranges = column_ranges(name, X.shape[1], num_parties)
+    tr = write_party_files(X, y, range(X.shape[0]), ranges, out_dir, fmt, prefix="train")
+    te = write_party_files(Xt, yt, [f"t{i}" for i in range(Xt.shape[0])], ranges, out_dir, fmt, seed=1,
+                           prefix="test")
+    return tr, te

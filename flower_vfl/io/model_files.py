@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from flower_vfl.errors import UserError
+
 __all__ = ["FORMAT", "VERSION", "save_party_model", "save_owner_model", "load_model", "describe",
            "data_fingerprint", "ModelFileError"]
 
@@ -26,7 +28,7 @@ FORMAT = "flower-vfl-model"
 VERSION = 1
 
 
-class ModelFileError(ValueError):
+class ModelFileError(UserError, ValueError):
     """A model file that is missing, of another format, or of an unsupported version."""
 
 

@@ -7,7 +7,8 @@ Roles. The label owner must learn which of its rows every party holds; in openmi
 side that learns the intersection is the PSI *client*. So the label owner is the PSI client
 (it holds the key ``a``) and each party is a PSI *server* (key ``k_m``, fresh per request):
 
-1. label owner -> party: ``request`` = {H(x)^a : x in the label owner's IDs}, in its row order.
+1. label owner -> party: ``request`` = {H(x)^a : x in the label owner's IDs}, in a secret random
+   order, under its kept key a (:func:`label_owner_key`: the same item for the same ID in every run).
 2. party -> label owner: ``setup`` = {H(p)^k_m : p in the party's IDs}, sorted by the library
    (the party's row order is not revealed), and ``response`` = {H(x)^(a k_m)} for the request.
 3. the label owner removes ``a`` and matches: it learns which of its own rows the party holds.
@@ -30,13 +31,15 @@ import json
 
 import numpy as np
 
-__all__ = ["LabelOwnerPSI", "party_answer", "agree_order", "encode_ids", "decode_ids", "ids_digest",
+from flower_vfl.errors import UserError
+
+__all__ = ["LabelOwnerPSI", "label_owner_key", "request_items", "party_answer", "agree_order", "encode_ids", "decode_ids", "ids_digest",
            "AlignmentError", "DATA_STRUCTURES"]
 
 DATA_STRUCTURES = ("raw", "gcs", "bloom")
 
 
-class AlignmentError(ValueError):
+class AlignmentError(UserError, ValueError):
     """The parties' IDs cannot be aligned (no or too few common IDs, a bad PSI message)."""
 
 
@@ -66,18 +69,35 @@ class LabelOwnerPSI:
     ----------
     ids : sequence of str
         The label owner's IDs in its row order (unique).
+    key : 'kept', 'fresh' or bytes, default='kept'
+        'kept': the label owner's PSI key kept in its state folder (:func:`label_owner_key`), so a
+        party's PSI log (:mod:`flower_vfl.io.psi_log`) counts an ID asked again in a later run
+        once; 'fresh': a new key (every ID asked counts as new there); or 32 key bytes.
+    state_dir : str or None
+        Where the kept key lives (None: :func:`flower_vfl.privacy.store.default_state_dir`).
     """
 
-    def __init__(self, ids):
+    def __init__(self, ids, key="kept", state_dir=None):
         psi = _psi()
         self.ids = _as_items(ids)
-        self._client = psi.client.CreateWithNewKey(True)   # reveal_intersection: it learns L ∩ P_m
+        # reveal_intersection: it learns L ∩ P_m. The kept key (label_owner_key) gives one ID the
+        # same blinded item in every alignment, so a party's PSI log counts a re-asked ID once
+        if isinstance(key, str) and key not in ("kept", "fresh"):
+            raise ValueError(f"key={key!r}; give 'kept' (label_owner_key), 'fresh' or 32 key bytes")
+        if key == "fresh":
+            self._client = psi.client.CreateWithNewKey(True)
+        else:
+            raw = label_owner_key(state_dir) if key == "kept" else bytes(key)
+            self._client = psi.client.CreateFromKey(raw, True)
+        # the request lists the IDs in a secret random order: the agreed order (plaintext, the
+        # label owner's row order) then cannot be matched to blinded items by position
+        self._perm = np.random.default_rng().permutation(len(self.ids))
         self._request = None
 
     def request(self) -> bytes:
         """Step 1: {H(x)^a}, the same bytes for every party."""
         if self._request is None:
-            self._request = self._client.CreateRequest(self.ids).SerializeToString()
+            self._request = self._client.CreateRequest([self.ids[i] for i in self._perm]).SerializeToString()
         return self._request
 
     def intersect(self, setup: bytes, response: bytes, who: str = "party") -> np.ndarray:
@@ -91,7 +111,56 @@ class LabelOwnerPSI:
         except Exception as exc:   # a malformed message names the sender
             raise AlignmentError(f"{who} sent a malformed PSI reply ({type(exc).__name__}: {exc}); check that "
                                  "it runs the same flower-vfl / openmined-psi version") from None
-        return np.unique(np.asarray(idx, dtype=np.int64))
+        idx = np.asarray(idx, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self.ids)):
+            raise AlignmentError(f"{who} sent a PSI reply naming rows outside the request")
+        return np.unique(self._perm[idx])
+
+
+def label_owner_key(state_dir=None) -> bytes:
+    """The label owner's PSI key, kept in ``<state_dir>/label-owner-psi.key`` (mode 0600; made on
+    first use; default folder :func:`flower_vfl.privacy.store.default_state_dir`).
+
+    With it the label owner asks about one ID with the same blinded item in every run, so the
+    parties' PSI logs (distinct items asked, capped) count a re-asked ID once; a party can then
+    tell that two requests share IDs (how many), nothing about which."""
+    import os
+    from pathlib import Path
+    if state_dir is None:
+        from flower_vfl.privacy.store import default_state_dir
+        state_dir = default_state_dir()
+    path = Path(state_dir) / "label-owner-psi.key"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = _psi().client.CreateWithNewKey(True).GetPrivateKeyBytes()
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)                 # first writer wins: two processes agree on one key
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    key = path.read_bytes()
+    if len(key) != 32:
+        raise AlignmentError(f"{path} holds {len(key)} bytes, not a 32-byte PSI key; restore it from a backup "
+                             "(a new key makes every ID the label owner asks count as new at the parties)")
+    return key
+
+
+def request_items(request: bytes) -> list[bytes]:
+    """The blinded items {H(x)^a} of a label owner's request (what a party can count, not read)."""
+    psi = _psi()
+    req = psi.Request()
+    try:
+        req.ParseFromString(bytes(request))
+    except Exception as exc:
+        raise AlignmentError(f"the label owner's PSI request is malformed ({exc})") from None
+    return list(req.encrypted_elements)
 
 
 def party_answer(ids, request: bytes, fpr: float = 1e-9, structure: str = "raw",

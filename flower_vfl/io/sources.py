@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from flower_vfl.errors import UserError
+
 __all__ = ["DataError", "SourceConfig", "PartyTable", "source_from_config", "read_party", "align_rows",
            "FORMATS", "SPLITS"]
 
@@ -42,7 +44,7 @@ _EXT = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".svm": "libsvm"
         ".svmlight": "libsvm", ".txt": "libsvm", ".t": "libsvm", "": "libsvm"}
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad party data: the message names the file, the config key and the fix."""
 
 

@@ -46,8 +46,11 @@ from dp_accounting.pld import PLDAccountant
 
 __all__ = [
     "METHODS",
+    "MECHANISMS",
     "available_methods",
+    "calibrate_sigma",
     "composed_event",
+    "epsilon_for_events",
     "epsilon_for_releases",
     "epsilon_spent",
     "noise_multiplier_for",
@@ -231,6 +234,36 @@ def epsilon_for_releases(
     return _EPSILON[method](zs, delta)
 
 
+#: the mechanisms a ledger composes (a release's ``mechanism`` column)
+MECHANISMS = ("gaussian", "laplace")
+
+
+def epsilon_for_events(events: Sequence[tuple[str, float]], delta: float, method: str = "exact") -> float:
+    """Total ε at ``delta`` of releases ``(mechanism, noise multiplier)`` in any mix.
+
+    Gaussian releases alone go to :func:`epsilon_for_releases` with ``method``. A mix with
+    Laplace releases (``scale / sensitivity`` as the multiplier) is composed in one
+    privacy-loss distribution (dp-accounting's ``PLDAccountant``), whatever ``method`` says
+    among ``"exact"``/``"pld"``; the other methods have no Laplace curve and refuse.
+    """
+    _check_method(method)
+    delta = _check_delta(delta)
+    events = [(str(m), _check_positive("noise_multiplier", z)) for m, z in events]
+    bad = sorted({m for m, _ in events} - set(MECHANISMS))
+    if bad:
+        raise ValueError(f"mechanism(s) {bad} are not supported; accepted values: {MECHANISMS}")
+    if all(m == "gaussian" for m, _ in events):
+        return epsilon_for_releases([z for _, z in events], delta, method)
+    if method not in ("exact", "pld"):
+        raise ValueError(f"method={method!r} cannot compose Laplace releases; use 'pld' (or 'exact', "
+                         "which composes a mix in one privacy-loss distribution)")
+    accountant = PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    for (mech, z), n in sorted(Counter(events).items()):
+        ev = dp_accounting.LaplaceDpEvent(z) if mech == "laplace" else dp_accounting.GaussianDpEvent(z)
+        accountant.compose(dp_accounting.SelfComposedDpEvent(ev, n))
+    return float(accountant.get_epsilon(delta))
+
+
 def epsilon_spent(noise_multiplier, rounds, delta, method="exact") -> float:
     """ε at ``delta`` after ``rounds`` Gaussian releases with multiplier ``z = sigma/C``.
 
@@ -301,6 +334,12 @@ def _invert(f, target: float, z0: float) -> float:
         lambda u: f(math.exp(u)) - target, math.log(lo), math.log(hi), xtol=1e-5
     )
     return math.exp(log_z)
+
+
+def calibrate_sigma(epsilon, delta, rounds, sensitivity, method="exact") -> float:
+    """σ = z·C with z = :func:`noise_multiplier_for` (epsilon, delta, rounds, method)."""
+    sensitivity = _check_positive("sensitivity", sensitivity)
+    return noise_multiplier_for(epsilon, delta, rounds, method) * sensitivity
 
 
 def noise_multiplier_for(epsilon, delta, rounds, method="exact") -> float:

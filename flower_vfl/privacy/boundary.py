@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flower_vfl.errors import UserError
+
 __all__ = ["InvalidMessage", "Refused", "RoundInputs", "inputs_hash", "parse_round",
            "PROTOCOL_RANGES"]
 
@@ -27,7 +29,7 @@ __all__ = ["InvalidMessage", "Refused", "RoundInputs", "inputs_hash", "parse_rou
 PROTOCOL_RANGES = {"rho": (0.0, math.inf), "theta": (0.0, 1.0), "alpha": (0.0, 2.0)}
 
 
-class Refused(RuntimeError):
+class Refused(UserError, RuntimeError):
     """A request the party will not answer; ``code`` says why (sent back to the server)."""
 
     code = "refused"
@@ -100,17 +102,20 @@ def parse_round(content, *, n_rows: int, party, needs_vectors: bool, n_outputs: 
                 rho_range=None, max_round: int = 10**9) -> RoundInputs:
     """Validate a train/evaluate request; raise :class:`InvalidMessage` naming the field.
 
-    ``rho_range`` (from the party's node config: ``min-rho``/``max-rho``) narrows rho.
+    ``rho_range`` = (min, max), inclusive, from the party's node config (``min-rho``/``max-rho``;
+    None for either: no bound beyond the protocol's), narrows rho.
     """
     cfg = _field(content, "config", "message")
     rnd = _field(cfg, "round", "config")
     if isinstance(rnd, bool) or not isinstance(rnd, numbers.Integral) or not 0 <= int(rnd) <= max_round:
         raise InvalidMessage(f"party {party}: config['round']={rnd!r} must be an integer in 0..{max_round}",
                              field="config.round")
-    lo, hi = PROTOCOL_RANGES["rho"]
-    if rho_range is not None:
-        lo, hi = max(lo, rho_range[0]), min(hi, rho_range[1])
-    rho = _scalar(cfg, "rho", lo, hi, party)
+    rho = _scalar(cfg, "rho", *PROTOCOL_RANGES["rho"], party)
+    lo, hi = rho_range if rho_range is not None else (None, None)
+    if (lo is not None and rho < lo) or (hi is not None and rho > hi):
+        raise InvalidMessage(f"party {party}: config['rho']={rho!r} is outside the range this party accepts "
+                             f"[{'0' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}] (its node "
+                             "config's min-rho / max-rho); refused, nothing charged", field="config.rho")
     theta = _scalar(cfg, "theta", *PROTOCOL_RANGES["theta"], party)
     alpha = _scalar(cfg, "alpha", *PROTOCOL_RANGES["alpha"], party, open_hi=True)
     final = bool(cfg.get("final_update", False)) if hasattr(cfg, "get") else False

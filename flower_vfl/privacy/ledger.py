@@ -1,47 +1,37 @@
-"""A party's own privacy ledger: every release it makes, and the budget it will not exceed.
+"""A party's one ledger: every release on its declared data source, and the budget it keeps.
 
-The data belongs to the party, so the ledger lives on the client. Every release of
-``s̃_m`` counts, evaluation rounds included. Before a release the party asks
-:meth:`PrivacyLedger.check_release`; if the total after the release would exceed
-its configured ε (under its configured accounting method) it raises
-:class:`BudgetExceeded`, whatever the server asked for. A re-sent request for a
-round already recorded costs nothing (the mechanism returns the same vector).
+The data belongs to the party, so the ledger lives on the party's disk, in its
+:class:`~flower_vfl.privacy.store.PartyStore`, under the *source key* of the data its node
+config declares (:mod:`flower_vfl.clients.source`). Every release on any view of that
+source (any run, row order, subset, column split, ``num-parties``, preprocessing or agent
+split) is a row of the same ledger, and a release is charged by :meth:`Ledger.commit`:
+the budget is re-checked against every row on the source inside the store's write lock
+and the release is durable before it is returned. There is no other way to charge.
 
-Heterogeneous releases are allowed. ``"exact"`` composes multipliers ``z_t`` into one
-Gaussian with ``1/z_eff² = Σ 1/z_t²``; ``"paper"`` composes the per-round Theorem 3
-ε₀ by advanced composition with ``δ' = δ/2`` and ``δ₀ = δ/(2k)`` over the ``k``
-releases made so far (a Gaussian release satisfies every point of its (ε₀, δ₀)
-curve, so the split may be chosen when composing).
+Releases may differ: a ledger composes Gaussian releases of any noise multipliers with the
+party's accountant (``"exact"``: ``1/z_eff² = Σ 1/z_t²``; ``"paper"``: Theorem 3 +
+advanced composition; ``"pld"``, ``"rdp"``, ``"prv"``), and a mix of Gaussian and Laplace
+releases (the horizontal agents) in one privacy-loss distribution
+(:func:`~flower_vfl.privacy.accounting.epsilon_for_events`).
 
-The ledger serialises to a JSON string (:meth:`to_json`) so it can live in Flower's
-``context.state``.
+No Flower imports.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import numbers
-from dataclasses import asdict, dataclass
-
-import dp_accounting
-
-from flower_vfl.privacy.boundary import Refused
+from dataclasses import dataclass
 
 from flower_vfl.privacy.accounting import (
     _check_delta,
     _check_method,
     _check_positive,
-    _check_rounds,
-    _paper_split,
     available_methods,
-    composed_event,
-    epsilon_for_releases,
-    noise_multiplier_for,
-    paper_round_epsilon,
+    epsilon_for_events,
 )
+from flower_vfl.privacy.boundary import Refused
+from flower_vfl.privacy.store import Answer, PartyStore
 
-__all__ = ["BudgetExceeded", "LedgerEntry", "PrivacyLedger", "calibrate_sigma"]
+__all__ = ["Budget", "BudgetExceeded", "KINDS", "Ledger"]
 
 KINDS = ("train", "eval")
 # float slack so a σ calibrated to the budget is not refused on its last round
@@ -72,202 +62,138 @@ class BudgetExceeded(Refused):
         )
 
 
-def calibrate_sigma(epsilon, delta, rounds, sensitivity, method="exact") -> float:
-    """σ = z·C with z = :func:`noise_multiplier_for` (epsilon, delta, rounds, method)."""
-    sensitivity = _check_positive("sensitivity", sensitivity)
-    return noise_multiplier_for(epsilon, delta, rounds, method) * sensitivity
-
-
 @dataclass(frozen=True)
-class LedgerEntry:
-    """One release. ``epsilon0``/``delta0``: Theorem 3 per-round (ε₀, δ₀), None if ε₀ > 1."""
+class Budget:
+    """A party's (ε, δ) budget over all its releases on one source, and its accountant."""
 
-    round: int
-    kind: str
-    sigma: float
-    sensitivity: float
-    noise_multiplier: float
-    epsilon0: float | None
-    delta0: float | None
+    epsilon: float
+    delta: float
+    accountant: str = "exact"
+
+    def __post_init__(self):
+        _check_positive("epsilon", self.epsilon)
+        _check_delta(self.delta)
+        _check_method(self.accountant)
+        if self.accountant not in available_methods():      # fail now, not on the first release
+            from flower_vfl.privacy.accounting import _import_opacus_accountants
+            _import_opacus_accountants()
 
 
-class PrivacyLedger:
-    """The releases of one party and its (ε, δ) budget.
+def _events(entries):
+    return [(e.mechanism, e.noise_multiplier) for e in entries if e.noise_multiplier > 0]
+
+
+class Ledger:
+    """The releases of one party on one declared source, and its budget.
 
     Parameters
     ----------
+    store : PartyStore
+        The party's own store (``":memory:"`` for the in-process engine).
+    source : str
+        The source key (:func:`flower_vfl.clients.source.declared_source`); every release
+        on this key composes here, whatever run or view it came from.
+    budget : Budget
     party_id : int or str
-        Who owns the data (used in messages and reports).
-    epsilon : float
-        Total ε budget (> 0) over all releases.
-    delta : float
-        Total δ budget, ``0 < delta < 1``.
-    planned_rounds : int
-        Planned number of releases, training and evaluation rounds included. Used to
-        calibrate σ when ``sigma`` is not given, and for the per-round Theorem 3 view
-        (δ₀ = δ / (2 planned_rounds)) stored with each entry.
-    method : {"exact", "pld", "paper", "rdp", "prv"}, default="exact"
-        The accountant that decides whether a release fits the budget.
-    sensitivity : float, default=1.0
-        L2 sensitivity C of one release (default for :meth:`record`).
-    sigma : float or None, default=None
-        Noise standard deviation (default for :meth:`record`). If None it is
-        calibrated with :func:`calibrate_sigma` so that ``planned_rounds`` releases
-        exactly spend the budget under ``method``.
+        Who owns the data (in refusals and reports).
+    about : dict, optional
+        What the source is (kept in the store for ``flower-vfl ledger``).
+    note : bool, default=True
+        Record ``budget`` and ``about`` as the source's current settings (False: a read-only
+        view, e.g. ``flower-vfl ledger``).
     """
 
-    def __init__(self, party_id, epsilon, delta, planned_rounds, method="exact",
-                 sensitivity=1.0, sigma=None):
-        self.party_id = party_id
-        self.epsilon = _check_positive("epsilon", epsilon)
-        self.delta = _check_delta(delta)
-        self.planned_rounds = _check_rounds(planned_rounds)
-        self.method = _check_method(method)
-        if method not in available_methods():
-            # fail now, not on the first release
-            from flower_vfl.privacy.accounting import _import_opacus_accountants
-
-            _import_opacus_accountants()
-        self.sensitivity = _check_positive("sensitivity", sensitivity)
-        if sigma is None:
-            sigma = calibrate_sigma(self.epsilon, self.delta, self.planned_rounds,
-                                    self.sensitivity, self.method)
-        self.sigma = _check_positive("sigma", sigma)
-        self.entries: list[LedgerEntry] = []
+    def __init__(self, store: PartyStore, source: str, budget: Budget, party_id, about: dict | None = None,
+                 note: bool = True):
+        self.store, self.source, self.budget, self.party_id = store, str(source), budget, party_id
+        if note:
+            store.note_source(self.source, {"epsilon": budget.epsilon, "delta": budget.delta,
+                                            "accountant": budget.accountant, "party_id": party_id,
+                                            "about": dict(about or {})})
 
     # ------------------------------------------------------------------ queries
-
     @property
-    def noise_multiplier(self) -> float:
-        """Default z = sigma / sensitivity."""
-        return self.sigma / self.sensitivity
+    def entries(self) -> list[Answer]:
+        """Every charged release on the source, all runs, oldest first."""
+        return self.store.entries(self.source)
 
-    def _find(self, round, kind) -> LedgerEntry | None:
-        for entry in self.entries:
-            if entry.round == round and entry.kind == kind:
-                return entry
-        return None
-
-    def _multipliers(self) -> list[float]:
-        return [e.noise_multiplier for e in self.entries]
+    def epsilon_of(self, entries, method=None) -> float:
+        """ε at the budget's δ of ``entries`` (stored releases), by ``method`` (default: the budget's)."""
+        return epsilon_for_events(_events(entries), self.budget.delta, method or self.budget.accountant)
 
     def spent(self, method=None) -> float:
-        """Total ε at the ledger's δ so far, by ``method`` (default: the ledger's)."""
-        return epsilon_for_releases(self._multipliers(), self.delta, method or self.method)
-
-    def epsilon_after(self, noise_multiplier, method=None) -> float:
-        """Total ε if one more release at ``noise_multiplier`` were made."""
-        z = _check_positive("noise_multiplier", noise_multiplier)
-        return epsilon_for_releases(self._multipliers() + [z], self.delta, method or self.method)
-
-    def can_release(self, noise_multiplier=None) -> bool:
-        """Whether one more release at ``noise_multiplier`` (default: the ledger's) fits."""
-        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
-        return self.epsilon_after(z) <= self.epsilon * (1.0 + _RTOL)
-
-    def check_release(self, round, kind="train", sigma=None, sensitivity=None) -> float:
-        """Total ε after the prospective release; raise :class:`BudgetExceeded` if too much.
-
-        A round already recorded is a replay: it costs nothing and returns the current total.
-        """
-        round, kind, sigma, sensitivity = self._release_args(round, kind, sigma, sensitivity)
-        if self._find(round, kind) is not None:
-            return self.spent()
-        z = sigma / sensitivity
-        after = self.epsilon_after(z)
-        if not after <= self.epsilon * (1.0 + _RTOL):
-            raise BudgetExceeded(
-                self.party_id, round=round, kind=kind, noise_multiplier=z, requested=after,
-                spent=self.spent(), budget=self.epsilon, delta=self.delta,
-                method=self.method, releases=len(self.entries),
-            )
-        return after
+        """Total ε at the budget's δ over every release on the source."""
+        return self.epsilon_of(self.entries, method)
 
     def totals(self) -> dict[str, float]:
-        """Total ε at the ledger's δ by every available method (opacus ones if installed)."""
-        return {m: self.spent(m) for m in available_methods()}
+        """Total ε by every available method that can compose this ledger's mechanisms."""
+        entries = self.entries
+        mixed = any(e.mechanism != "gaussian" for e in entries)
+        methods = ("exact", "pld") if mixed else available_methods()
+        return {m: self.epsilon_of(entries, m) for m in methods}
 
-    def dp_event(self) -> dp_accounting.DpEvent:
-        """The dp-accounting event describing every release so far."""
-        if not self.entries:
-            return dp_accounting.NoOpDpEvent()
-        return composed_event(self._multipliers())
+    def remaining(self) -> float:
+        return max(0.0, self.budget.epsilon - self.spent())
 
-    # ------------------------------------------------------------------ updates
+    def affordable(self, plan: list[tuple[str, float]], exclude_run=None) -> dict:
+        """Whether the releases ``plan`` ((mechanism, z) each) fit on top of what releases of
+        other runs than ``exclude_run`` spent (identify: can this run's plan be afforded?)."""
+        before = [e for e in self.entries if str(e.run) != str(exclude_run)]
+        b = self.budget
+        after = epsilon_for_events(_events(before) + list(plan), b.delta, b.accountant)
+        return {"epsilon": float(b.epsilon), "spent_before_run": float(self.epsilon_of(before)),
+                "affordable": bool(after <= b.epsilon * (1 + _RTOL))}
 
-    def _release_args(self, round, kind, sigma, sensitivity):
-        if isinstance(round, bool) or not isinstance(round, numbers.Integral) or round < 0:
-            raise ValueError(f"round={round!r} must be an integer >= 0")
-        round = int(round)
+    def answer(self, run, round, kind) -> Answer | None:
+        return self.store.answer(self.source, run, round, kind)
+
+    def last_answer(self, run, kind) -> Answer | None:
+        return self.store.last_answer(self.source, run, kind)
+
+    def last_round(self, run, kind) -> int | None:
+        return self.store.last_round(self.source, run, kind)
+
+    def get_state(self, run) -> dict | None:
+        return self.store.get_state(self.source, run)
+
+    def put_state(self, run, arrays: dict):
+        self.store.put_state(self.source, run, arrays)
+
+    # ------------------------------------------------------------------ the one charge
+    def check(self, entries, *, round, kind, mechanism, noise_multiplier):
+        """Raise :class:`BudgetExceeded` if one more release at ``noise_multiplier`` on top of
+        ``entries`` would exceed the budget; return the total after it."""
+        b = self.budget
+        events = _events(entries)
+        if noise_multiplier == 0:
+            return epsilon_for_events(events, b.delta, b.accountant)
+        after = epsilon_for_events(events + [(mechanism, noise_multiplier)], b.delta, b.accountant)
+        if not after <= b.epsilon * (1.0 + _RTOL):
+            raise BudgetExceeded(self.party_id, round=round, kind=kind, noise_multiplier=noise_multiplier,
+                                 requested=after, spent=epsilon_for_events(events, b.delta, b.accountant),
+                                 budget=b.epsilon, delta=b.delta, method=b.accountant, releases=len(entries))
+        return after
+
+    def commit(self, run, round, kind, inputs_hash, *, unit, noise_multiplier, sigma, sensitivity,
+               payload: dict, mechanism="gaussian", state: dict | None = None) -> Answer:
+        """Check the budget and store the release in one durable transaction; refuse
+        (:class:`BudgetExceeded`, nothing written) if it does not fit. The caller sends the
+        payload only after this returns."""
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r} is not supported; accepted values: {KINDS}")
-        sigma = self.sigma if sigma is None else _check_positive("sigma", sigma)
-        sensitivity = (self.sensitivity if sensitivity is None
-                       else _check_positive("sensitivity", sensitivity))
-        return round, kind, sigma, sensitivity
+        if sensitivity == 0 and noise_multiplier == 0:
+            z = 0.0            # nothing data-dependent released (e.g. an agent whose residuals vanished): free
+        else:
+            z = _check_positive("noise_multiplier", noise_multiplier)
 
-    def record(self, round, kind="train", sigma=None, sensitivity=None) -> LedgerEntry:
-        """Check and record one release; idempotent for a replayed (round, kind).
+        def check(entries):
+            self.check(entries, round=round, kind=kind, mechanism=mechanism, noise_multiplier=z)
 
-        Raises
-        ------
-        BudgetExceeded
-            If the release would exceed the budget; nothing is recorded.
-        ValueError
-            If (round, kind) was already recorded with a different noise multiplier.
-        """
-        round, kind, sigma, sensitivity = self._release_args(round, kind, sigma, sensitivity)
-        z = sigma / sensitivity
-        previous = self._find(round, kind)
-        if previous is not None:
-            if not math.isclose(previous.noise_multiplier, z, rel_tol=1e-12):
-                raise ValueError(
-                    f"round={round} kind={kind!r} was already released at z="
-                    f"{previous.noise_multiplier:.6g}; a replay must use the same noise, got z={z:.6g}"
-                )
-            return previous
-        self.check_release(round, kind, sigma, sensitivity)
-        delta0, _ = _paper_split(self.delta, self.planned_rounds)
-        eps0 = paper_round_epsilon(z, delta0)
-        entry = LedgerEntry(
-            round=round, kind=kind, sigma=sigma, sensitivity=sensitivity, noise_multiplier=z,
-            epsilon0=None if math.isinf(eps0) else eps0,
-            delta0=None if math.isinf(eps0) else delta0,
-        )
-        self.entries.append(entry)
-        return entry
-
-    # ------------------------------------------------------------------ persistence
-
-    def to_dict(self) -> dict:
-        """A JSON-serialisable snapshot (no totals; recompute them with :meth:`totals`)."""
-        return {
-            "party_id": self.party_id,
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "planned_rounds": self.planned_rounds,
-            "method": self.method,
-            "sensitivity": self.sensitivity,
-            "sigma": self.sigma,
-            "entries": [asdict(e) for e in self.entries],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "PrivacyLedger":
-        ledger = cls(data["party_id"], data["epsilon"], data["delta"], data["planned_rounds"],
-                     method=data["method"], sensitivity=data["sensitivity"], sigma=data["sigma"])
-        ledger.entries = [LedgerEntry(**e) for e in data["entries"]]
-        return ledger
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), allow_nan=False)
-
-    @classmethod
-    def from_json(cls, text: str) -> "PrivacyLedger":
-        return cls.from_dict(json.loads(text))
+        return self.store.commit_release(self.source, run, round, kind, inputs_hash, unit=unit, mechanism=mechanism,
+                                         noise_multiplier=z, sigma=sigma, sensitivity=sensitivity, payload=payload,
+                                         check=check, state=state)
 
     def __repr__(self) -> str:
-        return (f"PrivacyLedger(party_id={self.party_id!r}, epsilon={self.epsilon:g}, "
-                f"delta={self.delta:g}, method={self.method!r}, releases={len(self.entries)}, "
-                f"spent={self.spent():.4g})")
-
+        return (f"Ledger(party_id={self.party_id!r}, source={self.source!r}, epsilon={self.budget.epsilon:g}, "
+                f"delta={self.budget.delta:g}, accountant={self.budget.accountant!r}, "
+                f"releases={len(self.entries)})")

@@ -13,13 +13,18 @@ Two forms:
     and the release is **not (ε, δ)-DP for any δ < 1** by itself. Kept, labelled,
     only to reproduce the paper's figures.
 
+The mechanism only draws noise: it keeps no record of what it released. Charging a release
+and answering a re-sent request from the stored answer (never a second draw) are the party's
+ledger's job (:class:`flower_vfl.privacy.ledger.Ledger`).
+
 Randomness never touches global numpy state. By default (``seed=None``) every draw takes
 fresh entropy from the OS CSPRNG (``os.urandom`` via ``SeedSequence()``) that is used once
-and never stored, so nobody, the party included, can re-derive a noise vector; replays
-are answered from the party's store (:mod:`flower_vfl.privacy.store`), never redrawn.
-With an explicit ``seed`` (a party's own node config, to reproduce a run) each
-(party, round, kind) has the stream ``SeedSequence(entropy=seed, spawn_key=(party, round,
-kind_code))``; whoever knows that seed knows the noise, so it never leaves the party.
+and never stored, so nobody, the party included, can re-derive a noise vector. This is the
+only mode a party's ClientApp uses. An explicit ``seed`` exists for in-process experiments
+(:class:`~flower_vfl.privacy.party.PrivacyConfig` ``seed``, the figures' scripts): each
+(party, round, kind) then has the stream ``SeedSequence(entropy=seed, spawn_key=(party,
+round, kind_code))``, the same in every run, so noise keyed that way would cancel between
+two runs of a party; a Flower party refuses it (docs/privacy.md, "Trust model").
 """
 
 from __future__ import annotations
@@ -27,29 +32,15 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-from collections import OrderedDict
 
 import dp_accounting
 import numpy as np
 import scipy.linalg
 
-__all__ = ["FORMS", "KIND_CODES", "GaussianOutputMechanism", "ReplayMismatch", "release_hash"]
+__all__ = ["FORMS", "KIND_CODES", "GaussianOutputMechanism"]
 
 FORMS = ("output", "paper")
 KIND_CODES = {"train": 0, "eval": 1}
-
-
-class ReplayMismatch(RuntimeError):
-    """A replayed (round, kind) would release a different vector than the first time."""
-
-
-def release_hash(vector: np.ndarray) -> str:
-    """SHA-256 of a released array (dtype, shape and bytes), for replay verification."""
-    arr = np.ascontiguousarray(vector)
-    h = hashlib.sha256()
-    h.update(f"{arr.dtype.str}|{arr.shape}|".encode())
-    h.update(arr.tobytes())
-    return h.hexdigest()
 
 
 def _party_key(party_id) -> int:
@@ -61,7 +52,7 @@ def _party_key(party_id) -> int:
 
 
 class GaussianOutputMechanism:
-    """Gaussian noise for a party's releases, reproducible per (round, kind).
+    """Gaussian noise for a party's releases (fresh OS entropy, or a seed's stream in-process).
 
     Parameters
     ----------
@@ -70,16 +61,14 @@ class GaussianOutputMechanism:
     party_id : int or str
         The party; strings are hashed to an integer stream key.
     seed : int or None, default=None
-        The party's private seed (reproducible streams); None: fresh OS entropy per draw.
+        In-process experiments only (reproducible streams); None: fresh OS entropy per draw.
     form : {"output", "paper"}, default="output"
         See the module docstring; only ``"output"`` is differentially private.
     jitter : float, default=1e-10
         Relative ridge added to DᵀD before its Cholesky factorisation ("paper" form).
-    cache_size : int, default=4
-        How many recent released vectors are kept in memory (hashes are kept for all).
     """
 
-    def __init__(self, sigma, party_id, seed=None, form="output", jitter=1e-10, cache_size=4):
+    def __init__(self, sigma, party_id, seed=None, form="output", jitter=1e-10):
         if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or not (
             math.isfinite(sigma) and sigma > 0
         ):
@@ -92,9 +81,6 @@ class GaussianOutputMechanism:
         self.seed = None if seed is None else int(seed)
         self.form = form
         self.jitter = float(jitter)
-        self.cache_size = int(cache_size)
-        self.hashes: dict[tuple[int, str], str] = {}
-        self._cache: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
 
     # ------------------------------------------------------------------ randomness
 
@@ -130,7 +116,8 @@ class GaussianOutputMechanism:
     # ------------------------------------------------------------------ release
 
     def release(self, s=None, *, round: int, kind: str = "train", D=None, x=None) -> np.ndarray:
-        """The noisy release for (round, kind); identical on replay.
+        """The noisy release for (round, kind): a fresh draw at every call (with a seed, the
+        seed's stream for (round, kind)).
 
         Parameters
         ----------
@@ -141,13 +128,7 @@ class GaussianOutputMechanism:
         kind : {"train", "eval"}
         D, x : arrays, "paper" form only
             Local data (N, d) and parameters (d,) or (d, K).
-
-        Raises
-        ------
-        ReplayMismatch
-            If (round, kind) was released before and this call would release something else.
         """
-        key = (int(round), kind)
         if self.form == "output":
             if s is None:
                 raise ValueError("s (the exact D @ x) is required for form='output'")
@@ -165,54 +146,10 @@ class GaussianOutputMechanism:
                                  f"got D {D.shape}, x {x.shape}")
             xi = self.parameter_noise(round, kind, D, None if x.ndim == 1 else x.shape[1])
             released = D @ (x + xi)
-        digest = release_hash(released)
-        previous = self.hashes.get(key)
-        if previous is not None and previous != digest:
-            raise ReplayMismatch(
-                f"party {self.party_id!r}: round {key[0]} ({kind}) was already released with "
-                f"different inputs; re-releasing with the same noise would reveal the "
-                f"difference exactly, so it is refused"
-            )
-        self.hashes[key] = digest
-        self._cache[key] = released
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
-        return released.copy()
-
-    def cached(self, round: int, kind: str = "train") -> np.ndarray | None:
-        """The vector released for (round, kind) if still in the in-memory cache."""
-        vec = self._cache.get((int(round), kind))
-        return None if vec is None else vec.copy()
-
-    def verify(self, round: int, kind: str, vector) -> bool:
-        """Whether ``vector`` is what this party released for (round, kind)."""
-        return self.hashes.get((int(round), kind)) == release_hash(np.asarray(vector, dtype=float))
+        return released
 
     def dp_event(self, sensitivity: float) -> dp_accounting.DpEvent:
         """What one release is: Gaussian at z = σ/C ("output"), or not private ("paper")."""
         if self.form == "paper":
             return dp_accounting.NonPrivateDpEvent()
         return dp_accounting.GaussianDpEvent(self.sigma / float(sensitivity))
-
-    # ------------------------------------------------------------------ persistence
-
-    def to_dict(self) -> dict:
-        """JSON-serialisable party-side state: parameters, seed and release hashes (not the
-        vectors). Never put this in a reply or a report: it holds the seed."""
-        return {
-            "sigma": self.sigma,
-            "party_id": self.party_id,
-            "seed": self.seed,
-            "form": self.form,
-            "jitter": self.jitter,
-            "cache_size": self.cache_size,
-            "hashes": [[r, k, h] for (r, k), h in self.hashes.items()],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "GaussianOutputMechanism":
-        mech = cls(data["sigma"], data["party_id"], seed=data["seed"], form=data["form"],
-                   jitter=data["jitter"], cache_size=data["cache_size"])
-        mech.hashes = {(int(r), k): h for r, k, h in data["hashes"]}
-        return mech

@@ -8,14 +8,18 @@ rows of D_m (train and test) normalized to unit norm; x_m constrained to the bal
 clipped to [-c_s, c_s]. Training release: s~ = clip(D x) + N(0, sigma_t^2 I) with
 sigma_t = z * C (C from the chosen calibration). Evaluation release: x~ = x + N(0,
 sigma_e^2 I) with sigma_e = z * C_x and D_test x~ released (post-processing of x~).
-Every release is charged in the party's own ledger, which lives in its
-:class:`~flower_vfl.privacy.store.PartyStore` (on its disk, shared by every run on the
-same data): a release that would exceed the budget raises
-:class:`~flower_vfl.privacy.ledger.BudgetExceeded`; a release is durable in the store before
-it is returned. A re-sent request for an answered (round, kind) with identical inputs gets
-the stored vector; with different inputs, or an older round, it is refused
-(:class:`ReplayRefused`). The evaluation release is the model itself: x~ is drawn once,
-charged once, and every later prediction is ``D_eval @ x~`` (post-processing, free).
+
+Every release is charged by the party's one :class:`~flower_vfl.privacy.ledger.Ledger`,
+which lives in its :class:`~flower_vfl.privacy.store.PartyStore` (its own disk) under the
+key of the data source its node config declares (:mod:`flower_vfl.clients.source`), so
+every run and every view of the same people composes there. A release is checked before
+it is computed (ρ, θ and the sensitivity finite), checked again once computed (finite
+values), then charged and made durable by :meth:`Ledger.commit` before it is returned; a
+release that would exceed the budget raises :class:`~flower_vfl.privacy.ledger.BudgetExceeded`.
+A re-sent request for an answered (round, kind) with identical inputs gets the stored
+vector; with different inputs, or an older round, it is refused (:class:`ReplayRefused`).
+The evaluation release is the model itself: x~ is drawn once, charged once, and every
+later prediction is ``D_eval @ x~`` (post-processing, free).
 """
 
 from __future__ import annotations
@@ -23,21 +27,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import scipy.sparse as sp
 
 from flower_vfl.core.party import PartyUpdate
 from flower_vfl.core.scoring import normalize_rows
 from flower_vfl.core.penalties import Ball, get_penalty
-from flower_vfl.privacy.accounting import epsilon_for_releases, noise_multiplier_for
-from flower_vfl.privacy.boundary import Refused, RoundInputs, inputs_hash
-from flower_vfl.privacy.ledger import _RTOL, BudgetExceeded, LedgerEntry, PrivacyLedger
-from flower_vfl.privacy.store import PartyStore, data_fingerprint  # noqa: F401  (re-exported)
+from flower_vfl.privacy.accounting import noise_multiplier_for
+from flower_vfl.privacy.boundary import InvalidMessage, Refused, RoundInputs, inputs_hash
+from flower_vfl.privacy.ledger import Budget, Ledger
+from flower_vfl.privacy.store import PartyStore
 from flower_vfl.privacy.mechanism import GaussianOutputMechanism
 from flower_vfl.privacy.sensitivity import (NEIGHBOURING_RELATIONS, paper_sensitivity, strict_param_sensitivity,
-                          strict_sensitivity)
+                                            strict_sensitivity)
 
-__all__ = ["PrivacyConfig", "PrivateParty", "ReplayRefused", "PlanExceeded", "data_fingerprint",
-           "normalize_rows"]
+__all__ = ["PrivacyConfig", "PrivateParty", "ReplayRefused", "PlanExceeded", "normalize_rows"]
 
 
 @dataclass
@@ -56,6 +58,9 @@ class PrivacyConfig:
         target at the default rho with 2 parties.
     lam : the party's own L2 coefficient for its block (None: the run's lam). A larger lam
         lowers the sensitivity of x_m (C_x = 2 rho_x (b1 + c_v) / lam) at the cost of bias.
+    seed : in-process experiments only (the figures, the README's numbers): the noise of
+        (party, round, kind) is then the seed's stream, the same in every run. A Flower
+        party never has one (its node config's ``dp-seed`` is refused; docs/privacy.md).
     """
 
     epsilon: float = 1.0
@@ -108,7 +113,7 @@ class PlanExceeded(Refused):
 
 
 class PrivateParty:
-    """One party's private x-update and releases, charged in its own store.
+    """One party's private x-update and releases, charged in its one ledger.
 
     Parameters
     ----------
@@ -124,10 +129,16 @@ class PrivateParty:
         in memory (the in-process engine).
     run : str
         The run these releases belong to (Flower's run id); the budget spans all runs.
+    source : str or None
+        The ledger's key: the data source the party's node config declares
+        (:func:`flower_vfl.clients.source.declared_source`). None: ``in-process:<party_id>``
+        (the in-process engine, whose store lives and dies with the fit).
+    about : dict, optional
+        What the source is, in words (kept in the store for ``flower-vfl ledger``).
     """
 
     def __init__(self, D, D_test, lam, config: PrivacyConfig, party_id=0, n_parties=2, store=None,
-                 run="local", fingerprint=None):
+                 run="local", source=None, about=None):
         self.config = config.validate()
         lam = lam if config.lam is None else config.lam
         if not lam > 0:
@@ -135,68 +146,68 @@ class PrivateParty:
         self.party_id = party_id
         self.n_parties = n_parties
         self.lam = float(lam)
-        self.fingerprint = fingerprint or data_fingerprint(D)
         self.D = normalize_rows(D)
         self.D_test = None if D_test is None else normalize_rows(D_test)
         self.update = PartyUpdate(self.D, get_penalty("l2"), lam, Ball(config.b1), v_clip=config.c_v)
         releases = config.train_rounds + config.eval_rounds
         #: one noise multiplier for every planned release, from the party's accountant
         self.z = noise_multiplier_for(config.epsilon, config.delta, releases, config.accountant)
-        self.mechanism = GaussianOutputMechanism(1.0, party_id, seed=config.seed,
-                                                 form=config.noise_form)
-        self.store = store if isinstance(store, PartyStore) else PartyStore(store or ":memory:")
+        self.mechanism = GaussianOutputMechanism(1.0, party_id, seed=config.seed, form=config.noise_form)
+        store = store if isinstance(store, PartyStore) else PartyStore(store or ":memory:")
         self.run = str(run)
-        #: the privacy unit the budget is keyed by (with the data fingerprint)
+        #: the privacy unit / neighbouring relation of this party's calibration (kept per release)
         self.unit = f"{config.calibration}:{'row' if config.calibration == 'strict' else 'feature'}"
-        self.store.note_budget(self.fingerprint, self.unit, {
-            "epsilon": config.epsilon, "delta": config.delta, "accountant": config.accountant,
-            "party_id": party_id})
+        #: the party's one ledger: every release on its declared source, all runs
+        self.ledger = Ledger(store, source or f"in-process:{party_id}",
+                             Budget(config.epsilon, config.delta, config.accountant), party_id, about)
         self._x_tilde = None
 
-    # --------------------------------------------------------------- the ledger
     @property
-    def ledger(self) -> PrivacyLedger:
-        """The party's ledger over every release on this data (all runs), from its store."""
-        c = self.config
-        led = PrivacyLedger(self.party_id, c.epsilon, c.delta, c.train_rounds + c.eval_rounds,
-                            method=c.accountant, sensitivity=1.0, sigma=self.z)
-        led.entries = [LedgerEntry(e.round, e.kind, e.sigma, e.sensitivity, e.noise_multiplier, None, None)
-                       for e in self.store.entries(self.fingerprint, self.unit)]
-        return led
-
-    def _check_budget(self, round, kind, z):
-        c = self.config
-
-        def check(zs):
-            after = epsilon_for_releases(list(zs) + [z], c.delta, c.accountant)
-            if not after <= c.epsilon * (1.0 + _RTOL):
-                raise BudgetExceeded(self.party_id, round=round, kind=kind, noise_multiplier=z,
-                                     requested=after, spent=epsilon_for_releases(zs, c.delta, c.accountant),
-                                     budget=c.epsilon, delta=c.delta, method=c.accountant, releases=len(zs))
-        return check
+    def store(self) -> PartyStore:
+        return self.ledger.store
 
     def _check_request(self, kind, inputs: RoundInputs, h):
         """Stored answer for an identical re-send; refuse other inputs, old rounds, over-plan."""
-        prior = self.store.answer(self.fingerprint, self.unit, self.run, inputs.round, kind)
+        prior = self.ledger.answer(self.run, inputs.round, kind)
         if prior is not None:
             if prior.inputs_hash != h:
                 raise ReplayRefused(f"party {self.party_id} already answered the {kind} request of round "
                                     f"{inputs.round} with other inputs; a second answer would reveal the "
                                     "noise, so it is refused")
             return prior
-        last = self.store.last_round(self.fingerprint, self.unit, self.run, kind)
+        last = self.ledger.last_round(self.run, kind)
         if last is not None and inputs.round <= last:
             raise ReplayRefused(f"party {self.party_id}: {kind} round {inputs.round} is not after the last "
                                 f"answered round {last}; round numbers must increase")
         planned = self.config.train_rounds if kind == "train" else self.config.eval_rounds
-        done = sum(e.run == self.run and e.kind == kind for e in self.store.entries(self.fingerprint, self.unit))
+        done = sum(e.run == self.run and e.kind == kind for e in self.ledger.entries)
         if done >= planned:
             raise PlanExceeded(f"party {self.party_id} refuses a {kind} release: its plan allows "
                                f"{planned} {kind} release(s) per run (node config dp-{kind}-rounds) and "
                                f"{done} were made in this run")
         return None
 
+    def _finite(self, kind, rho, **values):
+        """Refuse (nothing charged) a release whose calibration or values are not finite numbers:
+        a crafted ρ (say 1e300) must never produce a charged ±inf or NaN."""
+        for name, v in values.items():
+            if not np.all(np.isfinite(v)):
+                raise InvalidMessage(f"party {self.party_id}: the {kind} release at rho={rho!r} would have a "
+                                     f"non-finite {name}; refused, nothing charged (the party's node config "
+                                     "can narrow the accepted rho with min-rho / max-rho)", field="config.rho")
+
     # --------------------------------------------------------------- calibration
+    def _calibrate(self, kind, rho, theta):
+        """(C, σ = z C) for a release at (rho, theta), refused unless both are finite numbers."""
+        with np.errstate(over="ignore"):
+            try:
+                C = self.sensitivity(rho, theta, kind)
+            except (ValueError, OverflowError):          # rho / theta overflowed before C
+                C = float("inf")
+            sigma = self.z * C
+        self._finite(kind, rho, sensitivity=C, sigma=sigma)
+        return C, sigma
+
     def sensitivity(self, rho, theta, kind="train"):
         c = self.config
         rho_x = rho / theta
@@ -208,17 +219,17 @@ class PrivateParty:
 
     # ------------------------------------------------------------------ releases
     def train_release(self, round, q, y, rho, alpha=1.0, theta=1.0, inputs: RoundInputs | None = None):
-        """x-update (eq. 6) then the noisy release s~, durable in the store before it returns."""
+        """x-update (eq. 6) then the noisy release s~, durable in the ledger before it returns."""
         inputs = inputs or RoundInputs(int(round), float(rho), float(alpha), float(theta),
                                        np.asarray(q, float), np.asarray(y, float), False)
         h = inputs_hash(self.run, "train", inputs)
         prior = self._check_request("train", inputs, h)
         if prior is not None:                          # identical re-send: same vector, no draw
             return prior.payload["s"]
-        C = self.sensitivity(inputs.rho, inputs.theta, "train")
-        sigma = self.z * C
-        self._check_budget(inputs.round, "train", self.z)(
-            [e.noise_multiplier for e in self.store.entries(self.fingerprint, self.unit)])
+        C, sigma = self._calibrate("train", inputs.rho, inputs.theta)
+        self.ledger.check(self.ledger.entries, round=inputs.round, kind="train", mechanism="gaussian",
+                          noise_multiplier=self.z)     # refuse before any work; re-checked in commit
+        before = {k: np.array(v, copy=True) for k, v in self.update.get_state().items()}, self.update.rho_x
         s = self.update.step(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
         if self.config.noise_form == "paper":
             s_tilde = self.mechanism.release(round=inputs.round, kind="train", D=self.D, x=self.update.x)
@@ -226,11 +237,15 @@ class PrivateParty:
         else:
             s_tilde = np.clip(s, -self.config.c_s, self.config.c_s) + \
                 sigma * self.mechanism.output_noise(inputs.round, "train", s.shape)
-        self.update.commit(s_tilde)
-        self.store.commit_release(self.fingerprint, self.unit, self.run, inputs.round, "train", h,
-                                  noise_multiplier=self.z, sigma=sigma, sensitivity=C,
-                                  payload={"s": s_tilde}, check=self._check_budget(inputs.round, "train", self.z),
-                                  state=self.update.get_state())
+        try:
+            self._finite("train", inputs.rho, release=s_tilde)
+            self.update.commit(s_tilde)
+            self.ledger.commit(self.run, inputs.round, "train", h, unit=self.unit, noise_multiplier=self.z,
+                               sigma=sigma, sensitivity=C, payload={"s": s_tilde}, state=self.update.get_state())
+        except BaseException:
+            self.update.set_state(before[0])           # refused: the iterate is as it was
+            self.update.rho_x = before[1]
+            raise
         return s_tilde
 
     def final_update(self, q, y, rho, alpha=1.0, theta=1.0):
@@ -239,7 +254,7 @@ class PrivateParty:
         if self.x_released is not None:
             return                                     # the model is already out: x stays as released
         self.update.step(q, y, rho, alpha, theta)
-        self.store.put_state(self.fingerprint, self.unit, self.run, self.update.get_state())
+        self.ledger.put_state(self.run, self.update.get_state())
 
     def release_model(self, round, inputs_digest="model"):
         """Draw x~ = x + N(0, sigma_e^2 I) once, charge it, store it; later calls return it."""
@@ -254,15 +269,14 @@ class PrivateParty:
             self._x_tilde = prior.payload["x_tilde"]
             return self._x_tilde
         # C_x depends on the rho_x that produced x, whatever rho a later request carries
-        C = self.sensitivity(self.update.rho_x, 1.0, "eval")
-        sigma = self.z * C
-        check = self._check_budget(int(round), "eval", self.z)
-        check([e.noise_multiplier for e in self.store.entries(self.fingerprint, self.unit)])
+        C, sigma = self._calibrate("eval", self.update.rho_x, 1.0)
+        self.ledger.check(self.ledger.entries, round=int(round), kind="eval", mechanism="gaussian",
+                          noise_multiplier=self.z)
         xi = self.mechanism.rng(int(round), "eval").standard_normal(self.update.x.shape)
         x_tilde = self.update.x + sigma * xi
-        self.store.commit_release(self.fingerprint, self.unit, self.run, int(round), "eval", inputs_digest,
-                                  noise_multiplier=self.z, sigma=sigma, sensitivity=C,
-                                  payload={"x_tilde": x_tilde}, check=check, state=self.update.get_state())
+        self._finite("eval", self.update.rho_x, release=x_tilde)
+        self.ledger.commit(self.run, int(round), "eval", inputs_digest, unit=self.unit, noise_multiplier=self.z,
+                           sigma=sigma, sensitivity=C, payload={"x_tilde": x_tilde}, state=self.update.get_state())
         self._x_tilde = x_tilde
         return x_tilde
 
@@ -271,7 +285,7 @@ class PrivateParty:
         """The released model x~ of this run (None before the release): the only model
         block a private party ever shows; predictions are post-processing of it."""
         if self._x_tilde is None:
-            ans = self.store.last_answer(self.fingerprint, self.unit, self.run, "eval")
+            ans = self.ledger.last_answer(self.run, "eval")
             if ans is not None:
                 self._x_tilde = ans.payload["x_tilde"]
         return self._x_tilde
@@ -288,10 +302,16 @@ class PrivateParty:
         return self.D_test @ self.x_released if D_eval is None else self.predict(D_eval)
 
     def restore(self, state: dict | None = None):
-        """Resume this run's iterate from the store (a restarted node) or from ``state``."""
-        state = state if state is not None else self.store.get_state(self.fingerprint, self.unit, self.run)
+        """Resume this run's iterate from the ledger's store (a restarted node) or from ``state``."""
+        state = state if state is not None else self.ledger.get_state(self.run)
         if state:
             self.update.set_state(state)
+
+    def affordability(self) -> dict:
+        """Whether the budget left after every other run covers this run's plan (identify)."""
+        c = self.config
+        return self.ledger.affordable([("gaussian", self.z)] * (c.train_rounds + c.eval_rounds),
+                                      exclude_run=self.run)
 
     # same read-only view as PartyUpdate, for the engine (internal: never a public attribute)
     @property
@@ -312,11 +332,11 @@ class PrivateParty:
 
     # ------------------------------------------------------------------ reporting
     def report(self) -> dict:
-        """What the party tells the server and the run report: no seed, no data, no x."""
+        """What the party tells the server and the run report: no data, no x, nothing about
+        where its noise comes from."""
         cfg = {k: v for k, v in asdict(self.config).items() if k != "seed"}
-        cfg["noise_source"] = "os-entropy" if self.config.seed is None else "party-seed (kept on the party)"
-        ledger = self.ledger
-        this_run = [e for e in self.store.entries(self.fingerprint, self.unit) if e.run == self.run]
+        entries = self.ledger.entries
+        this_run = [e for e in entries if e.run == self.run]
         return {
             "party_id": self.party_id,
             "config": cfg,
@@ -330,7 +350,7 @@ class PrivateParty:
             "ledger": {"entries": [{"round": e.round, "kind": e.kind, "sigma": e.sigma,
                                     "sensitivity": e.sensitivity, "noise_multiplier": e.noise_multiplier}
                                    for e in this_run],
-                       "releases_all_runs": len(ledger.entries)},
-            "totals": ledger.totals(),
-            "remaining_epsilon": max(0.0, self.config.epsilon - ledger.spent()),
+                       "releases_all_runs": len(entries)},
+            "totals": self.ledger.totals(),
+            "remaining_epsilon": self.ledger.remaining(),
         }

@@ -1,37 +1,26 @@
-"""The party's durable memory: its privacy ledger and every answer it gave, on its own disk.
+"""The party's durable memory: every release it made and every answer it gave, on its own disk.
 
-A party's budget belongs to its data, not to a run: a new run, a restarted SuperNode or a
-second server must see only what is left. So the ledger lives here, in one SQLite file
-(WAL mode, ``synchronous=FULL``) in the party's ``state-dir``, keyed by
+A party's budget belongs to the people in its data, not to a run or to a view of them. So
+every release is one row of one SQLite file (WAL mode, ``synchronous=FULL``) in the party's
+``state-dir``, under the *source key* of the data it was computed from: what the party's own
+node config declares as its data (:mod:`flower_vfl.clients.source`), never a hash of the
+block the server shaped (row order, subset, column split, ``num-parties`` and preprocessing
+all leave the key unchanged).
 
-- ``fingerprint``: a SHA-256 of the party's training block (what the budget protects), and
-- ``unit``: the privacy unit / neighbouring relation the releases were calibrated for.
+Each row records the run, the round, the kind (``train`` or ``eval``), the privacy unit it
+was calibrated for, the mechanism (``gaussian`` or ``laplace``), the hash of the inputs it
+answered, the noise multiplier it was charged at and the released payload. The row is
+committed (durable) *before* the release leaves the party, in the same transaction that
+re-checks the budget against every row on the source (:meth:`PartyStore.commit_release`,
+used through :class:`flower_vfl.privacy.ledger.Ledger`): two processes cannot both spend
+the last of a budget, and a crash between charge and send loses budget, never privacy (the
+re-sent request finds the stored answer; no second draw).
 
-Every release is one row: the run, the round, the kind (``train`` or ``eval``), the hash of
-the inputs it answered, the noise multiplier it was charged at, and the released payload.
-The row is committed (durable) *before* the release leaves the party, in the same
-transaction that re-checks the budget against every row of every run — so two processes
-cannot both spend the last of a budget, and a crash between charge and send loses budget,
-never privacy: on restart the re-sent request finds the stored answer and gets it back,
-with no second noise draw.
-
-No Flower imports: the Flower client (``flower_vfl.clients.vertical_party``), the
-horizontal agents and the ``flower-vfl ledger`` command all use this class.
-
-API
----
-``PartyStore(path)`` opens (creates) the file. ``store.entries(fp, unit)`` lists every
-charged release (all runs); ``store.answer(fp, unit, run, round, kind)`` returns the stored
-:class:`Answer` or None; ``store.last_round(fp, unit, run, kind)``;
-``store.commit_release(fp, unit, run, round, kind, inputs_hash, z, payload, check)``
-inserts one release atomically after ``check(z_list)`` (raise to refuse) passed on the
-ledger as it is inside the transaction; ``store.put_state`` / ``get_state`` keep a small
-per-run blob (the party's iterate) so a restarted node resumes.
+No Flower imports.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -42,22 +31,23 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Answer", "PartyStore", "data_fingerprint", "default_state_dir", "pack_arrays", "unpack_arrays"]
+__all__ = ["Answer", "PartyStore", "StoreError", "default_state_dir", "pack_arrays", "unpack_arrays"]
+
+#: bumped when the tables change; a file of another version is refused, never silently reused
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS releases (
-    fingerprint TEXT NOT NULL, unit TEXT NOT NULL, run TEXT NOT NULL,
-    round INTEGER NOT NULL, kind TEXT NOT NULL, inputs_hash TEXT NOT NULL,
+    source TEXT NOT NULL, run TEXT NOT NULL, round INTEGER NOT NULL, kind TEXT NOT NULL,
+    unit TEXT NOT NULL, mechanism TEXT NOT NULL, inputs_hash TEXT NOT NULL,
     noise_multiplier REAL NOT NULL, sigma REAL NOT NULL, sensitivity REAL NOT NULL,
     payload BLOB NOT NULL, created REAL NOT NULL,
-    PRIMARY KEY (fingerprint, unit, run, round, kind));
+    PRIMARY KEY (source, run, round, kind));
 CREATE TABLE IF NOT EXISTS state (
-    fingerprint TEXT NOT NULL, unit TEXT NOT NULL, run TEXT NOT NULL,
-    payload BLOB NOT NULL, updated REAL NOT NULL,
-    PRIMARY KEY (fingerprint, unit, run));
-CREATE TABLE IF NOT EXISTS budgets (
-    fingerprint TEXT NOT NULL, unit TEXT NOT NULL, info TEXT NOT NULL,
-    PRIMARY KEY (fingerprint, unit));
+    source TEXT NOT NULL, run TEXT NOT NULL, payload BLOB NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY (source, run));
+CREATE TABLE IF NOT EXISTS sources (
+    source TEXT PRIMARY KEY, info TEXT NOT NULL);
 """
 
 #: test hook: called right after a release is durable and before it is returned (the
@@ -65,25 +55,14 @@ CREATE TABLE IF NOT EXISTS budgets (
 _after_commit_hook = None
 
 
+class StoreError(RuntimeError):
+    """The party's store cannot be used as it is (another schema version)."""
+
+
 def default_state_dir() -> Path:
     """``$FLOWER_VFL_STATE_DIR`` or ``~/.flower-vfl/party-state`` (the party's own disk)."""
     env = os.environ.get("FLOWER_VFL_STATE_DIR")
     return Path(env) if env else Path.home() / ".flower-vfl" / "party-state"
-
-
-def data_fingerprint(D) -> str:
-    """SHA-256 of a block's type, shape and content: what a party's budget is keyed by."""
-    h = hashlib.sha256(f"{type(D).__name__}|{tuple(D.shape)}|".encode())
-    if hasattr(D, 'tocsr'):
-        D = D.tocsr()
-        parts = (D.indptr, D.indices, D.data)
-    else:
-        parts = (np.asarray(D),)
-    for a in parts:
-        a = np.ascontiguousarray(a)
-        h.update(str(a.dtype).encode())
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()
 
 
 def pack_arrays(arrays: dict) -> bytes:
@@ -104,6 +83,8 @@ class Answer:
     run: str
     round: int
     kind: str
+    unit: str
+    mechanism: str
     inputs_hash: str
     noise_multiplier: float
     sigma: float
@@ -112,8 +93,11 @@ class Answer:
     created: float
 
 
+_COLS = "run, round, kind, unit, mechanism, inputs_hash, noise_multiplier, sigma, sensitivity"
+
+
 class PartyStore:
-    """A party's ledger and answers in ``<state_dir>/party.sqlite`` (or a given file).
+    """A party's releases and answers in ``<state_dir>/party.sqlite`` (or a given file).
 
     Parameters
     ----------
@@ -140,98 +124,101 @@ class PartyStore:
         self._db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")     # a commit is on disk before we go on
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if tables and version != SCHEMA_VERSION:
+            self._db.close()
+            raise StoreError(f"the party store {path} was written by another flower-vfl version (schema "
+                             f"{version}, this one reads {SCHEMA_VERSION}); its releases were keyed by a hash "
+                             "of the aligned block, not by the declared data source, so they cannot be "
+                             "carried over. Keep the file for your records, move it out of state-dir and "
+                             "account for what it spent by hand")
         self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self):
         self._db.close()
 
     # ------------------------------------------------------------------ queries
-    def entries(self, fingerprint: str, unit: str) -> list[Answer]:
-        """Every charged release on this data, all runs, oldest first (payloads not loaded)."""
-        rows = self._db.execute(
-            "SELECT run, round, kind, inputs_hash, noise_multiplier, sigma, sensitivity, created "
-            "FROM releases WHERE fingerprint=? AND unit=? ORDER BY created, rowid", (fingerprint, unit))
-        return [Answer(r[0], r[1], r[2], r[3], r[4], r[5], r[6], {}, r[7]) for r in rows]
+    def entries(self, source: str) -> list[Answer]:
+        """Every charged release on this source, all runs, oldest first (payloads not loaded)."""
+        rows = self._db.execute(f"SELECT {_COLS}, created FROM releases WHERE source=? ORDER BY created, rowid",
+                                (source,))
+        return [Answer(*r[:9], {}, r[9]) for r in rows]
 
-    def datasets(self) -> list[tuple[str, str, int]]:
-        """(fingerprint, unit, number of releases) of every dataset this store has seen."""
-        return list(self._db.execute(
-            "SELECT fingerprint, unit, COUNT(*) FROM releases GROUP BY fingerprint, unit"))
+    def sources(self) -> list[tuple[str, int]]:
+        """(source key, number of releases) of every source this store has charged or noted."""
+        counts = dict(self._db.execute("SELECT source, COUNT(*) FROM releases GROUP BY source"))
+        noted = [r[0] for r in self._db.execute("SELECT source FROM sources")]
+        return [(s, int(counts.get(s, 0))) for s in sorted(set(counts) | set(noted))]
 
-    def answer(self, fingerprint, unit, run, round, kind) -> Answer | None:
-        row = self._db.execute(
-            "SELECT run, round, kind, inputs_hash, noise_multiplier, sigma, sensitivity, payload, created "
-            "FROM releases WHERE fingerprint=? AND unit=? AND run=? AND round=? AND kind=?",
-            (fingerprint, unit, str(run), int(round), kind)).fetchone()
+    def count(self) -> int:
+        """Releases in the whole store (every source)."""
+        return int(self._db.execute("SELECT COUNT(*) FROM releases").fetchone()[0])
+
+    def answer(self, source, run, round, kind) -> Answer | None:
+        row = self._db.execute(f"SELECT {_COLS}, payload, created FROM releases "
+                               "WHERE source=? AND run=? AND round=? AND kind=?",
+                               (source, str(run), int(round), kind)).fetchone()
         if row is None:
             return None
-        return Answer(row[0], row[1], row[2], row[3], row[4], row[5], row[6], unpack_arrays(row[7]), row[8])
+        return Answer(*row[:9], unpack_arrays(row[9]), row[10])
 
-    def last_answer(self, fingerprint, unit, run, kind) -> Answer | None:
-        row = self._db.execute(
-            "SELECT round FROM releases WHERE fingerprint=? AND unit=? AND run=? AND kind=? "
-            "ORDER BY round DESC LIMIT 1", (fingerprint, unit, str(run), kind)).fetchone()
-        return None if row is None else self.answer(fingerprint, unit, run, row[0], kind)
+    def last_answer(self, source, run, kind) -> Answer | None:
+        last = self.last_round(source, run, kind)
+        return None if last is None else self.answer(source, run, last, kind)
 
-    def last_round(self, fingerprint, unit, run, kind) -> int | None:
-        row = self._db.execute(
-            "SELECT MAX(round) FROM releases WHERE fingerprint=? AND unit=? AND run=? AND kind=?",
-            (fingerprint, unit, str(run), kind)).fetchone()
+    def last_round(self, source, run, kind) -> int | None:
+        row = self._db.execute("SELECT MAX(round) FROM releases WHERE source=? AND run=? AND kind=?",
+                               (source, str(run), kind)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     # ------------------------------------------------------------------ updates
-    def commit_release(self, fingerprint, unit, run, round, kind, inputs_hash, *, noise_multiplier,
-                       sigma, sensitivity, payload: dict, check=None, state: dict | None = None):
+    def commit_release(self, source, run, round, kind, inputs_hash, *, unit, mechanism, noise_multiplier,
+                       sigma, sensitivity, payload: dict, check=None, state: dict | None = None) -> Answer:
         """Charge and store one release in one durable transaction.
 
-        ``check(multipliers)`` receives the noise multipliers of every release already on
-        this data (all runs, read inside the write lock) and raises to refuse; nothing is
+        ``check(entries)`` receives every release already charged on this source (all runs,
+        read inside the write lock, payloads not loaded) and raises to refuse; nothing is
         written then. ``state`` (optional arrays) is stored as the run's party state in the
         same transaction. Returns the stored :class:`Answer`.
         """
         db = self._db
         db.execute("BEGIN IMMEDIATE")                  # the write lock: check-and-charge is atomic
         try:
-            prev = db.execute("SELECT inputs_hash FROM releases WHERE fingerprint=? AND unit=? AND run=? "
-                              "AND round=? AND kind=?", (fingerprint, unit, str(run), int(round), kind)).fetchone()
+            prev = db.execute("SELECT 1 FROM releases WHERE source=? AND run=? AND round=? AND kind=?",
+                              (source, str(run), int(round), kind)).fetchone()
             if prev is not None:
                 raise RuntimeError(f"round {round} ({kind}) of run {run} was already released")
             if check is not None:
-                zs = [r[0] for r in db.execute(
-                    "SELECT noise_multiplier FROM releases WHERE fingerprint=? AND unit=? ORDER BY created, rowid",
-                    (fingerprint, unit))]
-                check(zs)
+                check(self.entries(source))
             now = time.time()
-            db.execute("INSERT INTO releases VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                       (fingerprint, unit, str(run), int(round), kind, inputs_hash, float(noise_multiplier),
-                        float(sigma), float(sensitivity), pack_arrays(payload), now))
+            db.execute("INSERT INTO releases VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (source, str(run), int(round), kind, str(unit), str(mechanism), inputs_hash,
+                        float(noise_multiplier), float(sigma), float(sensitivity), pack_arrays(payload), now))
             if state is not None:
-                db.execute("INSERT OR REPLACE INTO state VALUES (?,?,?,?,?)",
-                           (fingerprint, unit, str(run), pack_arrays(state), now))
+                db.execute("INSERT OR REPLACE INTO state VALUES (?,?,?,?)", (source, str(run), pack_arrays(state), now))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         if _after_commit_hook is not None:
             _after_commit_hook()
-        return Answer(str(run), int(round), kind, inputs_hash, float(noise_multiplier), float(sigma),
-                      float(sensitivity), payload, now)
+        return Answer(str(run), int(round), kind, str(unit), str(mechanism), inputs_hash, float(noise_multiplier),
+                      float(sigma), float(sensitivity), payload, now)
 
-    def put_state(self, fingerprint, unit, run, arrays: dict):
-        self._db.execute("INSERT OR REPLACE INTO state VALUES (?,?,?,?,?)",
-                         (fingerprint, unit, str(run), pack_arrays(arrays), time.time()))
+    def put_state(self, source, run, arrays: dict):
+        self._db.execute("INSERT OR REPLACE INTO state VALUES (?,?,?,?)",
+                         (source, str(run), pack_arrays(arrays), time.time()))
 
-    def get_state(self, fingerprint, unit, run) -> dict | None:
-        row = self._db.execute("SELECT payload FROM state WHERE fingerprint=? AND unit=? AND run=?",
-                               (fingerprint, unit, str(run))).fetchone()
+    def get_state(self, source, run) -> dict | None:
+        row = self._db.execute("SELECT payload FROM state WHERE source=? AND run=?", (source, str(run))).fetchone()
         return None if row is None else unpack_arrays(row[0])
 
-    def note_budget(self, fingerprint, unit, info: dict):
-        """Remember the budget last configured for this data (shown by ``flower-vfl ledger``)."""
-        self._db.execute("INSERT OR REPLACE INTO budgets VALUES (?,?,?)",
-                         (fingerprint, unit, json.dumps(info, sort_keys=True)))
+    def note_source(self, source, info: dict):
+        """Remember what the source is and the budget last configured for it (``flower-vfl ledger``)."""
+        self._db.execute("INSERT OR REPLACE INTO sources VALUES (?,?)", (source, json.dumps(info, sort_keys=True)))
 
-    def budget_info(self, fingerprint, unit) -> dict | None:
-        row = self._db.execute("SELECT info FROM budgets WHERE fingerprint=? AND unit=?",
-                               (fingerprint, unit)).fetchone()
+    def source_info(self, source) -> dict | None:
+        row = self._db.execute("SELECT info FROM sources WHERE source=?", (source,)).fetchone()
         return None if row is None else json.loads(row[0])

@@ -5,7 +5,8 @@ The server holds w, every agent's dual lambda_p (recomputed from the released z_
 no privacy cost) and the rho schedule (eq. 21). Round t: w^{t+1} from eq. (4a) goes to
 every agent with t and rho_t; each agent replies with its z_p^{t+1} (objective-perturbed
 for ObjP/ObjT, output-perturbed for OutP) and the server updates lambda_p. The math is
-:mod:`flower_vfl.horizontal.admm`, the same functions the in-process engine calls.
+:mod:`flower_vfl.horizontal.admm`, the same functions the in-process engine calls; agents are
+identified and replies matched by :mod:`.exchange`, as on every central-node path.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from flower_vfl.errors import UserError
 from flower_vfl.horizontal.admm import DPIADMMParams, dual_step, rho_schedule, server_step
 from flower_vfl.horizontal.model import error_rate
-from flower_vfl.strategies.replies import claim
+from flower_vfl.strategies.exchange import Exchange, ReplyError
 
 __all__ = ["DPIADMMStrategy", "AgentRefused"]
 
 
-class AgentRefused(RuntimeError):
+class AgentRefused(UserError, RuntimeError):
     """An agent refused to answer (its privacy budget is spent, or a replay it rejects)."""
 
 
@@ -51,11 +53,14 @@ class DPIADMMStrategy(Strategy):
         Held-out data for the test error of w (the server's own data, never sent).
     eval_every : int, default=10
     timeout : float, default=600
+    party_wait : float, default=0
+        Seconds to wait for a missing agent (at identify, and for a lost node to come back), as
+        :class:`~flower_vfl.strategies.exchange.Exchange`.
     """
 
     def __init__(self, variant="objt", num_agents=10, num_features=784, num_classes=10, num_iterations=100,
                  a=1.0, beta=1e-6, box=1.0, c1=2.0, c2=5.0, Tc=1e4, rho_max=1e9, trust="paper",
-                 X_test=None, y_test=None, eval_every=10, timeout=600.0):
+                 X_test=None, y_test=None, eval_every=10, timeout=600.0, party_wait=0.0):
         self.public = DPIADMMParams(variant=variant, a=a, beta=beta, box=box, c1=c1, c2=c2, Tc=Tc,
                                     rho_max=rho_max, trust=trust).validate()
         if int(num_agents) < 1 or int(num_iterations) < 1:
@@ -63,7 +68,8 @@ class DPIADMMStrategy(Strategy):
         self.num_agents, self.J, self.K = int(num_agents), int(num_features), int(num_classes)
         self.T = int(num_iterations)
         self.X_test, self.y_test, self.eval_every, self.timeout = X_test, y_test, int(eval_every), timeout
-        self.node_to_agent: dict[int, int] = {}
+        self.party_wait = float(party_wait)
+        self.exchange: Exchange | None = None
         self.n_samples: dict[int, int] = {}
         self.params: DPIADMMParams | None = None
         self.history_: list[dict] = []
@@ -76,29 +82,28 @@ class DPIADMMStrategy(Strategy):
         log(INFO, "\t└── a=%g beta=%g box=%g rho: c1=%g c2=%g Tc=%g", p.a, p.beta, p.box, p.c1, p.c2, p.Tc)
 
     # ------------------------------------------------------------ handshake
+    @property
+    def node_to_agent(self) -> dict[int, int]:
+        return {} if self.exchange is None else self.exchange.node_to_party
+
+    def _read_identity(self, nid, rep):
+        if "identity" not in rep.content.config_records:
+            raise ReplyError(f"node {nid}: the identify reply has no 'identity' record")
+        info = rep.content.config_records["identity"]
+        agent = int(info["agent"])
+        if int(info["num_features"]) != self.J:
+            raise ValueError(f"agent {agent} has {info['num_features']} features, the server expects "
+                             f"num_features={self.J}")
+        return agent, (int(info["n_samples"]), None if float(info["eps_bar"]) <= 0 else float(info["eps_bar"]))
+
     def identify(self, grid: Grid) -> dict[int, int]:
         """Map node id -> agent; learn I_p and each agent's eps_bar (for eq. 21)."""
-        nodes = list(grid.get_node_ids())
-        msgs = [Message(RecordDict({"config": ConfigRecord({"want": "agent"})}), dst_node_id=n,
-                        message_type="query.identify") for n in nodes]
-        eps, seen = {}, {}
-        for rep in grid.send_and_receive(msgs, timeout=self.timeout):
-            nid = rep.metadata.src_node_id
-            if rep.has_error():
-                raise RuntimeError(f"node {nid} failed to identify itself: {rep.error.reason}")
-            info = rep.content["identity"]
-            agent = int(info["agent"])
-            claim(seen, "agent", agent, nid)
-            if int(info["num_features"]) != self.J:
-                raise ValueError(f"agent {agent} has {info['num_features']} features, the server expects "
-                                 f"num_features={self.J}")
-            self.node_to_agent[nid] = agent
-            self.n_samples[agent] = int(info["n_samples"])
-            eps[agent] = None if float(info["eps_bar"]) <= 0 else float(info["eps_bar"])
-        missing = sorted(set(range(self.num_agents)) - set(seen))
-        if missing:
-            raise RuntimeError(f"agents {missing} did not answer the identify query ({len(seen)} SuperNodes "
-                               f"answered); start one SuperNode per agent or set num_agents={len(seen)}")
+        self.exchange = Exchange(grid, self.num_agents, role="agent", count_key="hz-num-agents",
+                                 timeout=self.timeout, party_wait=self.party_wait)
+        infos = self.exchange.identify("query.identify", RecordDict({"config": ConfigRecord({"want": "agent"})}),
+                                       self._read_identity)
+        self.n_samples = {a: n for a, (n, _) in infos.items()}
+        eps = {a: e for a, (_, e) in infos.items()}
         if len(set(eps.values())) != 1:
             raise ValueError(f"the agents' eps_bar differ ({eps}); rho_t (eq. 21) needs one eps_bar: "
                              "configure the same dp-eps-bar on every agent")
@@ -119,15 +124,11 @@ class DPIADMMStrategy(Strategy):
         return [Message(content, dst_node_id=nid, message_type="train") for nid in order]
 
     def aggregate_train(self, server_round, replies):
-        """Collect every z_p^{t+1}; lambda_p += rho_t (w^{t+1} - z_p^{t+1}) (eq. 4c)."""
+        """Collect every z_p^{t+1}; lambda_p += rho_t (w^{t+1} - z_p^{t+1}) (eq. 4c). ``replies``:
+        the agents' reply Messages, matched to agents by the exchange (reply_to_message_id)."""
         got = {}
         for rep in replies:
-            agent = self.node_to_agent.get(rep.metadata.src_node_id)
-            if agent is None:
-                log(WARNING, "ignoring a reply from unknown node %s", rep.metadata.src_node_id)
-                continue
-            if rep.has_error():
-                raise RuntimeError(f"agent {agent} failed: {rep.error.reason}")
+            agent = self.exchange.party_of(rep)
             if "refusal" in rep.content:
                 raise AgentRefused(f"agent {agent} refused: {rep.content['refusal']['reason']}")
             if "privacy" in rep.content:
@@ -139,7 +140,7 @@ class DPIADMMStrategy(Strategy):
             got[agent] = z
         missing = sorted(set(range(self.num_agents)) - set(got))
         if missing:
-            raise RuntimeError(f"no reply from agents {missing} within {self.timeout} s")
+            raise ReplyError(f"round {server_round}: no reply of agents {missing} to aggregate")
         self.Z = np.stack([got[p] for p in range(self.num_agents)])
         self.Lam = dual_step(self.Lam, self.w, self.Z, self._rho)
         row = {"t": int(server_round), "rho": self._rho,
@@ -167,8 +168,8 @@ class DPIADMMStrategy(Strategy):
         self.Lam = np.zeros_like(self.Z)
         try:
             for t in range(1, self.T + 1):
-                self.aggregate_train(t, grid.send_and_receive(self.configure_train(t, None, None, grid),
-                                                              timeout=self.timeout))
+                got = self.exchange.send_messages(self.configure_train(t, None, None, grid), f"round {t} (train)")
+                self.aggregate_train(t, got.values())
                 if progress is not None:
                     progress(t, self.history_[-1])
         except AgentRefused as exc:

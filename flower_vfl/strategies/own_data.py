@@ -28,7 +28,7 @@ from logging import INFO
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -37,9 +37,10 @@ from flower_vfl.core.losses import get_loss
 from flower_vfl.io import DataError, read_party, source_from_config
 from flower_vfl.core.scoring import BINARY_LOSSES, decode_scores, encode_classes
 from flower_vfl.config.schema import ConfigError
+from flower_vfl.config.settings import run_setting
 from flower_vfl.core.scoring import combine
+from flower_vfl.strategies.exchange import ReplyError, check_release, party_keys_from
 from flower_vfl.strategies.psi_align import PSIAlignment
-from flower_vfl.strategies.replies import PartyFailed, check_release
 
 __all__ = ["OWN_DATA_DEFAULTS", "enabled", "owner_labels", "train", "predict", "owner_model_path"]
 
@@ -74,7 +75,9 @@ def owner_model_path(run_config) -> Path:
 
 def _align(grid, ids, num_parties, split, run_config, timeout):
     return PSIAlignment(ids, num_parties, split, structure=str(_get(run_config, "psi-structure")),
-                        fpr=float(_get(run_config, "psi-fpr")), timeout=timeout).run(grid)
+                        fpr=float(_get(run_config, "psi-fpr")), timeout=timeout,
+                        party_wait=float(run_setting("party-wait", run_config)),
+                        party_keys=party_keys_from(str(run_setting("party-keys", run_config)), num_parties)).run(grid)
 
 
 def train(grid: Grid, run_config, make_strategy, progress=None, timeout: float = 600.0):
@@ -90,15 +93,18 @@ def train(grid: Grid, run_config, make_strategy, progress=None, timeout: float =
         al_te = _align(grid, ids_te, num_parties, "test", run_config, timeout)
         t_test = _encode_like(y_te[al_te.order], classes, loss_name, str(_get(run_config, "labels-test-path")))
     strategy = make_strategy(run_config, t[al.order], t_test)
-    strategy.start(grid, progress=progress)
+    strategy.progress = progress
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.max_rounds,
+                   timeout=strategy.round_timeout)
     # every party saves its own block on its own disk; only an acknowledgement comes back
-    cfg = ConfigRecord({"loss": loss_name, "rounds": int(strategy.final_.get("rounds", 0))})
-    msgs = [Message(RecordDict({"config": cfg}), dst_node_id=nid, message_type="query.save_model")
-            for nid in sorted(al.node_to_party)]
-    for rep in grid.send_and_receive(msgs, timeout=timeout):
-        if rep.has_error():
-            raise PartyFailed(f"a party (node {rep.metadata.src_node_id}) failed to save its model: "
-                              f"{rep.error.reason}")
+    # (the training run's exchange: a party that does not acknowledge is waited for, then named)
+    content = RecordDict({"config": ConfigRecord({"loss": loss_name,
+                                                  "rounds": int(strategy.final_.get("rounds", 0))})})
+    acks = strategy.exchange.send(lambda p, nid: content, "query.save_model", range(num_parties), "save model")
+    for party, rep in sorted(acks.items()):
+        if "saved" not in rep.content:
+            raise ReplyError(f"party {party} (node {rep.metadata.src_node_id}): the save-model reply has no "
+                             f"'saved' acknowledgement (records: {sorted(rep.content.keys())})")
     path = model_io.save_owner_model(owner_model_path(run_config), np.asarray(strategy.central.b), loss_name,
                                      classes, {k: v for k, v in dict(run_config).items()}, strategy.history_,
                                      extra={"n_train": int(al.order.size), "parties": num_parties})
@@ -123,7 +129,7 @@ def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
 
     The same code as the evaluation rounds during training (:mod:`flower_vfl.core.scoring`): the
     party's handler calls :func:`~flower_vfl.core.scoring.party_scores`, the label owner checks each
-    reply as a training-time release (:func:`~flower_vfl.strategies.replies.check_release`) and
+    reply as a training-time release (:func:`~flower_vfl.strategies.exchange.check_release`) and
     calls :func:`~flower_vfl.core.scoring.combine`."""
     num_parties = int(run_config.get("num-parties", 2))
     if not _get(run_config, "score-ids-path"):
@@ -134,16 +140,10 @@ def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
     classes = None if meta["classes"] is None else np.asarray(meta["classes"])
     ids, _ = owner_labels(run_config, "score-ids-path", labels=False)
     al = _align(grid, ids, num_parties, "score", run_config, timeout)
-    msgs = [Message(RecordDict({"config": ConfigRecord({"split": "score"})}), dst_node_id=nid,
-                    message_type="query.predict") for nid in sorted(al.node_to_party)]
+    content = RecordDict({"config": ConfigRecord({"split": "score"})})
     shape = (int(al.order.size),) + np.shape(m["intercept"])
-    parts = {}
-    for rep in grid.send_and_receive(msgs, timeout=timeout):
-        nid = rep.metadata.src_node_id
-        party = al.node_to_party.get(nid, "?")
-        if rep.has_error():
-            raise PartyFailed(f"party {party} (node {nid}) failed to score: {rep.error.reason}")
-        parts[party] = check_release(rep, party, "s_score", shape, "predict")
+    replies = al.exchange.send(lambda p, nid: content, "query.predict", range(num_parties), "predict")
+    parts = {party: check_release(rep, party, "s_score", shape, "predict") for party, rep in replies.items()}
     f = combine(parts, m["intercept"], range(num_parties), "scores for the predict job")
     labels, proba = decode_scores(f, loss, classes)
     scored = [ids[i] for i in al.order]

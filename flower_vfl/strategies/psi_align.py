@@ -3,7 +3,9 @@
 Two round trips per split (see :mod:`flower_vfl.io.psi` for the protocol and what each side
 learns): ``query.psi_answer`` carries the label owner's encrypted request and brings back each
 party's encrypted set; ``query.psi_order`` sends each party the agreed intersection in the
-label owner's row order, and every party answers with the digest it aligned to. Glue only.
+label owner's row order, and every party answers with the digest it aligned to. Glue only; the
+answer step identifies the parties (the index each node claims in its ``psi`` reply) through
+:class:`~flower_vfl.strategies.exchange.Exchange`, as every central-node path does.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from dataclasses import dataclass, field
 from logging import INFO
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flower_vfl.io import psi as psi
 from flower_vfl.config.schema import ConfigError
-from flower_vfl.strategies.replies import PartyFailed, PartyLost, ReplyError, claim
+from flower_vfl.strategies.exchange import Exchange, ReplyError
 
 __all__ = ["PSIAlignment", "AlignResult"]
 
@@ -26,13 +28,15 @@ __all__ = ["PSIAlignment", "AlignResult"]
 @dataclass
 class AlignResult:
     """``order``: label-owner row indices of the agreed intersection, in its row order;
-    ``node_to_party``: node id -> party; ``set_sizes``: what the label owner learned of |P_m|."""
+    ``node_to_party``: node id -> party; ``set_sizes``: what the label owner learned of |P_m|;
+    ``exchange``: the channel the alignment identified the parties on (for the jobs that follow)."""
 
     split: str
     order: np.ndarray
     node_to_party: dict
     set_sizes: dict = field(default_factory=dict)
     pairwise: dict = field(default_factory=dict)
+    exchange: Exchange | None = field(default=None, repr=False)
 
 
 class PSIAlignment:
@@ -51,63 +55,57 @@ class PSIAlignment:
     fpr : float, default=1e-9
     min_rows : int, default=2
     timeout : float, default=600
+    party_wait : float, default=0
+        Seconds to wait for every party to have a node (``party-wait``), as every identify step.
+    party_keys : dict or None
+        Party -> SHA-256 fingerprint of the SuperNode key allowed to serve it (``party-keys``).
     """
 
     def __init__(self, ids, num_parties: int, split: str = "train", structure: str = "raw", fpr: float = 1e-9,
-                 min_rows: int = 2, timeout: float = 600.0):
+                 min_rows: int = 2, timeout: float = 600.0, party_wait: float = 0.0, party_keys=None):
         self.ids = [str(v) for v in ids]
         self.num_parties, self.split = int(num_parties), split
         self.structure, self.fpr, self.min_rows, self.timeout = structure, float(fpr), int(min_rows), timeout
+        self.party_wait, self.party_keys = float(party_wait), party_keys
 
-    def _exchange(self, grid: Grid, msgs: list[Message], what: str) -> dict:
-        """Replies keyed by the node each request went to (matched by reply_to_message_id)."""
-        by_id = {}
-        replies = list(grid.send_and_receive(msgs, timeout=self.timeout))
-        dst_by_mid = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs if m.metadata.message_id}
-        for rep in replies:
-            nid = dst_by_mid.get(rep.metadata.reply_to_message_id, rep.metadata.src_node_id)
-            if rep.has_error():
-                raise PartyFailed(f"node {nid} failed the PSI {what} step for split {self.split!r}: "
-                                  f"{rep.error.reason}")
-            by_id[nid] = rep.content["psi"]
-        missing = sorted({m.metadata.dst_node_id for m in msgs} - set(by_id))
-        if missing:
-            raise PartyLost(f"nodes {missing} did not answer the PSI {what} step within {self.timeout} s")
-        return by_id
+    @staticmethod
+    def _read(nid, rep):
+        """The party a node claims in its PSI answer, and the answer."""
+        if "psi" not in rep.content.config_records or "party" not in rep.content.config_records["psi"]:
+            raise ReplyError(f"node {nid} sent a PSI answer without its 'psi' record and party "
+                             f"(records: {sorted(rep.content.keys())})")
+        rec = rep.content.config_records["psi"]
+        return int(rec["party"]), rec
 
     def run(self, grid: Grid) -> AlignResult:
         owner = psi.LabelOwnerPSI(self.ids)
         request = owner.request()
-        nodes = list(grid.get_node_ids())
+        ex = Exchange(grid, self.num_parties, timeout=self.timeout, party_wait=self.party_wait,
+                      party_keys=self.party_keys, claim_error=ConfigError)
         cfg = {"split": self.split, "request": request, "fpr": self.fpr, "structure": self.structure}
-        msgs = [Message(RecordDict({"psi": ConfigRecord(cfg)}), dst_node_id=nid,
-                        message_type="query.psi_answer") for nid in nodes]
-        answers = self._exchange(grid, msgs, "answer")
-        node_to_party, pairwise, sizes, seen = {}, {}, {}, {}
-        for nid, rec in sorted(answers.items()):
-            m = int(rec["party"])
-            claim(seen, "party", m, nid, ConfigError)
-            node_to_party[nid] = m
-            pairwise[m] = owner.intersect(bytes(rec["setup"]), bytes(rec["response"]), f"party {m} (node {nid})")
+        answers = ex.identify("query.psi_answer", RecordDict({"psi": ConfigRecord(cfg)}), self._read,
+                              f"the PSI answer step for split {self.split!r}")
+        node_of = ex.node_of()
+        pairwise, sizes = {}, {}
+        for m, rec in sorted(answers.items()):
+            pairwise[m] = owner.intersect(bytes(rec["setup"]), bytes(rec["response"]), f"party {m} (node {node_of[m]})")
             sizes[m] = _setup_size(bytes(rec["setup"]))
-        missing = sorted(set(range(self.num_parties)) - set(pairwise))
-        if missing:
-            raise PartyLost(f"parties {missing} did not take part in the PSI step (nodes seen: {sorted(nodes)}); "
-                            f"start one SuperNode per party or set num-parties={len(pairwise)}")
         order = psi.agree_order(len(self.ids), pairwise, self.min_rows,
                                 {"train": "training", "test": "held-out", "score": "scoring"}[self.split])
         agreed = [self.ids[i] for i in order]
         blob, digest = psi.encode_ids(agreed), psi.ids_digest(agreed)
-        msgs = [Message(RecordDict({"psi": ConfigRecord({"split": self.split, "order": blob, "digest": digest})}),
-                        dst_node_id=nid, message_type="query.psi_order") for nid in sorted(answers)]
-        for nid, rec in self._exchange(grid, msgs, "order").items():
-            if str(rec["digest"]) != digest or int(rec["n_rows"]) != len(agreed):
-                raise ReplyError(f"party {node_to_party[nid]} (node {nid}) aligned {int(rec['n_rows'])} rows to a "
-                                 f"different order than the {len(agreed)} agreed ones")
+        content = RecordDict({"psi": ConfigRecord({"split": self.split, "order": blob, "digest": digest})})
+        what = f"PSI order (split {self.split!r})"
+        for m, rep in ex.send(lambda p, nid: content, "query.psi_order", range(self.num_parties), what).items():
+            rec = rep.content.config_records.get("psi")
+            if rec is None or str(rec.get("digest")) != digest or int(rec.get("n_rows", -1)) != len(agreed):
+                n = -1 if rec is None else int(rec.get("n_rows", -1))
+                raise ReplyError(f"party {m} (node {ex.node_of()[m]}) aligned {n} rows to a different order "
+                                 f"than the {len(agreed)} agreed ones")
         log(INFO, "PSI %s: %d of the label owner's %d rows are common to all %d parties (pairwise %s)",
             self.split, len(agreed), len(self.ids), len(pairwise),
             {m: len(i) for m, i in sorted(pairwise.items())})
-        return AlignResult(self.split, order, node_to_party, sizes, pairwise)
+        return AlignResult(self.split, order, dict(ex.node_to_party), sizes, pairwise, ex)
 
 
 def _setup_size(setup: bytes) -> int:

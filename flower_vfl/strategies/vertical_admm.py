@@ -3,8 +3,15 @@
 Paper: Hu et al., "Learning Privately over Distributed Features: An ADMM Sharing
 Approach" (Algorithm 1). The strategy owns the labels, z, y and the intercept; it learns
 which node serves which party through an identify query, sends every party its own
-message (the N-vectors q = a_hat - z and y, Alg. 1 lines 3-4 and 12), and runs the same
-:class:`~flower_vfl.core.central.CentralUpdate` as the in-process engine.
+message (the N-vectors q = a_hat - z and y, Alg. 1 lines 3-4 and 12), and runs the
+in-process engine's round loop (:class:`~flower_vfl.core.rounds.RoundDriver`) and
+:class:`~flower_vfl.core.central.CentralUpdate`.
+
+Flower's contract: ``result = strategy.start(grid=grid, initial_arrays=ArrayRecord(),
+num_rounds=..., timeout=...)`` returns a :class:`flwr.serverapp.strategy.Result`; the loop
+calls ``configure_train`` / ``aggregate_train`` / ``configure_evaluate`` /
+``aggregate_evaluate`` with Flower's signatures (their docstrings say which arguments mean
+nothing for vertical training, and why).
 """
 
 from __future__ import annotations
@@ -18,28 +25,30 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
-from flower_vfl.core.accel import acceleration_name, make_accelerator
-from flower_vfl.core.central import CentralUpdate, residuals
-from flower_vfl.core.schedule import default_rho, private_schedule
+from flower_vfl.errors import UserError
+from flower_vfl.core.accel import make_accelerator
+from flower_vfl.core.central import CentralUpdate
+from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, RoundDriver
+from flower_vfl.core.schedule import default_rho
 from flower_vfl.core.losses import get_loss
 from flower_vfl.privacy.label_dp import privatize_labels
 from flower_vfl.core.validation import check_params
 from flower_vfl.io.checkpoint import load_checkpoint, save_checkpoint
 from flower_vfl.reporting.report import to_jsonable
 from flower_vfl.core.scoring import combine
-from flower_vfl.strategies.replies import PartyFailed, PartyLost, ReplyError, check_release
-from flower_vfl.strategies.resilience import ResilientRounds, load_party_keys
+from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, ReplyError, check_release,
+                                            party_keys_from)
 
 __all__ = ["VerticalADMMStrategy", "PartyRefused", "PartyFailed", "PartyLost", "ReplyError"]
 
 
-class PartyRefused(RuntimeError):
+class PartyRefused(UserError, RuntimeError):
     """A party refused to release (its privacy budget is spent)."""
 
 
-class VerticalADMMStrategy(ResilientRounds, Strategy):
+class VerticalADMMStrategy(Strategy):
     """Central node (label owner) of vertical ADMM sharing.
 
     Parameters
@@ -56,8 +65,12 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
     variant : {'sharing', 'paper'}, default='sharing'
     fit_intercept : bool, default=True
     max_rounds : int, default=50
+        Rounds (with private parties: of the warm start); ``start(num_rounds=...)`` sets it.
     tol, tol_abs : float, default=0.0, 1e-9
-        Boyd's residual stopping rule (tol=0 runs every round).
+        Boyd's residual stopping rule (tol=0 runs every round). The defaults are the engine's
+        and the run config's (:mod:`flower_vfl.core.rounds`).
+    adaptive_rho : bool, default=False
+        Residual balancing (Boyd Sec. 3.4.1), as the engine's.
     eval_every : int, default=0
         Evaluate every k rounds (0: only after the last round).
     timeout : float, default=600
@@ -88,13 +101,17 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         forward-corrected loss; None, 0 or inf: labels not protected (``label-epsilon``).
     label_seed : None, int or numpy Generator, default=None
         Source of the label flips (None: OS entropy); never sent or reported.
+    progress : callable(round, row) or None, default=None
+        Called after every round with its history row (the ServerApp logs it and rewrites
+        its report).
     """
 
     def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", rho="auto", alpha=1.0,
-                 variant="sharing", fit_intercept=True, max_rounds=50, tol=0.0, tol_abs=1e-9,
-                 eval_every=0, timeout=600.0, party_wait=120.0, stragglers="wait", max_staleness=5,
-                 state_dir=None, resume=None, party_keys=None, acceleration="auto", penalty="l2", constraint=None,
-                 label_epsilon=None, label_seed=None):
+                 variant="sharing", fit_intercept=True, max_rounds=DEFAULT_MAX_ROUNDS, tol=DEFAULT_TOL,
+                 tol_abs=DEFAULT_TOL_ABS, adaptive_rho=False, eval_every=0, timeout=600.0, party_wait=120.0,
+                 stragglers="wait", max_staleness=5, state_dir=None, resume=None, party_keys=None,
+                 acceleration="auto", penalty="l2", constraint=None, label_epsilon=None, label_seed=None,
+                 progress=None):
         check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
         if variant not in ("sharing", "paper"):
             raise ValueError(f"variant={variant!r}; choose 'sharing' or 'paper'")
@@ -111,19 +128,27 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
                                      alpha=alpha, theta=1.0 if variant == "paper" else 1.0 / num_parties,
                                      fit_intercept=fit_intercept)
         self.max_rounds, self.tol, self.tol_abs = max_rounds, tol, tol_abs
+        self.adaptive_rho, self.progress = bool(adaptive_rho), progress
         self.eval_every, self.round_timeout = eval_every, float(timeout)
         if stragglers not in ("wait", "stale"):
             raise ValueError(f"stragglers={stragglers!r}; choose 'wait' or 'stale'")
         self.party_wait, self.stragglers, self.max_staleness = float(party_wait), stragglers, int(max_staleness)
         self.state_dir, self.resume = state_dir or None, resume or None
-        self.party_keys = load_party_keys(party_keys, self.num_parties) if isinstance(party_keys, str) and \
-            party_keys else {int(m): str(v) for m, v in (party_keys or {}).items()}
+        self.party_keys = party_keys_from(party_keys, self.num_parties)
         self.failed_ = False
         make_accelerator(acceleration, self.central, [])          # checks the name
         #: 'anderson': core/accel.py, the engine's default; off with private parties or stragglers='stale'
-        self.acceleration, self._acc, self._qs = acceleration, None, None
+        self.acceleration = acceleration
+        self.driver: RoundDriver | None = None       # the round loop (start makes it)
+        self._active: list[int] = list(range(self.num_parties))   # the parties of the round being sent
+        self._ask: list[int] = list(range(self.num_parties))      # ... of the evaluation being sent
+        self._final = False
+        self._qs = None
+        self._stale: dict[int, int] = {}
+        self._reply_party: dict[str, int] = {}
         self.penalty, self.constraint = penalty, constraint   # the parties' (run config): see make_accelerator
-        self.node_to_party: dict[int, int] = {}
+        self.exchange: Exchange | None = None        # the channel to the parties (identify sets it)
+        self._resync: set[int] = set()                 # stateless restarted parties (see _joined)
         #: party -> planned training releases, for the parties that declared themselves private
         self.private_parties: dict[int, int] = {}
         self.history_: list[dict] = []
@@ -137,16 +162,73 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         log(INFO, "\t├── VerticalADMMStrategy: %d parties, loss=%s, N=%d", self.num_parties, self.loss.name, c.n)
         log(INFO, "\t└── rho=%.3g alpha=%g theta=%g intercept=%s", c.rho, c.alpha, c.theta, c.fit_intercept)
 
-    # ------------------------------------------------------------ the 4 hooks
-    def _messages(self, content: RecordDict, message_type: str, parties=None) -> list[Message]:
-        order = sorted(self.node_to_party, key=self.node_to_party.get)
-        return [Message(content, dst_node_id=nid, message_type=message_type) for nid in order
-                if parties is None or self.node_to_party[nid] in parties]
+    @property
+    def _last_s(self) -> dict:
+        """party -> its last release, as the round driver holds it."""
+        return {} if self.driver is None else self.driver.last_s
 
+    # ------------------------------------------------------------ identify
+    @property
+    def node_to_party(self) -> dict[int, int]:
+        """node id -> party, as the exchange knows it (a restarted party's new node included)."""
+        return {} if self.exchange is None else self.exchange.node_to_party
+
+    def _read_identity(self, nid, rep):
+        """The party a node claims in its identify reply, checked (the exchange checks the range)."""
+        if "identity" not in rep.content.config_records:
+            raise ReplyError(f"node {nid}: the identify reply has no 'identity' record")
+        info = rep.content.config_records["identity"]
+        for field in ("party", "n_rows"):
+            if field not in info or isinstance(info[field], bool) or not isinstance(info[field], int):
+                raise ReplyError(f"node {nid}: identity[{field!r}]={info.get(field)!r}; expected an integer")
+        party = int(info["party"])
+        if 0 <= party < self.num_parties and int(info["n_rows"]) != self.central.n:
+            raise ValueError(f"party {party} (node {nid}) holds {info['n_rows']} rows but the labels have "
+                             f"{self.central.n}; the parties' samples are not aligned")
+        if bool(info.get("private", False)) and info.get("affordable", True) is False:
+            raise ReplyError(
+                f"party {party} (node {nid}) is private and its remaining budget cannot cover its plan: it "
+                f"has spent epsilon={float(info.get('spent_before_run', float('nan'))):.4g} of "
+                f"{float(info.get('epsilon', float('nan'))):g} on this data in earlier runs, so every release "
+                "of this run would be refused. The party can see its spend with `flower-vfl ledger "
+                "--state-dir <its state-dir>`; only its operator can grant a new budget")
+        last = info.get("last_train", -1)
+        return party, {"private": bool(info.get("private", False)),
+                       "train_rounds": int(info.get("train_rounds", 0)),
+                       "restored": isinstance(last, int) and not isinstance(last, bool) and last >= 0}
+
+    def _joined(self, party, info, first) -> None:
+        """A node identified itself as ``party`` (``first``: at identify, not a rejoin).
+
+        A non-private party that answers without its state (``last_train`` absent or < 0: a
+        restarted SuperNode, or a new run after resume) is re-synchronized: its next train
+        message folds the last release the server holds into q (see ``_round_content``). A
+        party that restored its own state (``last_train`` >= 0) is left as it is."""
+        if first and info["private"]:
+            self.private_parties[party] = info["train_rounds"]
+        if info["private"] or info["restored"]:
+            self._resync.discard(party)
+            return
+        if float(getattr(self.central, "alpha", 1.0)) != 1.0:
+            log(WARNING, "party %s restarts from x = 0: re-synchronizing a stateless party needs alpha = 1", party)
+            return
+        self._resync.add(party)
+
+    def identify(self, grid) -> dict[int, int]:
+        """Map node id -> party (:class:`~flower_vfl.strategies.exchange.Exchange`): waits up to
+        ``party_wait`` s for every party to have a node; checks node keys against ``party_keys``."""
+        self._resync = set()
+        self.exchange = Exchange(grid, self.num_parties, timeout=self.round_timeout, party_wait=self.party_wait,
+                                 party_keys=self.party_keys, on_join=self._joined)
+        self.exchange.identify("query.identify", RecordDict({"config": ConfigRecord({"want": "party"})}),
+                               self._read_identity)
+        return self.node_to_party
+
+    # ------------------------------------------------------------ the 4 hooks
     def _round_content(self, server_round, party=None, **extra) -> RecordDict:
         c = self.central
         q = c.q if self._qs is None or party is None else self._qs[party]   # per party when accelerated
-        if party in self.__dict__.get("_resync", ()) and party in self._last_s:
+        if party in self._resync and party in self._last_s:
             # a restarted party that lost its state (s_m = 0): q - s_m/theta gives it the same
             # x-update target z_loc = s_m - theta q as the party that kept s_m (eq. 6, alpha = 1)
             q = q - self._last_s[party] / c.theta
@@ -156,9 +238,22 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
                                     "alpha": float(c.alpha), "theta": float(c.theta), **extra}),
         })
 
-    def configure_train(self, server_round, arrays, config, grid, parties=None) -> Iterable[Message]:
-        """Alg. 1 line 12: every (active) party gets q = a_hat - z, y and the scalars."""
-        return self._messages(self._round_content(server_round), "train", parties)
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Alg. 1 line 12: every party of the round gets q = a_hat - z, y and the scalars.
+
+        ``arrays`` and ``config`` are Flower's global model and free-form config: vertical
+        training has neither (x_m stays on its party; a party takes its settings from its own
+        node config), so they are not read (:meth:`start` refuses non-empty ones). The parties
+        of the round are those of the phase (:func:`~flower_vfl.core.schedule.private_schedule`)."""
+        if self._qs is None and not self._resync:
+            content = self._round_content(server_round)
+            build = lambda p: content  # noqa: E731
+        else:
+            build = lambda p: self._round_content(server_round, party=p)  # noqa: E731
+        node_of = self.exchange.node_of()
+        return [Message(build(p), dst_node_id=node_of[p], message_type="train")
+                for p in sorted(self._active) if p in node_of]
 
     def _release(self, rep, party, key, shape, what) -> np.ndarray:
         """A reply's checked release; a refusal stops the run (:class:`PartyRefused`)."""
@@ -172,54 +267,39 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
             raise PartyRefused(f"party {party} refused: {records['refusal'].get('reason', '')}")
         return check_release(rep, party, key, shape, what)
 
-    def _train_round(self, grid, k, parties):
-        """Send round k to ``parties``, check the replies, aggregate (Alg. 1 lines 9-12).
+    def _by_party(self, replies, what) -> dict[int, Message]:
+        """party -> reply, the party being the one the exchange sent the request to."""
+        out = {}
+        for rep in replies:
+            party = self._reply_party.get(rep.metadata.reply_to_message_id)
+            if party is None:
+                raise ReplyError(f"{what}: a reply to message {rep.metadata.reply_to_message_id!r}, which this "
+                                 "round did not send")
+            out[party] = rep
+        return dict(sorted(out.items()))
 
-        ``stragglers='stale'``: a party that misses the round counts with its last release
-        (bounded staleness: at most ``max_staleness`` rounds in a row, then it is waited for)."""
-        content = self._round_content(k) if self._qs is None and not self.__dict__.get("_resync") else None
-        build = lambda p, nid: Message(content or self._round_content(k, party=p), dst_node_id=nid,  # noqa: E731
-                                       message_type="train")
-        what = f"round {k} (train)"
-        if self.stragglers == "stale":
-            got, lost = self._exchange(grid, build, parties, what, stale_ok=True)
-            over = {p for p in lost if self._stale.get(p, 0) + 1 > self.max_staleness}
-            if over:
-                log(WARNING, "parties %s missed %d rounds in a row (max-staleness): waiting", sorted(over),
-                    self.max_staleness)
-                got.update(self._exchange(grid, build, over, what))
-        else:
-            got = self._exchange(grid, build, parties, what)
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        """Check the parties' releases s_m (Alg. 1 line 8) and keep them for the central step.
+
+        The sum over parties and the z-, y- and intercept updates (lines 9-11) are the round
+        driver's (:class:`~flower_vfl.core.rounds.RoundDriver`, shared with the engine): a stale or
+        idle party counts there with its last release. There is no global model to return
+        (``None``); the metrics are the round's count of fresh releases and stale parties."""
+        what = f"round {server_round} (train)"
+        got = self._by_party(replies, what)
         shape = self.central.z.shape
-        fresh = {p: self._release(rep, p, "s", shape, what) for p, rep in sorted(got.items())}
-        self.__dict__.get("_resync", set()).difference_update(fresh)
-        for p in parties:
+        fresh = {p: self._release(rep, p, "s", shape, what) for p, rep in got.items()}
+        self._resync.difference_update(fresh)
+        for p in self._active:
             self._stale[p] = 0 if p in fresh else self._stale.get(p, 0) + 1
-        self.aggregate_train(k, fresh, parties)
-        self.history_[-1]["stale"] = len(set(parties) - set(fresh))
-        # the objective, as the engine writes it, when every party reports lam R(x_m) (non-private)
-        pens = self.__dict__.setdefault("_penalties", {})
+        # lam R(x_m) from the parties that report it (non-private): the objective column
+        penalties = {}
         for p, rep in got.items():
             meta = rep.content.metric_records.get("meta")
-            if p in fresh and meta is not None and "penalty" in meta:
-                pens[p] = float(meta["penalty"])
-        if len(pens) == self.num_parties:
-            self.history_[-1]["objective"] = self.history_[-1]["train_loss"] + sum(pens.values())
-
-    def aggregate_train(self, server_round, replies, parties=None):
-        """Alg. 1 lines 9-11: sum the s_m (an idle or stale party counts with its last release,
-        zero before its first), then the z- and y-updates. ``replies``: party -> checked s_m."""
-        self._last_s.update(replies)
-        s_sum = 0.0
-        for m in range(self.num_parties):
-            s_sum = s_sum + self._last_s.get(m, 0.0)
-        c = self.central
-        r, d = c.step(s_sum)
-        self._last = (r, d, s_sum)
-        row = {"round": server_round, "train_loss": self.loss.mean(s_sum + c.b, self.t),
-               "primal_residual": r, "dual_residual": d, "rho": c.rho}
-        self.history_.append(row)
-        return None, MetricRecord({k: float(v) for k, v in row.items()})
+            if meta is not None and "penalty" in meta:
+                penalties[p] = float(meta["penalty"])
+        self._fresh, self._penalties = fresh, penalties
+        return None, MetricRecord({"releases": len(fresh), "stale": len(set(self._active) - set(fresh))})
 
     def _eval_content(self, server_round, party, final=False) -> RecordDict:
         """Ask for D_test x_m. In the final evaluation private parties also get the last
@@ -231,15 +311,25 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
             return self._round_content(server_round, n_outputs=int(self.loss.n_outputs), final_update=True)
         return RecordDict({"config": ConfigRecord(cfg)})
 
-    def configure_evaluate(self, server_round, arrays, config, grid, final=False) -> Iterable[Message]:
-        return [Message(self._eval_content(server_round, p, final), dst_node_id=nid, message_type="evaluate")
-                for nid, p in sorted(self.node_to_party.items(), key=lambda t: t[1])]
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """Ask the parties of this evaluation for their scores D_test x_m of the test rows.
 
-    def aggregate_evaluate(self, server_round, replies, suffix=""):
-        """``replies``: party -> checked D_test x_m. ``suffix='_nonprivate'``: the score of the
-        non-private parties alone (private parties are never asked before their final update).
-        The scores are combined by :func:`flower_vfl.core.scoring.combine`, as in the predict job."""
-        f = combine(replies, self.central.b, sorted(replies) if suffix else range(self.num_parties), "test scores")
+        ``arrays`` / ``config``: as in :meth:`configure_train`, not read. Before the final
+        update a private party is not asked (it releases its model once, at the end)."""
+        node_of = self.exchange.node_of()
+        return [Message(self._eval_content(server_round, p, self._final), dst_node_id=node_of[p],
+                        message_type="evaluate") for p in sorted(self._ask) if p in node_of]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
+        """Check the scores D_test x_m and combine them with the intercept
+        (:func:`flower_vfl.core.scoring.combine`, as in the predict job) into the test metrics.
+        Asked of the non-private parties alone, the metrics are named ``*_nonprivate``."""
+        what = f"round {server_round} ({'final ' if self._final else ''}evaluate)"
+        shape = self.t_test.shape[:1] + self.central.z.shape[1:]
+        scores = {p: self._release(rep, p, "s_test", shape, what) for p, rep in self._by_party(replies, what).items()}
+        suffix = "" if set(self._ask) == set(range(self.num_parties)) else "_nonprivate"
+        f = combine(scores, self.central.b, sorted(scores) if suffix else range(self.num_parties), "test scores")
         if not suffix:
             self.decision_test_ = f
         # test labels are clean: with label DP score them with the plain logistic loss (log-loss)
@@ -247,24 +337,9 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         out = {"test_loss" + suffix: test_loss.mean(f, self.t_test)}
         if self.loss.name != "squared":
             pred = self.loss.predict(f)
-            truth = self.loss.predict(self.t_test) if self.t_test.ndim == 1 else self.loss.predict(self.t_test)
+            truth = self.loss.predict(self.t_test)
             out["test_accuracy" + suffix] = float(np.mean(pred == truth))
-        self.history_[-1].update(out)
         return MetricRecord({k: float(v) for k, v in out.items()})
-
-    def _evaluate(self, grid, k, final=False):
-        """Score the test rows. Before the final update a private party is not asked (it
-        releases its model once, at the end): the score is then the non-private parties'
-        alone, recorded as ``test_loss_nonprivate`` / ``test_accuracy_nonprivate``."""
-        what = f"round {k} ({'final ' if final else ''}evaluate)"
-        build = lambda p, nid: Message(self._eval_content(k, p, final), dst_node_id=nid,  # noqa: E731
-                                       message_type="evaluate")
-        ask = set(range(self.num_parties)) if final else set(range(self.num_parties)) - set(self.private_parties)
-        got = self._exchange(grid, build, ask, what)
-        shape = self.t_test.shape[:1] + self.central.z.shape[1:]
-        suffix = "" if ask == set(range(self.num_parties)) else "_nonprivate"
-        return self.aggregate_evaluate(k, {p: self._release(rep, p, "s_test", shape, what) for p, rep in got.items()},
-                                       suffix)
 
     # ------------------------------------------------------------ checkpoint
     def _checkpoint(self, k, i_phase, j, stopped):
@@ -276,10 +351,11 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
             arrays["t_label_dp"] = self.t
         arrays.update({f"s{m}": np.asarray(v) for m, v in self._last_s.items()})
         aa = None
-        if self._acc is not None:
-            aa_arrays, aa = self._acc.get_state()
+        acc = self.driver.acc
+        if acc is not None:
+            aa_arrays, aa = acc.get_state()
             arrays.update(aa_arrays)
-            arrays.update({f"aq{m}": q for m, q in enumerate(self._qs or [])})
+            arrays.update({f"aq{m}": q for m, q in enumerate(self.driver.qs or [])})
         header = {"round": k, "phase": i_phase, "j": j, "phase_stopped": bool(stopped), "rho": c.rho,
                   "alpha": c.alpha, "theta": c.theta, "n": c.n, "num_parties": self.num_parties,
                   "loss": self.loss.name, "fit_intercept": bool(c.fit_intercept),
@@ -311,81 +387,82 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         c.b = np.float64(arrays["b"][()]) if arrays["b"].ndim == 0 else arrays["b"]
         c.set_rho(h["rho"])
         c.set_predictor_state(arrays)      # the z-update's warm-start predictor (core/central.py)
-        self._last_s = {int(k[1:]): v for k, v in arrays.items() if k[0] == "s" and k[1:].isdigit()}
-        if self._acc is not None and h.get("anderson") is not None:
-            self._acc.set_state(arrays, h["anderson"])
+        self._last_s.update({int(k[1:]): v for k, v in arrays.items() if k[0] == "s" and k[1:].isdigit()})
+        acc = self.driver.acc
+        if acc is not None and h.get("anderson") is not None:
+            acc.set_state(arrays, h["anderson"])
             qs = [arrays.get(f"aq{m}") for m in range(self.num_parties)]
-            self._qs = None if any(q is None for q in qs) else qs
+            self.driver.qs = None if any(q is None for q in qs) else qs
         self._stale = {int(m): v for m, v in h["stale"].items()}
-        self.history_ = h["history"]
+        self.history_[:] = h["history"]          # the driver's list: it appends the next rounds
         self.privacy_ = {int(m): v for m, v in h["privacy"].items()}
         log(INFO, "resuming from %s after round %d", folder, h["round"])
         return h["round"], h["phase"], h["j"], h["phase_stopped"]
 
     # ------------------------------------------------------------------- loop
-    def start(self, grid: Grid, timeout: float | None = None, progress=None):
-        """Identify the parties, then run rounds until the stopping rule or ``max_rounds``.
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
+              timeout: float | None = None, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn=None) -> Result:
+        """Identify the parties, then run the rounds (:class:`~flower_vfl.core.rounds.RoundDriver`,
+        the engine's loop) until the stopping rule or the last round; returns Flower's Result.
 
-        With private parties the rounds follow :func:`~flower_vfl.core.schedule.private_schedule`
-        (as the in-process engine does): the non-private parties first, then the private
-        parties' declared number of training rounds, then the final evaluation, in which the
-        private parties make their last, unreleased x-update.
+        Parameters
+        ----------
+        grid : Grid
+        initial_arrays : ArrayRecord or None
+            Must be empty: vertical training has no global model to send (each party starts
+            its x_m at 0 on its own node; z and y start from the labels here). To continue a
+            run, give the strategy ``resume``.
+        num_rounds : int or None, default=None
+            Rounds (with private parties: of the non-private parties' warm start, then the
+            private parties' declared rounds follow); None: ``max_rounds``.
+        timeout : float or None, default=None
+            Seconds to wait for the replies to one request; None: the constructor's ``timeout``.
+        train_config, evaluate_config : ConfigRecord or None
+            Must be empty: a party takes no free-form settings from the central node (only the
+            protocol's scalars: round, rho, alpha, theta); its settings are its node config's.
+        evaluate_fn : None
+            Must be None: the central node holds no model (the x_m never leave the parties),
+            so there is nothing to evaluate centrally; test metrics come from the parties'
+            scores (``y_test``, ``eval_every``).
 
+        Returns
+        -------
+        Result
+            ``arrays``: the central node's part of the model (``intercept``);
+            ``train_metrics_clientapp[k]``: round k's history row; ``evaluate_metrics_clientapp[k]``:
+            the test metrics of the rounds that had an evaluation. The strategy keeps
+            ``history_``, ``final_``, ``privacy_``, ``decision_test_`` as before.
+
+        With private parties the rounds follow :func:`~flower_vfl.core.schedule.private_schedule`.
         A party's refusal (budget spent) stops the run cleanly: ``stopped_reason_`` says why
         and the rounds done so far are kept. A party that fails, sends an invalid reply or does
         not come back within ``party_wait`` stops the run with the checkpoint of the last full
         round: ``stopped_reason_`` names the party and ``failed_`` is True; the error is raised
         again so that the ServerApp (and the Flower run) fail.
         """
+        self._check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
+        if num_rounds is not None:
+            self.max_rounds = int(num_rounds)
         if timeout is not None:
-            self.round_timeout = timeout
+            self.round_timeout = float(timeout)
         t0 = time.perf_counter()
+        log(INFO, "Starting %s strategy:", type(self).__name__)
         self.summary()
         self.identify(grid)
-        self._last_s: dict[int, np.ndarray] = {}
-        self._stale: dict[int, int] = {}
-        self._acc = make_accelerator(self.acceleration, self.central,
-                                     [self.stragglers == "stale", bool(self.private_parties)],
-                                     self.penalty, self.constraint is not None,
-                                     n_parties=self.num_parties)
-        self.acceleration_ = acceleration_name(self._acc)
-        self._qs = None
-        k, phase0, j0, stopped0 = 0, 0, 0, False
-        if self.resume:
-            k, phase0, j0, stopped0 = self._restore(self.resume)
-        private = [m in self.private_parties for m in range(self.num_parties)]
-        phases = private_schedule(private, self.max_rounds, list(self.private_parties.values()))
+        self._stale, self._qs = {}, None
+        self.driver = RoundDriver(self.central, self.num_parties, max_rounds=self.max_rounds, tol=self.tol,
+                                  tol_abs=self.tol_abs, adaptive_rho=self.adaptive_rho, eval_every=self.eval_every)
+        self.driver.plan([m in self.private_parties for m in range(self.num_parties)],
+                         list(self.private_parties.values()), self.acceleration, self.penalty,
+                         self.constraint is not None, stale=self.stragglers == "stale")
+        self.acceleration_ = self.driver.acceleration
+        self.history_ = self.driver.history
+        begin = self._restore(self.resume) if self.resume else (0, 0, 0, False)
+        rounds = _FlowerRounds(self, grid)
         try:
-            for i_phase, (n_rounds, active, use_tol) in enumerate(phases):
-                if i_phase < phase0 or (i_phase == phase0 and stopped0):
-                    continue
-                parties = {m for m in range(self.num_parties) if active[m]}
-                last_phase = i_phase == len(phases) - 1
-                for j in range(j0 + 1 if i_phase == phase0 else 1, n_rounds + 1):
-                    k += 1
-                    self._train_round(grid, k, parties)
-                    self.history_[-1].update(parties=len(parties), elapsed_s=time.perf_counter() - t0)
-                    r, d, s_sum = self._last
-                    eps_pri, eps_dual = residuals(r, d, s_sum, self.central.z, self.central.y, self.tol,
-                                                  self.tol_abs)
-                    stop = use_tol and self.tol > 0 and r <= eps_pri and d <= eps_dual
-                    if self._acc is not None and not stop:   # the engine's call (core/accel.py)
-                        self._qs = self._acc.step([self._last_s[m] for m in range(self.num_parties)],
-                                                  self.central)
-                    done = last_phase and (j == n_rounds or stop)
-                    if self.t_test is not None and not done and self.eval_every and k % self.eval_every == 0:
-                        self._evaluate(grid, k)
-                    self._checkpoint(k, i_phase, j, stop)
-                    if progress is not None:
-                        progress(k, self.history_[-1])
-                    if stop:
-                        break
-                if i_phase == 0 and self.private_parties and self.t_test is not None:
-                    # the non-private parties alone, at the end of the warm start: the bar the
-                    # private parties must clear (a warning after the run if they do not)
-                    self.nonprivate_reference_ = dict(self._evaluate(grid, k))
+            self.driver.run(rounds, start=begin, t0=t0, on_round=self._on_round, on_warm_start=self._on_warm_start)
             if self.t_test is not None:
-                self._evaluate(grid, k, final=True)
                 self._warn_if_dp_hurts()
         except PartyRefused as exc:
             self.stopped_reason_ = str(exc)
@@ -394,9 +471,55 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
             self.stopped_reason_, self.failed_ = str(exc), True
             log(ERROR, "stopping after round %d (checkpoint: %s): %s", len(self.history_),
                 self.state_dir or "none, set state-dir or out-dir", exc)
-            self._finish(k, t0)
+            self._finish(t0)
             raise
-        return self._finish(k, t0)
+        self._finish(t0)
+        return self._result()
+
+    def _check_start(self, initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn) -> None:
+        """Flower's start() arguments that vertical training cannot honour: refused, naming the fix."""
+        if initial_arrays is not None and len(initial_arrays):
+            raise ValueError(f"initial_arrays holds {sorted(initial_arrays.keys())}; vertical ADMM has no global "
+                             "model to send (each party starts x_m = 0 on its own node): pass ArrayRecord(), "
+                             "and resume=<state folder> to continue a run")
+        if num_rounds is not None and (isinstance(num_rounds, bool) or not isinstance(num_rounds, int)
+                                       or num_rounds < 1):
+            raise ValueError(f"num_rounds={num_rounds!r}; expected an integer >= 1")
+        for name, cfg in (("train_config", train_config), ("evaluate_config", evaluate_config)):
+            if cfg is not None and len(cfg):
+                raise ValueError(f"{name} holds {sorted(cfg.keys())}; the parties take no settings from the "
+                                 "central node besides the protocol's round, rho, alpha and theta (a party's "
+                                 "settings are its node config's): pass None")
+        if evaluate_fn is not None:
+            raise ValueError("evaluate_fn: the central node holds no model to evaluate (each x_m stays on its "
+                             "party); test metrics come from the parties' scores: give the strategy y_test "
+                             "(and eval_every) and pass evaluate_fn=None")
+
+    def _on_round(self, k, row, i_phase, j, stopped) -> None:
+        self._checkpoint(k, i_phase, j, stopped)
+        if self.progress is not None:
+            self.progress(k, row)
+
+    def _on_warm_start(self, k, metrics) -> None:
+        # the non-private parties alone, at the end of the warm start: the bar the private
+        # parties must clear (a warning after the run if they do not)
+        if metrics is not None:
+            self.nonprivate_reference_ = metrics
+
+    def _result(self) -> Result:
+        """Flower's Result of the run (see :meth:`start`)."""
+        num = lambda v: int(v) if isinstance(v, (int, np.integer)) else float(v)  # noqa: E731
+        res = Result(arrays=ArrayRecord({"intercept": Array(np.atleast_1d(np.asarray(self.central.b, float)))}))
+        for row in self.history_:
+            k = int(row["round"])
+            vals = {key: v for key, v in row.items() if isinstance(v, (int, float, np.number)) and not
+                    isinstance(v, bool)}
+            res.train_metrics_clientapp[k] = MetricRecord({key: num(v) for key, v in vals.items()
+                                                           if not key.startswith("test_")})
+            test = {key: num(v) for key, v in vals.items() if key.startswith("test_")}
+            if test:
+                res.evaluate_metrics_clientapp[k] = MetricRecord(test)
+        return res
 
     def protection(self) -> dict:
         """What this run protects, per party (the run report's plain statement)."""
@@ -425,7 +548,7 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
                 "config), lower their dp-train-rounds, or give them a larger dp-epsilon")
             log(WARNING, "%s", self.dp_warning_)
 
-    def _finish(self, k, t0):
+    def _finish(self, t0):
         self.final_ = dict(self.history_[-1]) if self.history_ else {}
         self.final_["rounds"] = len(self.history_)
         self.final_["wall_time_s"] = time.perf_counter() - t0
@@ -438,3 +561,50 @@ class VerticalADMMStrategy(ResilientRounds, Strategy):
         if self.failed_:
             self.final_["failed"] = True
         return self
+
+
+class _FlowerRounds:
+    """The strategy's :class:`~flower_vfl.core.rounds.RoundExchange`: Flower's hooks over the
+    :class:`~flower_vfl.strategies.exchange.Exchange` (a lost party is waited for, or counted
+    stale with ``stragglers='stale'``)."""
+
+    def __init__(self, strategy: VerticalADMMStrategy, grid: Grid):
+        self.st, self.grid = strategy, grid
+        self.evaluates = strategy.t_test is not None
+
+    def _send(self, messages, what, rebuild, parties, stale_ok=False):
+        return self.st.exchange.send_messages(messages, what, rebuild, stale_ok=stale_ok, parties=parties)
+
+    def train(self, k, parties, qs):
+        st, what = self.st, f"round {k} (train)"
+        st._active, st._qs = list(parties), qs
+        messages = list(st.configure_train(k, ArrayRecord(), ConfigRecord(), self.grid))
+        rebuild = lambda p, nid: Message(st._round_content(k, party=p), dst_node_id=nid,  # noqa: E731
+                                         message_type="train")
+        if st.stragglers == "stale":
+            got, lost = self._send(messages, what, rebuild, parties, stale_ok=True)
+            over = {p for p in lost if st._stale.get(p, 0) + 1 > st.max_staleness}
+            if over:
+                log(WARNING, "parties %s missed %d rounds in a row (max-staleness): waiting", sorted(over),
+                    st.max_staleness)
+                got.update(self._send([], what, rebuild, over))
+        else:
+            got = self._send(messages, what, rebuild, parties)
+        st._reply_party = {rep.metadata.reply_to_message_id: p for p, rep in got.items()}
+        st.aggregate_train(k, [got[p] for p in sorted(got)])
+        return st._fresh, st._penalties
+
+    def evaluate(self, k, parties, final):
+        st = self.st
+        st._ask, st._final = list(parties), bool(final)
+        what = f"round {k} ({'final ' if final else ''}evaluate)"
+        messages = list(st.configure_evaluate(k, ArrayRecord(), ConfigRecord(), self.grid))
+        rebuild = lambda p, nid: Message(st._eval_content(k, p, final), dst_node_id=nid,  # noqa: E731
+                                         message_type="evaluate")
+        got = self._send(messages, what, rebuild, parties)
+        st._reply_party = {rep.metadata.reply_to_message_id: p for p, rep in got.items()}
+        return dict(st.aggregate_evaluate(k, [got[p] for p in sorted(got)]))
+
+    def finish(self, k):
+        """Nothing to do here: a private party's final x-update rides on the final evaluate
+        request (``final_update``), as the party's protocol has it."""

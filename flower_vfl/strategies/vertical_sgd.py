@@ -5,7 +5,8 @@ Hu et al., "FDML: A Collaborative Machine Learning Framework for Distributed Fea
 the message for step k carries the (epoch, batch) of step k and the gradient of step k-1
 (pipelined, so a step costs one round trip, 2 M messages). The math is
 :class:`flower_vfl.baselines.SGDCentral` (the in-process :class:`~flower_vfl.baselines.VerticalSGD`
-runs the same calls); replies are matched and checked by :mod:`.replies`.
+runs the same calls); parties are identified and replies matched and checked by
+:mod:`.exchange`, as on every central-node path.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from flwr.serverapp.strategy import Strategy
 
 from flower_vfl.baselines.sgd import FLOAT_BYTES, SGDCentral, batch_indices, eval_metrics, learning_rate, n_batches
 from flower_vfl.core.losses import get_loss
-from flower_vfl.strategies.replies import PartyLost, ReplyError, check_release, claim, match_replies
+from flower_vfl.strategies.exchange import Exchange, ReplyError, check_release
 
 __all__ = ["VerticalSGDStrategy"]
 
@@ -42,11 +43,15 @@ class VerticalSGDStrategy(Strategy):
     eval_every : int, default=1
         Evaluate (objective, test metrics) every k epochs and after the last.
     timeout : float, default=600
+    party_wait : float, default=0
+        Seconds to wait for a missing party (at identify, and for a lost node to come back), as
+        :class:`~flower_vfl.strategies.exchange.Exchange`. A restarted SGD party has lost its x_m,
+        so the default stops the run naming the party.
     """
 
     def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", lr=0.1, lr_schedule="constant",
                  lr_decay=0.0, batch_size=256, max_epochs=20, fit_intercept=True, init_scale=0.01, seed=0,
-                 eval_every=1, timeout=600.0):
+                 eval_every=1, timeout=600.0, party_wait=0.0):
         self.loss = get_loss(loss) if isinstance(loss, str) else loss
         self.t = self.loss.encode_labels(np.asarray(y_train))
         self.t_test = None if y_test is None else self.loss.encode_labels(np.asarray(y_test))
@@ -57,8 +62,8 @@ class VerticalSGDStrategy(Strategy):
         learning_rate(0, lr, lr_schedule, lr_decay)          # validates the schedule
         self.lr, self.lr_schedule, self.lr_decay = float(lr), lr_schedule, float(lr_decay)
         self.max_epochs, self.init_scale, self.seed = int(max_epochs), float(init_scale), int(seed)
-        self.eval_every, self.timeout = int(eval_every), float(timeout)
-        self.node_to_party: dict[int, int] = {}
+        self.eval_every, self.timeout, self.party_wait = int(eval_every), float(timeout), float(party_wait)
+        self.exchange: Exchange | None = None
         self.history_: list[dict] = []
         self.final_: dict = {}
         self.steps_ = self.messages_ = self.bytes_ = 0
@@ -70,39 +75,30 @@ class VerticalSGDStrategy(Strategy):
         log(INFO, "\t└── lr=%g (%s, decay %g), epochs=%d", self.lr, self.lr_schedule, self.lr_decay, self.max_epochs)
 
     # ------------------------------------------------------------------ messages
-    def _exchange(self, grid, content, message_type, what):
-        order = sorted(self.node_to_party, key=self.node_to_party.get)
-        requests = {self.node_to_party[nid]: Message(content, dst_node_id=nid, message_type=message_type)
-                    for nid in order}
-        ok, lost, _ = match_replies(requests, grid.send_and_receive(list(requests.values()), timeout=self.timeout),
-                                    what)
-        if lost:
-            raise PartyLost(f"{what}: " + "; ".join(f"party {p}: {r}" for p, r in sorted(lost.items())))
-        return ok
+    @property
+    def node_to_party(self) -> dict[int, int]:
+        return {} if self.exchange is None else self.exchange.node_to_party
+
+    def _exchange(self, content, message_type, what):
+        """``content`` to every party; party -> reply (matched and checked by the exchange)."""
+        return self.exchange.send(lambda p, nid: content, message_type, range(self.num_parties), what)
+
+    def _read_identity(self, nid, rep):
+        if "identity" not in rep.content.config_records:
+            raise ReplyError(f"node {nid}: the identify reply has no 'identity' record")
+        info = rep.content.config_records["identity"]
+        party = int(info["party"])
+        if int(info["n_rows"]) != self.n:
+            raise ValueError(f"party {party} (node {nid}) holds {int(info['n_rows'])} rows but the labels have "
+                             f"{self.n}; the parties' samples are not aligned")
+        return party, None
 
     def identify(self, grid: Grid) -> dict[int, int]:
         """Ask every node which party it serves; map node id -> party id."""
-        mapping = {}
-        for nid in grid.get_node_ids():
-            mapping[nid] = len(mapping)        # provisional, to address the query
-        self.node_to_party = mapping
-        ok = self._exchange(grid, RecordDict({"config": ConfigRecord({"want": "party"})}), "query.identify",
-                            "identify")
-        real, seen = {}, {}
-        for rep in ok.values():
-            nid, info = rep.metadata.src_node_id, rep.content.config_records["identity"]
-            party = int(info["party"])
-            claim(seen, "party", party, nid)
-            if int(info["n_rows"]) != self.n:
-                raise ValueError(f"party {party} (node {nid}) holds {int(info['n_rows'])} rows but the labels have "
-                                 f"{self.n}; the parties' samples are not aligned")
-            real[nid] = party
-        missing = sorted(set(range(self.num_parties)) - set(seen))
-        if missing:
-            raise RuntimeError(f"parties {missing} did not answer the identify query; start one SuperNode per "
-                               f"party or set num-parties={len(seen)}")
-        self.node_to_party = real
-        return real
+        self.exchange = Exchange(grid, self.num_parties, timeout=self.timeout, party_wait=self.party_wait)
+        self.exchange.identify("query.identify", RecordDict({"config": ConfigRecord({"want": "party"})}),
+                               self._read_identity)
+        return self.node_to_party
 
     def _config(self, **extra):
         return {"seed": self.seed, "init_scale": self.init_scale, "batch_size": self.batch_size,
@@ -127,7 +123,7 @@ class VerticalSGDStrategy(Strategy):
         idx = batch_indices(self.n, self.batch_size, epoch, batch, self.seed)
         lr = learning_rate(self.steps_, self.lr, self.lr_schedule, self.lr_decay)
         what = f"epoch {epoch} batch {batch} (train)"
-        ok = self._exchange(grid, self._content(self._config(epoch=epoch, batch=batch)), "train", what)
+        ok = self._exchange(self._content(self._config(epoch=epoch, batch=batch)), "train", what)
         s = {p: check_release(rep, p, "s", (idx.size,), what) for p, rep in ok.items()}
         self.aggregate_train(epoch, s, idx, lr, batch)
 
@@ -148,7 +144,7 @@ class VerticalSGDStrategy(Strategy):
     def evaluate(self, grid, epoch):
         """Deliver the pending gradient and read D_m x_m on train and test rows."""
         what = f"epoch {epoch} (evaluate)"
-        ok = self._exchange(grid, self._content(self._config(epoch=epoch)), "evaluate", what)
+        ok = self._exchange(self._content(self._config(epoch=epoch)), "evaluate", what)
         self._pending = None
         return self.aggregate_evaluate(epoch, ok)
 

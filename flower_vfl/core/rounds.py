@@ -1,0 +1,187 @@
+"""The round loop of vertical ADMM sharing (Algorithm 1), written once.
+
+:class:`RoundDriver` runs the rounds of the in-process engine
+(:class:`flower_vfl.estimator.engine.VerticalADMM`) and of the Flower central node
+(:class:`flower_vfl.strategies.vertical_admm.VerticalADMMStrategy`): the phases of
+:func:`~flower_vfl.core.schedule.private_schedule`, the central step (Alg. 1 lines 9-11), the
+history row, Boyd's residual stopping rule, residual balancing (``adaptive_rho``), the
+accelerator (:mod:`flower_vfl.core.accel`), evaluation every ``eval_every`` rounds and the
+per-round callback. How the parties are reached is the caller's :class:`RoundExchange`: the
+engine calls its party objects in process, the strategy sends Flower Messages.
+
+Defaults (one set, for both paths and the run config ``max-rounds`` / ``tol``):
+:data:`DEFAULT_MAX_ROUNDS` = 50 and :data:`DEFAULT_TOL` = 0 (every round runs: the number of
+rounds, hence of releases, is fixed by the configuration, and a run is reproducible round for
+round); set ``tol`` > 0 (e.g. 1e-6) for the residual rule.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from flower_vfl.core.accel import acceleration_name, make_accelerator
+from flower_vfl.core.central import residuals
+from flower_vfl.core.schedule import balance_rho, private_schedule
+
+__all__ = ["DEFAULT_MAX_ROUNDS", "DEFAULT_TOL", "DEFAULT_TOL_ABS", "RoundDriver", "RoundExchange", "sum_releases"]
+
+DEFAULT_MAX_ROUNDS = 50
+DEFAULT_TOL = 0.0
+DEFAULT_TOL_ABS = 1e-9
+
+
+class RoundExchange(Protocol):
+    """How the driver reaches the parties."""
+
+    #: True when there are test rows to score (the Flower central node with ``y_test``)
+    evaluates: bool
+
+    def train(self, k: int, parties: list[int], qs: list | None) -> tuple[dict, dict]:
+        """Round ``k`` for ``parties`` (party m gets ``central.q``, or ``qs[m]`` when the
+        accelerator set it): ``(releases, penalties)``, party -> s_m of the parties that
+        answered and party -> lam R(x_m) of those that report it (non-private parties)."""
+
+    def evaluate(self, k: int, parties: list[int], final: bool) -> dict:
+        """Scores of the test rows by ``parties``; the metrics (``final``: after the private
+        parties' last update)."""
+
+    def finish(self, k: int) -> None:
+        """After the last round, before the final evaluation."""
+
+
+def sum_releases(released: list, like: np.ndarray | None = None) -> np.ndarray:
+    """sum_m s_m in one new array: s_0 + s_1, then in place (zeros like ``like`` when nothing
+    was released: every party private, in the warm start)."""
+    if not released:
+        return np.zeros_like(like)
+    s_sum = released[0] + (released[1] if len(released) > 1 else 0.0)
+    for s in released[2:]:
+        s_sum += s
+    return s_sum
+
+
+class RoundDriver:
+    """Algorithm 1's rounds over a :class:`RoundExchange`.
+
+    Parameters
+    ----------
+    central : :class:`~flower_vfl.core.central.CentralUpdate`
+    num_parties : int
+    max_rounds : int, default=50
+        Rounds of the first phase (with private parties: the warm start of the others).
+    tol, tol_abs : float, default=0.0, 1e-9
+        Boyd's residual rule (Sec. 3.3.1); tol=0 runs every round.
+    adaptive_rho : bool, default=False
+        Residual balancing (Boyd Sec. 3.4.1) after every round that does not stop.
+    eval_every : int, default=0
+        Score the test rows every k rounds (0: only after the last round).
+
+    Attributes
+    ----------
+    history : list of dict
+        Per round: round, train_loss (on the released s_m: what the central node sees),
+        objective (when every party reported lam R(x_m)), primal/dual residual, rho, parties,
+        stale, elapsed_s, and the evaluation metrics of the rounds that had one.
+    last_s : dict
+        party -> its last release (a stale or idle party counts with it).
+    converged : bool
+    """
+
+    def __init__(self, central, num_parties: int, *, max_rounds: int = DEFAULT_MAX_ROUNDS, tol: float = DEFAULT_TOL,
+                 tol_abs: float = DEFAULT_TOL_ABS, adaptive_rho: bool = False, eval_every: int = 0):
+        self.central, self.num_parties = central, int(num_parties)
+        self.max_rounds, self.tol, self.tol_abs = int(max_rounds), float(tol), float(tol_abs)
+        self.adaptive_rho, self.eval_every = bool(adaptive_rho), int(eval_every)
+        self.history: list[dict] = []
+        self.last_s: dict[int, np.ndarray] = {}
+        self.penalties: dict[int, float] = {}
+        self.private = [False] * self.num_parties
+        self.phases = private_schedule(self.private, self.max_rounds, [])
+        self.acc, self.qs, self.acceleration = None, None, "none"
+        self.converged = False
+
+    def plan(self, private, private_train_rounds, acceleration="none", penalty="l2", constrained=False,
+             stale=False) -> list:
+        """The phases (:func:`private_schedule`) and the accelerator (off with a private party
+        or ``stale`` releases: :func:`~flower_vfl.core.accel.make_accelerator`)."""
+        self.private = [bool(p) for p in private]
+        self.phases = private_schedule(self.private, self.max_rounds, list(private_train_rounds))
+        self.acc = make_accelerator(acceleration, self.central, self.private + [bool(stale)], penalty,
+                                    constrained, n_parties=self.num_parties)
+        self.acceleration, self.qs = acceleration_name(self.acc), None
+        return self.phases
+
+    def run(self, exchange: RoundExchange, *, start=(0, 0, 0, False), t0: float | None = None,
+            on_round: Callable | None = None, on_warm_start: Callable | None = None) -> int:
+        """Run the phases; returns the number of rounds done.
+
+        ``start``: (round, phase, round in phase, phase stopped) of a resumed run.
+        ``on_round(k, row, phase, j, stopped)`` after every round (checkpoint, callback);
+        ``on_warm_start(k, metrics)`` at the end of the warm start of a run with private parties
+        (``metrics``: the non-private parties' test scores, or None)."""
+        t0 = time.perf_counter() if t0 is None else t0
+        k, phase0, j0, stopped0 = start
+        everyone = list(range(self.num_parties))
+        for i_phase, (n_rounds, active, use_tol) in enumerate(self.phases):
+            if i_phase < phase0 or (i_phase == phase0 and stopped0):
+                continue
+            parties = [m for m in everyone if active[m]]
+            last_phase = i_phase == len(self.phases) - 1
+            for j in range(j0 + 1 if i_phase == phase0 else 1, n_rounds + 1):
+                k += 1
+                stop = self._round(exchange, k, parties, use_tol, t0)
+                done = last_phase and (j == n_rounds or stop)
+                if exchange.evaluates and not done and self.eval_every and k % self.eval_every == 0:
+                    self._evaluate(exchange, k, final=False)
+                if on_round is not None:
+                    on_round(k, self.history[-1], i_phase, j, stop)
+                if stop:
+                    self.converged = True
+                    break
+            if i_phase == 0 and any(self.private):
+                metrics = self._evaluate(exchange, k, final=False) if exchange.evaluates else None
+                if on_warm_start is not None:
+                    on_warm_start(k, metrics)
+        exchange.finish(k)
+        if exchange.evaluates:
+            self._evaluate(exchange, k, final=True)
+        return k
+
+    def _round(self, exchange, k, parties, use_tol, t0) -> bool:
+        """One round: releases, central step (Alg. 1 lines 9-11), history row, stopping rule,
+        then (if it goes on) residual balancing and the accelerator. True: the rule holds."""
+        c, M = self.central, self.num_parties
+        fresh, penalties = exchange.train(k, parties, self.qs)
+        self.last_s.update(fresh)
+        self.penalties.update(penalties)
+        s_sum = sum_releases([self.last_s[m] for m in range(M) if m in self.last_s], c.z)
+        r, d = c.step(s_sum)
+        row = {"round": k, "train_loss": c.loss.mean(s_sum + c.b, c.t)}
+        if len(self.penalties) == M:
+            row["objective"] = row["train_loss"] + sum(self.penalties[m] for m in range(M))
+        row.update(primal_residual=r, dual_residual=d, rho=c.rho, parties=len(parties),
+                   stale=len(set(parties) - set(fresh)), elapsed_s=time.perf_counter() - t0)
+        self.history.append(row)
+        stop = False
+        if use_tol and self.tol > 0:   # the thresholds (3 N-vector norms) only where the rule applies
+            eps_pri, eps_dual = residuals(r, d, s_sum, c.z, c.y, self.tol, self.tol_abs)
+            stop = bool(r <= eps_pri and d <= eps_dual)
+        if not stop:
+            if self.adaptive_rho:
+                c.set_rho(balance_rho(c.rho, r, d, c.loss, c.n))
+            if self.acc is not None:
+                self.qs = self.acc.step([self.last_s[m] for m in range(M)], c)
+        return stop
+
+    def _evaluate(self, exchange, k, final) -> dict:
+        """Before the final update a private party is not asked (it releases its model once, at
+        the end): the metrics are then the non-private parties' alone."""
+        ask = list(range(self.num_parties)) if final else [m for m in range(self.num_parties) if not self.private[m]]
+        out = dict(exchange.evaluate(k, ask, final))
+        if self.history:
+            self.history[-1].update(out)
+        return out

@@ -1,0 +1,176 @@
+"""A party's PSI log: every item it was ever asked about, per declared source, on its own disk.
+
+PSI answers whatever it is asked: a requester that asks about 10,000 guessed IDs learns which
+of them a party holds, and a cap per request is not a cap (five requests of 2,000 learn a
+3,000-ID set). So the party keeps, in a SQLite file of its state folder (``psi-log.sqlite``),
+the distinct items of every request and every agreed order it ever answered, per source (the
+file its node config names, with its ID column), across all runs, and refuses an answer that
+would take the count past its cap, ``psi-max-asked`` × (its own number of IDs in that file).
+
+What the party can count (:mod:`flower_vfl.io.psi`: the party is the PSI *server*):
+
+* ``request``: the label owner's items arrive blinded, H(x)^a under the label owner's key a.
+  The party cannot see the IDs; it counts the distinct blinded items. Under one key a, one ID
+  gives one item, so this count is the number of distinct IDs asked when the label owner keeps
+  its key (:func:`flower_vfl.io.psi.label_owner_key`), and more than it otherwise (a fresh key
+  makes every ID new): never fewer.
+* ``order``: the agreed order arrives in plaintext; the party counts its distinct IDs (held or
+  not: accepting an order tells the requester that the party holds every ID in it).
+
+Each kind has the cap: the requester learns the membership of at most ``cap`` IDs through
+requests and at most ``cap`` through orders, per source. An honest order is a subset of the
+party's set, so the order count never passes a cap ≥ 1.0 × the set size.
+
+Items are stored as keyed digests (HMAC-SHA-256 under a random key of this file, 16 bytes):
+the log never holds an ID that the party does not hold itself. Each answer is written and
+synced before the party replies (a crash may lose an answer, never an entry).
+No Flower imports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from flower_vfl.errors import UserError
+
+__all__ = ["PsiLog", "PsiBoundError", "psi_log_rows", "source_key", "FILE", "KINDS"]
+
+FILE = "psi-log.sqlite"
+KINDS = ("request", "order")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS asked (source TEXT NOT NULL, kind TEXT NOT NULL, item BLOB NOT NULL,
+                                  PRIMARY KEY (source, kind, item)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS answers (id INTEGER PRIMARY KEY, time REAL NOT NULL, source TEXT NOT NULL,
+                                    kind TEXT NOT NULL, run INTEGER, split TEXT, n_items INTEGER NOT NULL,
+                                    n_new INTEGER NOT NULL, distinct_after INTEGER NOT NULL,
+                                    own_size INTEGER NOT NULL, cap INTEGER NOT NULL, refused INTEGER NOT NULL);
+"""
+
+
+class PsiBoundError(UserError, RuntimeError):
+    """A PSI answer refused: it would take the distinct items asked past the party's cap."""
+
+
+def source_key(path: str, id_column: str) -> str:
+    """The source a PSI log counts against: the resolved file its node config names and the ID
+    column (a view of it, an order or a subset is the same source)."""
+    return f"{Path(path).expanduser().resolve()}#id={id_column}"
+
+
+class PsiLog:
+    """The party's PSI log in ``<state_dir>/psi-log.sqlite``.
+
+    Parameters
+    ----------
+    state_dir : str or Path
+        The party's own state folder (node config ``state-dir``).
+    """
+
+    def __init__(self, state_dir):
+        folder = Path(state_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / FILE
+        self._db = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            row = self._db.execute("SELECT value FROM meta WHERE key='digest-key'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('digest-key', ?)", (os.urandom(32),))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._key = bytes(self._db.execute("SELECT value FROM meta WHERE key='digest-key'").fetchone()[0])
+
+    def close(self):
+        self._db.close()
+
+    def _digest(self, kind: str, item) -> bytes:
+        raw = item if isinstance(item, (bytes, bytearray)) else str(item).encode("utf-8")
+        return hmac.new(self._key, kind.encode() + b"|" + bytes(raw), hashlib.sha256).digest()[:16]
+
+    def distinct(self, source: str, kind: str) -> int:
+        return int(self._db.execute("SELECT count(*) FROM asked WHERE source=? AND kind=?",
+                                    (source, kind)).fetchone()[0])
+
+    def record(self, source: str, kind: str, items, own_size: int, factor: float, run=None,
+               split: str = "") -> dict:
+        """Add ``items`` to what ``source`` was asked (``kind`` 'request' or 'order'), or refuse.
+
+        Refuses with :class:`PsiBoundError` (and adds nothing) when the distinct items of this
+        kind would pass ``floor(factor × own_size)``; the refusal is logged too. Returns the
+        answer's row (``n_items``, ``n_new``, ``distinct_after``, ``cap``)."""
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r}; choose one of {KINDS}")
+        if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+            raise ValueError(f"psi-max-asked={factor!r} must be a number > 0 (a multiple of the party's own "
+                             "number of IDs)")
+        cap = int(math.floor(float(factor) * int(own_size)))
+        digests = [(source, kind, self._digest(kind, it)) for it in items]
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            before = self.distinct(source, kind)
+            t0 = db.total_changes
+            db.executemany("INSERT OR IGNORE INTO asked VALUES (?, ?, ?)", digests)
+            n_new = db.total_changes - t0
+            refused = before + n_new > cap
+            if refused:
+                db.execute("ROLLBACK")
+                db.execute("BEGIN IMMEDIATE")
+            row = {"time": time.time(), "source": source, "kind": kind, "run": None if run is None else int(run),
+                   "split": str(split), "n_items": len(digests), "n_new": int(n_new),
+                   "distinct_after": int(before if refused else before + n_new), "own_size": int(own_size),
+                   "cap": cap, "refused": int(refused)}
+            db.execute("INSERT INTO answers (time, source, kind, run, split, n_items, n_new, distinct_after, "
+                       "own_size, cap, refused) VALUES (:time, :source, :kind, :run, :split, :n_items, :n_new, "
+                       ":distinct_after, :own_size, :cap, :refused)", row)
+            db.execute("COMMIT")          # synchronous=FULL: on disk before the party answers
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        if refused:
+            what = ("encrypted IDs in PSI requests" if kind == "request" else "IDs in agreed orders")
+            raise PsiBoundError(
+                f"PSI bound: this {kind} holds {len(digests)} items, {n_new} of them never asked before; with the "
+                f"{before} distinct {what} already answered for {source} that would pass this party's cap of {cap} "
+                f"(psi-max-asked={factor:g} × its {own_size} IDs). Refused, across all runs: raise the node-config "
+                f"key psi-max-asked if the label owner really holds that many rows")
+        return row
+
+    def rows(self) -> list[dict]:
+        """Per (source, kind): distinct items asked, answers, refusals, the last cap."""
+        out = []
+        q = ("SELECT source, kind, count(*), sum(refused), sum(n_items), max(time) FROM answers "
+             "GROUP BY source, kind ORDER BY source, kind")
+        for source, kind, n, refused, items, last in self._db.execute(q).fetchall():
+            cap, own = self._db.execute("SELECT cap, own_size FROM answers WHERE source=? AND kind=? "
+                                        "ORDER BY id DESC LIMIT 1", (source, kind)).fetchone()
+            out.append({"source": source, "kind": kind, "distinct_asked": self.distinct(source, kind),
+                        "answers": int(n) - int(refused or 0), "refused": int(refused or 0),
+                        "items_received": int(items or 0), "own_size": int(own), "cap": int(cap),
+                        "last": float(last)})
+        return out
+
+
+def psi_log_rows(state_dir) -> list[dict]:
+    """What ``flower-vfl ledger`` shows of a party's PSI log (empty when it has none)."""
+    if not (Path(state_dir) / FILE).is_file():
+        return []
+    log = PsiLog(state_dir)
+    try:
+        return log.rows()
+    finally:
+        log.close()

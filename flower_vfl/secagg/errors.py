@@ -1,0 +1,48 @@
+"""The refusals of the secure sum, each naming the party, key or argument and the fix."""
+
+from __future__ import annotations
+
+from flower_vfl.errors import UserError
+
+__all__ = ["SecAggError", "KeyRefused", "MissingParties", "OutOfRange", "SumMismatch", "ReplayConflict"]
+
+
+class SecAggError(UserError, RuntimeError):
+    """Base class: a secure-aggregation step that will not go ahead (``code`` says why)."""
+
+    code = "secagg"
+
+
+class KeyRefused(SecAggError):
+    """A key advert that fails authentication (signature, pin, run) or is malformed."""
+
+    code = "secagg-key"
+
+
+class MissingParties(SecAggError):
+    """Unmasking with a hole: some parties of the roster sent no masked release."""
+
+    code = "secagg-missing"
+
+    def __init__(self, message, missing=()):
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+
+class OutOfRange(SecAggError, ValueError):
+    """A value outside the fixed-point range a party declared (its ``bound``)."""
+
+    code = "secagg-range"
+
+
+class SumMismatch(SecAggError):
+    """The unmasked sum is outside the range the declared bounds allow: the parties did not
+    mask against the same broadcast (or roster), so the pairwise masks did not cancel."""
+
+    code = "secagg-mismatch"
+
+
+class ReplayConflict(SecAggError):
+    """The same (roster, round, kind) asked again with a different broadcast."""
+
+    code = "secagg-replay"
