@@ -124,8 +124,9 @@ class VerticalADMMStrategy(Strategy):
         self.t_test = None if y_test is None else self.loss.encode_labels(np.asarray(y_test))
         self.num_parties = int(num_parties)
         n = self.t.shape[0]
-        self.central = CentralUpdate(self.loss, self.t, default_rho(self.loss, n, penalty) if rho in (None, "auto", 0) else rho,
-                                     alpha=alpha, theta=1.0 if variant == "paper" else 1.0 / num_parties,
+        rho = default_rho(self.loss, n, penalty) if rho in (None, "auto", 0) else rho
+        self.central = CentralUpdate(self.loss, self.t, rho, alpha=alpha,
+                                     theta=1.0 if variant == "paper" else 1.0 / num_parties,
                                      fit_intercept=fit_intercept)
         self.max_rounds, self.tol, self.tol_abs = max_rounds, tol, tol_abs
         self.adaptive_rho, self.progress = bool(adaptive_rho), progress
