@@ -1,0 +1,159 @@
+"""Several private parties that beat one party alone: SSP releases stacked by the label owner.
+
+Issue 21 item 2; the route, its numbers and its limits are in docs/privacy_parties.md.
+
+1. The label owner sends every private party the same target v = kappa (t - pi) (t in {0, 1}
+   its training labels, pi their mean, kappa = c_v / max(pi, 1 - pi) so v fills the clip).
+2. Each party makes one release (:class:`~flower_vfl.privacy.ssp.SSPParty`): its ridge fit
+   x~_m of v on its own block from Gaussian-perturbed sufficient statistics, and x~_m^T g~_m.
+   That is the party's whole privacy cost (its own ledger, one Gaussian release).
+3. The label owner combines the released scores s_m = D_m x~_m (post-processing of x~_m, free)
+   with weights from a closed-form LDA calibration (:func:`lda_calibration`). Its inputs are
+   the label mean pi, the released scalars x~_m^T g~_m (they give sum_i (t_i - pi) s_mi over
+   the training rows) and the first and second moments of the scores over rows the parties
+   score anyway (prediction rows, no labels). The weights correct each party's scale and the
+   double counting of what the parties' features share (the cross moment of their scores).
+
+No training-row score of a private party is ever released and no label of a scored row is used.
+Only public APIs are used (no change to the ADMM engine).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import logit
+
+from flower_vfl.core.validation import check_blocks
+from flower_vfl.privacy.party import PrivacyConfig
+from flower_vfl.privacy.ssp import DEFAULT_RIDGE, SSPParty
+
+__all__ = ["StackedPrivateParties", "lda_calibration"]
+
+
+def lda_calibration(S, xg_over_n, pi):
+    """Logistic weights (w, b) for the scores S (rows x parties) of the released models.
+
+    Parameters
+    ----------
+    S : (n_pool, M) array
+        Scores of unlabelled rows from the released models (their moments stand for the
+        training rows' moments: same distribution).
+    xg_over_n : (M,) array
+        (1/N) sum_i (t_i - pi) s_mi over the training rows, from the released x~_m^T g~_m / (N kappa).
+    pi : float
+        Mean of the training labels in {0, 1}.
+
+    Least squares of t on (1, s) from the moments, then the linear discriminant with shared
+    variance on f = beta^T s: delta = Cov(f, t) / (pi (1 - pi)), sigma_w^2 = Var f - pi (1 - pi)
+    delta^2, weight k = delta / sigma_w^2, intercept logit(pi) - k (mu_1 + mu_0) / 2. For Gaussian
+    scores with a shared covariance in both classes this is the Bayes rule.
+    """
+    S = np.asarray(S, dtype=float)
+    if S.ndim != 2 or S.shape[0] < 10 * (S.shape[1] + 1):
+        raise ValueError(f"the calibration pool has shape {S.shape}; give at least 10 (M + 1) unlabelled rows "
+                         "scored by the M parties (calibration_blocks)")
+    if not 0 < pi < 1:
+        raise ValueError(f"pi={pi!r}: both classes must occur in the training labels")
+    Es = S.mean(axis=0)
+    S2 = S.T @ S / S.shape[0]
+    Ets = np.asarray(xg_over_n, float) + pi * Es                   # E[t s] over the training rows
+    A = np.block([[np.ones((1, 1)), Es[None, :]], [Es[:, None], S2]])
+    beta = np.linalg.lstsq(A, np.r_[pi, Ets], rcond=None)[0][1:]
+    f = S @ beta
+    delta = float(beta @ (Ets - pi * Es)) / (pi * (1 - pi))
+    var_w = float(f.var()) - pi * (1 - pi) * delta ** 2
+    if not (delta > 0 and var_w > 0):
+        raise ValueError(f"the released scores carry no usable signal (class-mean gap {delta:.3g}, within-class "
+                         f"variance {var_w:.3g}); raise the parties' epsilon or give a larger calibration pool")
+    k = delta / var_w
+    mean_f = float(f.mean())
+    mu1, mu0 = mean_f + (1 - pi) * delta, mean_f - pi * delta
+    return k * beta, float(logit(pi) - k * (mu1 + mu0) / 2)
+
+
+class StackedPrivateParties:
+    """Binary logistic model over vertically split private parties (the label owner has labels only).
+
+    Parameters
+    ----------
+    privacy : list of PrivacyConfig
+        One per party (every party is private); see :class:`~flower_vfl.privacy.ssp.SSPParty`.
+        Set ``c_v`` (the target clip): the PrivacyConfig default 10 is the ADMM route's and makes
+        the SSP noise ~7x larger than c_v = 1.5, the value chosen on a9a's training set
+        (docs/privacy_parties.md).
+    ridge : float
+        The parties' post-processing ridge multiplier (lam' = ridge sigma sqrt(d_m)).
+    random_state : int or None
+        Seeds the parties' noise (in-process experiments only), party m: random_state * 1000 + m,
+        unless its PrivacyConfig has a seed.
+
+    Attributes (after fit / calibrate)
+    ----------
+    coef_ : list of ndarray         the released x~_m
+    weights_ : ndarray (M,)         the label owner's weight of each party's scores
+    intercept_ : float
+    classes_ : ndarray (2,)         classes_[1] is the positive class
+    """
+
+    def __init__(self, privacy, ridge=DEFAULT_RIDGE, random_state=None):
+        self.privacy = privacy
+        self.ridge = ridge
+        self.random_state = random_state
+
+    def fit(self, X_blocks, y, calibration_blocks):
+        """Each party's one release, then the calibration on ``calibration_blocks`` (unlabelled rows)."""
+        blocks = check_blocks(X_blocks, n_rows=np.shape(y)[0])
+        if self.privacy is None or len(self.privacy) != len(blocks) or \
+                not all(isinstance(c, PrivacyConfig) for c in self.privacy):
+            raise ValueError(f"privacy must list one PrivacyConfig per block ({len(blocks)} blocks); got "
+                             f"{self.privacy!r}")
+        y = np.asarray(y)
+        self.classes_ = np.unique(y)
+        if self.classes_.size != 2:
+            raise ValueError(f"y has {self.classes_.size} classes; this route is binary")
+        t = (y == self.classes_[1]).astype(float)
+        self.n_train_ = t.size
+        self.pi_ = float(t.mean())
+        self._parties, self._kappa, self._xg = [], [], []
+        for m, (D, cfg) in enumerate(zip(blocks, self.privacy)):
+            if cfg.seed is None and self.random_state is not None:
+                import dataclasses
+                cfg = dataclasses.replace(cfg, seed=int(self.random_state) * 1000 + m)
+            party = SSPParty(D, cfg, ridge=self.ridge, party_id=m)
+            kappa = cfg.c_v / max(self.pi_, 1 - self.pi_)
+            _, xg = party.release(1, kappa * (t - self.pi_))
+            self._parties.append(party)
+            self._kappa.append(kappa)
+            self._xg.append(xg)
+        self.coef_ = [p.x_released for p in self._parties]
+        self.n_features_in_ = [p.d for p in self._parties]
+        return self.calibrate(calibration_blocks)
+
+    def party_scores(self, X_blocks):
+        """(n, M) scores D_m x~_m of the given rows: post-processing of the released models."""
+        blocks = check_blocks(X_blocks)
+        if [b.shape[1] for b in blocks] != self.n_features_in_:
+            raise ValueError(f"blocks have widths {[b.shape[1] for b in blocks]}; the model was fitted on "
+                             f"widths {self.n_features_in_}")
+        return np.column_stack([p.predict(b) for p, b in zip(self._parties, blocks)])
+
+    def calibrate(self, calibration_blocks):
+        """Set ``weights_`` and ``intercept_`` from unlabelled rows (free: scores of x~ and pi)."""
+        S = self.party_scores(calibration_blocks)
+        xg = np.array([xg / (kappa * self.n_train_) for xg, kappa in zip(self._xg, self._kappa)])
+        self.weights_, self.intercept_ = lda_calibration(S, xg, self.pi_)
+        return self
+
+    def decision_function(self, X_blocks):
+        return self.party_scores(X_blocks) @ self.weights_ + self.intercept_
+
+    def predict(self, X_blocks):
+        return np.where(self.decision_function(X_blocks) >= 0, self.classes_[1], self.classes_[0])
+
+    def predict_proba(self, X_blocks):
+        p = 1.0 / (1.0 + np.exp(-self.decision_function(X_blocks)))
+        return np.column_stack([1 - p, p])
+
+    def privacy_report(self):
+        """Each party's own report, its ledger's totals included."""
+        return [p.report() for p in getattr(self, "_parties", [])]
