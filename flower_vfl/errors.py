@@ -34,8 +34,8 @@ class UserError(Exception):
     :class:`~flower_vfl.io.sources.DataError`, :class:`~flower_vfl.io.psi.AlignmentError`,
     :class:`~flower_vfl.io.model_files.ModelFileError`, :class:`~flower_vfl.privacy.boundary.Refused`
     (InvalidMessage, BudgetExceeded, ReplayRefused, PlanExceeded), the central node's reply errors
-    (ReplyError, PartyFailed, PartyLost, PartyRefused, AgentRefused), the horizontal agent's
-    BudgetSpent and :class:`PartyMissing`. This module imports nothing of the package, so any
+    (ReplyError, PartyFailed, PartyLost, PartyRefused, AgentRefused), the party store's
+    StoreError (LedgerMissing) and :class:`PartyMissing`. This module imports nothing of the package, so any
     room may define one.
     """
 

@@ -53,12 +53,13 @@ def flower_vs_engine(T):
     def client(ctx):
         pid = int(ctx.node_config["partition-id"])
         if pid not in clients:
-            clients[pid] = DPIADMMClient(pid, Xp[pid], yp[pid], 10, agent_privacy_from_node_config(ctx.node_config))
+            clients[pid] = DPIADMMClient(pid, Xp[pid], yp[pid], 10, agent_privacy_from_node_config(ctx.node_config),
+                                         seed=seeds[pid])     # the engine's draws (in-process experiment)
         return clients[pid]
 
     grid = LocalGrid({"train": lambda m, c: client(c).train(m, c),
                       "query.identify": lambda m, c: client(c).identify(m, c)},
-                     {100 + i: {"partition-id": i, "dp-eps-bar": 1.0, "dp-seed": seeds[i]} for i in range(4)})
+                     {100 + i: {"partition-id": i, "dp-eps-bar": 1.0, "dp-max-epsilon": 1e6} for i in range(4)})
     w0 = time.perf_counter()
     DPIADMMStrategy("objt", 4, 64, 10, T, a=1.0).start(grid)
     t_flower = time.perf_counter() - w0

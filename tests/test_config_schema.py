@@ -44,7 +44,10 @@ class NoRounds(LocalGrid):
         raise AssertionError("a message was sent before the configuration was checked")
 
 
-@pytest.mark.parametrize("key,value", [(k, v) for k, v in CASES if CHECKED[k].scope != "node"])
+RUN_SCOPES = ("run", "node-first", "both")
+
+
+@pytest.mark.parametrize("key,value", [(k, v) for k, v in CASES if CHECKED[k].scope in RUN_SCOPES])
 def test_bad_run_config_stops_the_server_app_before_any_message(key, value):
     spec = SCHEMA[key]
     rc = {"dataset": "breast_cancer", key: value}
@@ -56,7 +59,8 @@ def test_bad_run_config_stops_the_server_app_before_any_message(key, value):
     assert f"expected {spec.allowed()}" in msg
 
 
-@pytest.mark.parametrize("key,value", [(k, v) for k, v in CASES if CHECKED[k].scope != "run"])
+@pytest.mark.parametrize("key,value", [(k, v) for k, v in CASES
+                                       if CHECKED[k].scope in ("node", "node-first", "party", "both")])
 def test_bad_node_config_is_refused_naming_the_key(key, value):
     nc = {"partition-id": 0, key: value} if key != "partition-id" else {key: value}
     with pytest.raises(ConfigError) as err:
@@ -103,22 +107,87 @@ def test_good_values_parse_to_typed_settings():
     assert node["partition-id"] == 1 and node["dp-epsilon"] == 2.0 and node["num-parties"] == 2
 
 
-@pytest.mark.parametrize("key,value", [(k, v) for k, v in CASES if CHECKED[k].scope != "node"
-                                       and not (CHECKED[k].type is str and v == 1)])
-def test_bad_command_line_value_exits_2_naming_the_option(key, value, capsys):
-    if SCHEMA[key].type is bool and key == "dp":
-        pytest.skip("--dp is a switch")
+def _command_for(key):
+    """The command whose flags include ``key`` (fit for the model and privacy keys, else simulate:
+    a bad value stops either before anything runs)."""
+    if key in cli.MODEL_KEYS + cli.PARTY_FLAGS + ("dp-seed",):
+        return "fit"
+    return "predict" if key == "predictions-path" else "simulate"
+
+
+@pytest.mark.parametrize("key,value", [(k, v) for k, v in CASES if (CHECKED[k].scope in RUN_SCOPES + ("party",))
+                                       and not (CHECKED[k].type is str and v == 1) and k != "dp"
+                                       and k not in cli.SET_BY_COMMAND])
+def test_bad_command_line_value_exits_2_naming_the_option(key, value, capsys, monkeypatch):
+    monkeypatch.setattr("flower_vfl.deploy.local.submit", lambda *a, **k: pytest.fail("Flower was called"))
     text = "nan" if isinstance(value, float) and math.isnan(value) else \
         "inf" if value == math.inf else str(value)
     with pytest.raises(SystemExit) as err:
-        cli.main(["fit", f"--{key}", text])
+        cli.main([_command_for(key), *(["--dp"] if _command_for(key) != "predict" else []), f"--{key}", text])
     assert err.value.code == 2
     assert f"--{key}" in capsys.readouterr().err
 
 
+def test_run_config_refuses_party_horizontal_and_retired_keys():
+    """A key the vertical run would not read is refused before any round, naming where it belongs."""
+    with pytest.raises(ConfigError, match=re.escape("run config key 'dp-epsilon'=0.5 is refused: it is a party's own "
+                                                    "privacy setting, read only from that party's node config")):
+        parse_run_config({"dp-epsilon": 0.5})
+    with pytest.raises(ConfigError, match=re.escape("run config key 'hz-iterations'=3 is refused: it belongs to the "
+                                                    "horizontal app (flower_vfl.apps.horizontal)")):
+        parse_run_config({"hz-iterations": 3})
+    with pytest.raises(ConfigError, match=re.escape("run config key 'party-data-paths'='a.csv,b.csv' is refused: only "
+                                                    "a party's own node config names its files; set 'data-path'")):
+        parse_run_config({"party-data-paths": "a.csv,b.csv"})
+    assert parse_run_config({"party-data-paths": ""}) == parse_run_config({})     # an old declared default
+    with pytest.raises(ConfigError, match=re.escape("node config key 'dp-eps-bar'=1.0 is refused: it belongs to the "
+                                                    "horizontal app")):
+        parse_node_config({"partition-id": 0, "dp-eps-bar": 1.0}, {})
+    # the party itself never reads the central node's privacy keys: ignored, not an error
+    assert parse_node_config({"partition-id": 1}, {"dp-epsilon": 50.0})["dp-epsilon"] == SCHEMA["dp-epsilon"].default
+
+
+HZ = [(k, v) for k, v in CASES if CHECKED[k].scope in ("hz-run", "hz-node")]
+
+
+@pytest.mark.parametrize("key,value", HZ)
+def test_the_horizontal_app_checks_its_keys(key, value):
+    from flower_vfl.config.schema import parse_agent_node_config, parse_horizontal_run_config
+    parse = parse_horizontal_run_config if SCHEMA[key].scope == "hz-run" else parse_agent_node_config
+    source = "run config" if SCHEMA[key].scope == "hz-run" else "node config"
+    with pytest.raises(ConfigError) as err:
+        parse({key: value})
+    assert str(err.value).startswith(f"{source} key {key!r}={value!r}")
+    assert f"expected {SCHEMA[key].allowed()}" in str(err.value)
+
+
+def test_the_horizontal_app_refuses_other_keys_and_its_defaults_are_the_codes():
+    from flower_vfl.clients.dpiadmm import agent_privacy_from_node_config
+    from flower_vfl.config.schema import HZ_VARIANTS, parse_agent_node_config, parse_horizontal_run_config
+    from flower_vfl.horizontal import VARIANTS
+    assert HZ_VARIANTS == VARIANTS
+    with pytest.raises(ConfigError, match=r"unknown run config key 'hz-iteration' \(did you mean 'hz-iterations'\?\)"):
+        parse_horizontal_run_config({"hz-iteration": 3})
+    with pytest.raises(ConfigError, match=r"run config key 'max-rounds'=3 is not read by the horizontal app's run config"):
+        parse_horizontal_run_config({"max-rounds": 3})
+    with pytest.raises(ConfigError, match=r"node config key 'dp-epsilon'=1.0 is not read by the horizontal agent's"):
+        parse_agent_node_config({"dp-epsilon": 1.0})
+    got = agent_privacy_from_node_config({})          # the agent's own defaults == the schema's
+    assert (got["delta_bar"], got["sensitivity"], got["x_l1_max"], got["max_epsilon"], got["delta"]) == (
+        SCHEMA["dp-delta-bar"].default, SCHEMA["dp-sensitivity"].default, SCHEMA["dp-x-l1-max"].default,
+        SCHEMA["dp-max-epsilon"].default, SCHEMA["dp-delta"].default)
+    assert got["eps_bar"] is None and SCHEMA["dp-eps-bar"].default == 0.0
+
+
 def test_pyproject_and_readme_follow_the_schema():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    assert declared == {k: s.default for k, s in SCHEMA.items() if s.scope != "node"}
+    from flower_vfl.cli.app import app_pyproject
+    from flower_vfl.config.schema import run_defaults
+    assert declared == run_defaults()
+    shipped = tomllib.loads(app_pyproject())["tool"]["flwr"]["app"]      # the app inside the package
+    assert shipped["config"] == run_defaults()
+    assert shipped["components"] == tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
+        "components"]
     readme = (ROOT / "README.md").read_text()
     table = readme.split("<!-- config-keys:start -->\n", 1)[1].split("\n<!-- config-keys:end -->", 1)[0]
     assert table == markdown_table()

@@ -77,8 +77,8 @@ def test_missing_data_file_stops_the_server_naming_it(tmp_path):
 
 
 def test_private_party_refuses_a_server_that_asks_past_its_budget():
-    """The party plans 3 training releases; a server that asks for 5 is refused at the 4th
-    and stops cleanly, keeping the rounds done."""
+    """The party plans 3 training releases; a server that asks for 5 is refused at the 4th:
+    the run stops keeping the rounds done, and fails (no model: never reported as a success)."""
 
     class GreedyStrategy(sa.VerticalADMMStrategy):
         def identify(self, grid):
@@ -90,7 +90,10 @@ def test_private_party_refuses_a_server_that_asks_past_its_budget():
     party1 = {"partition-id": 1, "dp": True, "dp-epsilon": 4.0, "dp-train-rounds": 3, "dp-eval-rounds": 0}
     y, yt = labels("breast_cancer")
     st = GreedyStrategy(y, yt, num_parties=2, max_rounds=6)
-    st.start(LocalGrid(HANDLERS, {100: {"partition-id": 0}, 101: party1}, rc))
+    from flower_vfl.strategies.vertical_admm import PartyRefused
+    with pytest.raises(PartyRefused, match=r"party 1 refused: .*allows 3 train release\(s\) per run"):
+        st.start(LocalGrid(HANDLERS, {100: {"partition-id": 0}, 101: party1}, rc))
+    assert st.failed_ and st.final_["failed"] is True
     assert "party 1 refused" in st.stopped_reason_ and "allows 3 train release(s) per run" in st.stopped_reason_
     assert len(st.history_) == 6 + 3                     # warm start + the three budgeted rounds
     rep = st.privacy_[1]

@@ -1,5 +1,7 @@
 """Horizontal DP inexact ADMM through Flower Messages (in process, LocalGrid) against the
-in-process engine, and the agent's trust boundary (node-config privacy, replays)."""
+in-process engine, and the agent's trust boundary (node-config privacy, replays, its one
+ledger). The engine comparisons give the agent objects the engine's seeds (``seed=``, an
+in-process experiment); a ClientApp agent has none (tests/test_horizontal_budget.py)."""
 
 import json
 
@@ -9,6 +11,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from flower_vfl.clients import DPIADMMClient
 from flower_vfl.clients.dpiadmm import agent_privacy_from_node_config
+from flower_vfl.config.schema import ConfigError
 from flower_vfl.horizontal import DPIADMMParams, run_dpiadmm
 from flower_vfl.horizontal.data import split_arrays
 from flower_vfl.deploy.local_grid import LocalGrid
@@ -28,14 +31,18 @@ def data():
     return Xp, yp, Xte, yte
 
 
-def _grid(data, node_cfg, replay=False):
+CAP = {"dp-max-epsilon": 1e3}          # a node-level budget no test here reaches
+
+
+def _grid(data, node_cfg, replay=False, seeds=None):
     Xp, yp, *_ = data
     clients = {}
 
     def client(ctx):
         pid = int(ctx.node_config["partition-id"])
         if pid not in clients:
-            clients[pid] = DPIADMMClient(pid, Xp[pid], yp[pid], K, agent_privacy_from_node_config(ctx.node_config))
+            clients[pid] = DPIADMMClient(pid, Xp[pid], yp[pid], K, agent_privacy_from_node_config(ctx.node_config),
+                                         seed=None if seeds is None else seeds[pid])
         return clients[pid]
 
     def train(msg, ctx):
@@ -53,9 +60,9 @@ def _grid(data, node_cfg, replay=False):
 def test_flower_path_equals_engine(data, variant, eps):
     Xp, yp, Xte, yte = data
     T, seeds = 25, [11, 22, 33, 44]
-    cfg = (lambda i: {"dp-eps-bar": eps, "dp-seed": seeds[i]}) if eps else (lambda i: {})
+    cfg = (lambda i: {"dp-eps-bar": eps, **CAP}) if eps else (lambda i: {})
     st = DPIADMMStrategy(variant, P, Xp[0].shape[1], K, T, a=1.0, beta=1e-4, X_test=Xte, y_test=yte,
-                         eval_every=5).start(_grid(data, cfg, replay=True))
+                         eval_every=5).start(_grid(data, cfg, replay=True, seeds=seeds))
     res = run_dpiadmm(Xp, yp, DPIADMMParams(variant=variant, eps_bar=eps, beta=1e-4), T, [seeds], K=K,
                       X_test=Xte, y_test=yte, eval_every=5, stream=1)     # LocalGrid's run id is 1
     assert np.max(np.abs(st.w - res.W[0])) <= 1e-9
@@ -74,31 +81,34 @@ def test_flower_path_equals_engine(data, variant, eps):
 
 def test_agent_duals_match_server(data):
     Xp, *_ = data
-    grid = _grid(data, lambda i: {"dp-eps-bar": 1.0, "dp-seed": i + 1})
+    grid = _grid(data, lambda i: {"dp-eps-bar": 1.0, **CAP})
     st = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 6, beta=1e-4).start(grid)
     for nid, ctx in grid.contexts.items():
         lam_agent = ctx.state["hz.agent"]["lam"].numpy()
         np.testing.assert_allclose(lam_agent, st.Lam[st.node_to_agent[nid]], atol=1e-12)
 
 
-def test_privacy_comes_from_node_config_and_seed_stays(data):
-    """The server's messages cannot set eps_bar or the seed; nothing the agent sends carries
-    its seed."""
+def test_privacy_comes_from_node_config_and_no_seed_is_accepted(data):
+    """The server's messages cannot set eps_bar; an agent's node config cannot give it a seed
+    (refused, naming the key); and replies carry nothing but identity, release and report."""
     Xp, *_ = data
+    with pytest.raises(ConfigError, match=r"^agent 2: node config key 'dp-seed'=987654321 is refused: an agent "
+                                          r"draws its noise from OS entropy only"):
+        agent_privacy_from_node_config({"partition-id": 2, "dp-eps-bar": 0.5, "dp-seed": 987654321, **CAP})
     seen = []
-    grid = _grid(data, lambda i: {"dp-eps-bar": 0.5, "dp-seed": 987654321 + i})
+    grid = _grid(data, lambda i: {"dp-eps-bar": 0.5, **CAP})
     grid.on_reply = lambda m, r: seen.append(r)
     st = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(grid)
     assert st.params.eps_bar == 0.5
     for rep in seen:
-        blob = json.dumps({k: dict(v) for k, v in rep.content.config_records.items()})
-        assert "987654321" not in blob and "98765432" not in blob
         assert set(rep.content.keys()) <= {"identity", "release", "privacy"}
+        if "privacy" in rep.content:
+            assert "seed" not in str(rep.content["privacy"]["report"])
 
 
 def test_replay_of_an_old_round_is_refused(data):
     Xp, yp, *_ = data
-    grid = _grid(data, lambda i: {"dp-eps-bar": 1.0, "dp-seed": 5})
+    grid = _grid(data, lambda i: {"dp-eps-bar": 1.0, **CAP})
     DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(grid)
     ctx = grid.contexts[100]
     msg = Message(RecordDict({"config": ConfigRecord({"t": 2, "rho": 7.0, "variant": "objt", "a": 1.0,
@@ -115,11 +125,11 @@ def test_agents_with_different_eps_bar_are_rejected(data):
     Xp, *_ = data
     with pytest.raises(ValueError, match=r"the agents' eps_bar differ"):
         DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 2).start(
-            _grid(data, lambda i: {"dp-eps-bar": 1.0 if i else 2.0, "dp-seed": i + 1}))
+            _grid(data, lambda i: {"dp-eps-bar": 1.0 if i else 2.0, **CAP}))
 
 
 # ---------------------------------------------------------------- item 8: the agent's disk
-def _store_grid(data, tmp_path, node_cfg, run_id=1):
+def _store_grid(data, tmp_path, node_cfg, run_id=1, seeds=None):
     from flower_vfl.privacy.store import PartyStore
     Xp, yp, *_ = data
     stores = {i: PartyStore(tmp_path / f"agent{i}") for i in range(P)}
@@ -127,7 +137,7 @@ def _store_grid(data, tmp_path, node_cfg, run_id=1):
     def client(ctx):
         pid = int(ctx.node_config["partition-id"])
         return DPIADMMClient(pid, Xp[pid], yp[pid], K, agent_privacy_from_node_config(ctx.node_config),
-                             store=stores[pid])            # a fresh object per message, as on a SuperNode
+                             store=stores[pid], seed=None if seeds is None else seeds[pid])   # fresh per message
 
     handlers = {"train": lambda m, c: client(c).train(m, c),
                 "query.identify": lambda m, c: client(c).identify(m, c)}
@@ -139,23 +149,25 @@ def _store_grid(data, tmp_path, node_cfg, run_id=1):
 
 def test_ledger_persists_across_runs_and_caps_the_total(data, tmp_path):
     """Two runs of 3 rounds each on the same data: the second run's report shows the
-    composed total over all 6 releases. A third run with dp-max-epsilon between the 7- and
-    8-release totals gets one round, then the agents refuse and the server stops cleanly."""
-    from flower_vfl.horizontal import account
-    from flower_vfl.horizontal.privacy import ledger_entry
+    composed total over all 6 releases (the one ledger's PLD). A third run with a
+    dp-max-epsilon between the 7- and 8-release totals gets one round, then the agents refuse
+    and the server stops cleanly."""
+    from flower_vfl.privacy import epsilon_for_events
     Xp, *_ = data
-    cfg = lambda i: {"dp-eps-bar": 0.5, "dp-seed": 10 + i}  # noqa: E731
+    cfg = lambda i: {"dp-eps-bar": 0.5, **CAP}  # noqa: E731
     DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(_store_grid(data, tmp_path, cfg, 1)[0])
     st2 = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(_store_grid(data, tmp_path, cfg, 2)[0])
     rep = st2.privacy_[0]
-    assert rep["totals"]["releases"] == 3 and rep["totals_all_runs"]["releases"] == 6
-    assert rep["totals_all_runs"]["epsilon_basic"] == pytest.approx(3.0)
-    total = lambda n: account([ledger_entry(t, "objt", 0.5, 0, 2.0, 1.0) for t in range(n)])["epsilon_pld"]  # noqa: E731
-    assert rep["totals_all_runs"]["epsilon_pld"] == pytest.approx(total(6), rel=1e-9)
+    assert rep["totals"]["releases"] == 3 and rep["totals"]["epsilon_basic"] == pytest.approx(1.5)
+    assert rep["totals_all_runs"]["releases"] == 6 and rep["totals_all_runs"]["mechanisms"] == {"laplace": 6}
+    total = lambda n: epsilon_for_events([("laplace", 2.0)] * n, 1e-5, "pld")  # noqa: E731   z = 1/eps_bar
+    assert rep["totals_all_runs"]["epsilon_pld"] == pytest.approx(total(6), rel=1e-5)
+    assert rep["totals_all_runs"]["epsilon_pld"] < 3.0                 # below basic composition 6 x 0.5
     cap = (total(7) + total(8)) / 2
-    grid3, _ = _store_grid(data, tmp_path, lambda i: {**cfg(i), "dp-max-epsilon": cap}, 3)
+    grid3, _ = _store_grid(data, tmp_path, lambda i: {"dp-eps-bar": 0.5, "dp-max-epsilon": cap}, 3)
     st3 = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(grid3)
-    assert f"above its dp-max-epsilon={cap}; refused" in st3.stopped_reason_
+    assert f"above its dp-max-epsilon={cap:g}; already spent epsilon={total(7):.4g} over 7 release(s); " \
+           "refused" in st3.stopped_reason_
     assert len(st3.history_) == 1                            # one round, nothing past the cap
 
 
@@ -164,9 +176,11 @@ def test_restarted_agent_replays_from_disk_and_resumes(data, tmp_path):
     it answers from its disk (no second draw, one ledger row), then continues; the run ends
     where an uninterrupted run ends."""
     Xp, *_ = data
-    cfg = lambda i: {"dp-eps-bar": 1.0, "dp-seed": 77 + i}  # noqa: E731
-    ref = DPIADMMStrategy("objp", P, Xp[0].shape[1], K, 5, beta=1e-4).start(_store_grid(data, tmp_path / "a", cfg)[0])
-    grid, stores = _store_grid(data, tmp_path / "b", cfg)
+    cfg = lambda i: {"dp-eps-bar": 1.0, **CAP}  # noqa: E731
+    seeds = [77, 78, 79, 80]                                # the same draws in both runs (in-process)
+    ref = DPIADMMStrategy("objp", P, Xp[0].shape[1], K, 5, beta=1e-4).start(
+        _store_grid(data, tmp_path / "a", cfg, seeds=seeds)[0])
+    grid, stores = _store_grid(data, tmp_path / "b", cfg, seeds=seeds)
     handler = grid.handlers["train"]
     calls = {"n": 0}
 
@@ -186,7 +200,7 @@ def test_restarted_agent_replays_from_disk_and_resumes(data, tmp_path):
     assert calls["n"] == 1
     np.testing.assert_allclose(st.w, ref.w, atol=1e-12)
     client = DPIADMMClient(0, Xp[0], data[1][0], K, agent_privacy_from_node_config(cfg(0)), store=stores[0])
-    assert [e["t"] for e in client.ledger("objp")] == [1, 2, 3, 4, 5]
+    assert [e["t"] for e in client.releases()] == [1, 2, 3, 4, 5]
 
 
 def test_flwr_datasets_splits_cover_the_rows_once():
@@ -211,7 +225,7 @@ def test_flower_path_equals_engine_on_unequal_agents(data):
     data_d = (Xd, yd, Xte, yte)
     seeds = [5, 6, 7, 8]
     st = DPIADMMStrategy("objp", P, Xd[0].shape[1], K, 15, beta=1e-4).start(
-        _grid(data_d, lambda i: {"dp-eps-bar": 0.7, "dp-seed": seeds[i]}))
+        _grid(data_d, lambda i: {"dp-eps-bar": 0.7, **CAP}, seeds=seeds))
     res = run_dpiadmm(Xd, yd, DPIADMMParams(variant="objp", eps_bar=0.7, beta=1e-4), 15, [seeds], K=K, stream=1)
     assert np.max(np.abs(st.Z - res.Z[0])) <= 1e-9
     for p in range(P):

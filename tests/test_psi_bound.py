@@ -4,6 +4,8 @@ intersection within the party's own bound, across all runs and requests.
 Every attack goes through the real ClientApp handlers (flower_vfl.clients.psi_party) with a
 fresh flwr Context per run, the way a malicious central node would reach them."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -184,3 +186,18 @@ def test_simulate_hands_each_party_its_files_in_its_node_config(tmp_path):
     rc, nodes, _ = own_node_configs(argparse.Namespace(**{**vars(args), "preprocess": "none"}),
                                     {"mode": "predict", "model-dir": str(tmp_path / "m")}, {})
     assert nodes[0]["score-path"] == str(p1) and "data-path" not in nodes[0]
+
+
+def test_a_flower_run_id_above_two_to_the_63_is_logged(party):
+    """Flower's run ids are unsigned 64-bit: the loopback attack test met 11187668073276597044,
+    which a SQLite INTEGER cannot hold (the handler crashed instead of answering). The log keeps
+    the run as text, exactly."""
+    nc, held = party
+    run = 2**64 - 5
+    assert ask(ctx(nc, run), held[:100]) == set(held[:100])
+    assert order(ctx(nc, run), held[:100])["n_rows"] == 100
+    from flower_vfl.io.psi_log import FILE
+    import sqlite3
+    db = sqlite3.connect(str(Path(nc["state-dir"]) / FILE))
+    assert db.execute("SELECT DISTINCT run FROM answers").fetchall() == [(str(run),)]
+    db.close()

@@ -125,14 +125,25 @@ def test_flower_path_equals_engine_with_the_new_options(rc_extra, kw):
 
 
 def test_flower_path_resumes_spectral(tmp_path):
-    """The strategy checkpoints the spectral state with its own: 9 + 31 rounds = 40 rounds (new
-    party processes: they re-synchronize, so to round-off, not bitwise)."""
-    from test_flower import run_local
+    """The strategy checkpoints the spectral state with its own: a 40-round run stopped after
+    round 9, resumed: 9 + 31 rounds = 40 rounds (new party processes: they are re-synchronized,
+    theta = 1/3, so to round-off, not bitwise). A resume with another max-rounds is refused
+    (tests/test_resume.py)."""
+    from test_flower import HANDLERS, LocalGrid, run_local, sa
 
-    base = {"dataset": "breast_cancer", "num-parties": 3, "acceleration": "spectral"}
-    full = run_local({**base, "max-rounds": 40})
-    run_local({**base, "max-rounds": 9, "state-dir": str(tmp_path / "s")})   # rho still moving
-    resumed = run_local({**base, "max-rounds": 40, "resume": str(tmp_path / "s")})
+    class Stop(Exception):
+        pass
+
+    def stop_after_9(k, row):
+        if k == 9:                                        # rho still moving
+            raise Stop
+    base = {"dataset": "breast_cancer", "num-parties": 3, "acceleration": "spectral", "max-rounds": 40}
+    full = run_local(base)
+    st = sa.make_strategy({**base, "state-dir": str(tmp_path / "s")})
+    st.progress = stop_after_9
+    with pytest.raises(Stop):
+        st.start(LocalGrid(HANDLERS, {100 + i: {"partition-id": i} for i in range(3)}, base))
+    resumed = run_local({**base, "resume": str(tmp_path / "s")})
     # Round-off from the fresh party processes is amplified by the spectral rho map: 1e-9 relative
     # failed once at 1.7e-9 under load. A lost or wrong spectral state moves rho at round 10 by
     # O(1) relative (asserted below), so 1e-7 still separates "resumed" from "restarted".

@@ -52,7 +52,7 @@ def test_predict_job_equals_the_training_time_evaluation_on_the_same_rows(tmp_pa
                              seed=5, missing={1: 0.05}, prefix="test")
     extra = {m: {"test-path": str(test[m])} for m in range(3)}
     if private:
-        extra[2].update({"dp": True, "dp-epsilon": 1.0, "dp-seed": 7, "dp-lam": 3e-3,
+        extra[2].update({"dp": True, "dp-epsilon": 1.0, "dp-lam": 3e-3,
                          "state-dir": str(tmp_path / "p2")})
     nodes = node_configs(train, test, "csv", tmp_path, extra=extra)      # score-path = test-path
     rc = run_config(train, test, tmp_path, **{"labels-test-path": str(test[0]), "max-rounds": 8})
@@ -106,7 +106,7 @@ def test_every_user_facing_error_subclasses_user_error_and_keeps_its_builtin_kin
                                                 "PartyLost": RuntimeError},
              "flower_vfl.strategies.vertical_admm": {"PartyRefused": RuntimeError},
              "flower_vfl.strategies.dpiadmm": {"AgentRefused": RuntimeError},
-             "flower_vfl.clients.dpiadmm": {"BudgetSpent": RuntimeError}}
+             "flower_vfl.privacy.store": {"StoreError": RuntimeError, "LedgerMissing": RuntimeError}}
     for mod, classes in kinds.items():
         m = importlib.import_module(mod)
         for name, builtin in classes.items():

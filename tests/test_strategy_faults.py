@@ -247,8 +247,10 @@ def test_crash_and_resume_gives_bitwise_the_same_iterates(clean, tmp_path):
 def test_resume_refuses_a_different_run(tmp_path):
     state = tmp_path / "state"
     run(FaultyGrid(nodes(), RC), **{"state-dir": str(state), "max-rounds": 2})
-    with pytest.raises(ValueError, match=r"the checkpoint has num_parties=2 but this run has 3"):
-        run(FaultyGrid(nodes(3), {**RC, "num-parties": 3}), **{"num-parties": 3, "resume": str(state)})
+    with pytest.raises(ValueError, match=r"the checkpoint was made by another run: num-parties=2 in the checkpoint, "
+                                         r"3 in this run\. Resume with the checkpoint's settings"):
+        run(FaultyGrid(nodes(3), {**RC, "num-parties": 3}), **{"num-parties": 3, "max-rounds": 2,
+                                                                "resume": str(state)})
     with pytest.raises(FileNotFoundError, match=r"resume='.*nowhere': no checkpoint.npz there"):
         run(FaultyGrid(nodes(), RC), resume=str(tmp_path / "nowhere"))
 

@@ -374,7 +374,7 @@ def test_flower_vfl_ledger_shows_the_spend_across_runs(tmp_path, capsys):
     train(ctx(nc, run_id=1), 1, q, y)
     train(ctx(nc, run_id=2), 1, q, y)                                # a second run on the same data
     assert cli.main(["ledger", "--node-config", f"partition-id=1 state-dir='{nc['state-dir']}'", "--json"]) == 0
-    (d,) = json.loads(capsys.readouterr().out)
+    (d,) = json.loads(capsys.readouterr().out)["sources"]
     assert d["runs"] == {"1": {"train": 1, "eval": 0}, "2": {"train": 1, "eval": 0}}
     from flower_vfl.privacy import epsilon_for_releases, noise_multiplier_for
     z = noise_multiplier_for(2.0, 1e-5, 2, "exact")

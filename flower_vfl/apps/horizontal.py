@@ -6,11 +6,16 @@ from your own Flower app (``serverapp = "flower_vfl.apps.horizontal:server"``,
 
 Run config (public, the server's): ``hz-variant`` (objt|objp|outp), ``hz-iterations``,
 ``hz-num-agents``, ``hz-split`` (iid|dirichlet), ``hz-dirichlet-alpha``, ``hz-a``,
-``hz-beta``, ``hz-trust``, ``hz-eval-every``, ``out-dir``.
+``hz-beta``, ``hz-trust``, ``hz-eval-every``, ``out-dir``, ``data-dir``.
 Node config (the agent's own): ``partition-id``, ``data-dir``, ``state-dir`` and the
 privacy keys ``dp-eps-bar``, ``dp-delta-bar``, ``dp-sensitivity``, ``dp-x-l1-max``,
-``dp-seed``, ``dp-max-epsilon``, ``dp-delta`` (see :mod:`flower_vfl.clients.dpiadmm`).
-Each agent loads only its own partition (flwr-datasets partitioners by ``partition-id``).
+``dp-max-epsilon`` (required when private), ``dp-delta`` (see :mod:`flower_vfl.clients.dpiadmm`);
+a ``dp-seed`` is refused. Both are typed, range-checked and defaulted by
+:mod:`flower_vfl.config.schema` (scopes ``hz-run``/``hz-node``); any other key is refused
+before any round. Each agent loads only its own partition (flwr-datasets partitioners by
+``partition-id``); its ledger is keyed by the data its node config declares
+(:func:`flower_vfl.clients.source.agent_source`), so the run config's ``hz-num-agents`` /
+``hz-split`` choose which samples it trains on, never a fresh budget.
 """
 
 from __future__ import annotations
@@ -25,38 +30,34 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from flower_vfl.clients.dpiadmm import DPIADMMClient, agent_privacy_from_node_config
+from flower_vfl.clients.source import agent_source
+from flower_vfl.config.schema import parse_agent_node_config, parse_horizontal_run_config
 from flower_vfl.errors import install_log_filter, reply_user_errors
 from flower_vfl.strategies.dpiadmm import DPIADMMStrategy
 
 __all__ = ["server", "client", "make_agent", "make_server_strategy"]
-
-DEFAULTS = {"hz-variant": "objt", "hz-iterations": 100, "hz-num-agents": 10, "hz-split": "iid",
-            "hz-dirichlet-alpha": 0.5, "hz-a": 1.0, "hz-beta": 1e-6, "hz-trust": "paper", "hz-eval-every": 10,
-            "out-dir": ""}
 
 server = ServerApp()
 client = ClientApp()
 install_log_filter()     # our user-facing errors: one line, no traceback (flower_vfl.errors)
 
 
-def _get(key, run_config):
-    return run_config.get(key, DEFAULTS[key])
-
-
 def make_agent(context: Context) -> DPIADMMClient:
     """The agent of this node: its own partition and its own privacy settings (node config)."""
-    from flower_vfl.datasets import load_fashion_mnist
+    from flower_vfl.datasets import FASHION_MNIST_DIR, load_fashion_mnist
     from flower_vfl.horizontal.data import agent_partition
-    rc, nc = context.run_config, context.node_config
-    X, y, _, _ = load_fashion_mnist(nc.get("data-dir") or None)
-    pid, num = int(nc.get("partition-id", 0)), int(_get("hz-num-agents", rc))
-    Xp, yp = agent_partition(X, y, pid, num, str(_get("hz-split", rc)), float(_get("hz-dirichlet-alpha", rc)))
-    privacy = agent_privacy_from_node_config(nc)
+    rc, nc = parse_horizontal_run_config(context.run_config), context.node_config
+    own = parse_agent_node_config(nc)
+    privacy = agent_privacy_from_node_config(nc)      # before any data is read: dp-seed, dp-max-epsilon
+    source = agent_source(nc, FASHION_MNIST_DIR)      # the ledger's key: not hz-num-agents, not hz-split
+    X, y, _, _ = load_fashion_mnist(own["data-dir"] or None)
+    pid, num = int(own["partition-id"]), rc["hz-num-agents"]
+    Xp, yp = agent_partition(X, y, pid, num, rc["hz-split"], rc["hz-dirichlet-alpha"])
     store = None
     if privacy["eps_bar"] is not None:
         from flower_vfl.privacy.store import PartyStore, default_state_dir
-        store = PartyStore(nc.get("state-dir") or default_state_dir())
-    return DPIADMMClient(pid, Xp, yp, 10, privacy, store=store)
+        store = PartyStore(own["state-dir"] or default_state_dir())
+    return DPIADMMClient(pid, Xp, yp, 10, privacy, store=store, source=source)
 
 
 def identify(msg: Message, context: Context) -> Message:
@@ -75,11 +76,11 @@ client.train()(reply_user_errors(train))
 
 def make_server_strategy(run_config) -> DPIADMMStrategy:
     from flower_vfl.datasets import load_fashion_mnist
-    _, _, Xt, yt = load_fashion_mnist(run_config.get("data-dir") or None)
-    g = lambda k: _get(k, run_config)  # noqa: E731
-    return DPIADMMStrategy(str(g("hz-variant")), int(g("hz-num-agents")), Xt.shape[1], 10, int(g("hz-iterations")),
-                           a=float(g("hz-a")), beta=float(g("hz-beta")), trust=str(g("hz-trust")),
-                           X_test=Xt, y_test=yt, eval_every=int(g("hz-eval-every")))
+    g = parse_horizontal_run_config(run_config)      # every key checked before any data is read
+    _, _, Xt, yt = load_fashion_mnist(g["data-dir"] or None)
+    return DPIADMMStrategy(g["hz-variant"], g["hz-num-agents"], Xt.shape[1], 10, g["hz-iterations"],
+                           a=g["hz-a"], beta=g["hz-beta"], trust=g["hz-trust"],
+                           X_test=Xt, y_test=yt, eval_every=g["hz-eval-every"])
 
 
 @server.main()
@@ -92,7 +93,7 @@ def main(grid: Grid, context: Context) -> None:
             log(INFO, "agent %s: per-iteration eps_bar=%s (the paper's guarantee); this run's total over %d "
                 "iterations: PLD eps=%.4g at delta=%g, basic composition %.4g", agent, rep["eps_bar"],
                 tot["releases"], tot["epsilon_pld"], tot["delta"], tot["epsilon_basic"])
-    out = str(_get("out-dir", context.run_config))
+    out = parse_horizontal_run_config(context.run_config)["out-dir"]
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         import numpy as np

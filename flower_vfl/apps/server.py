@@ -13,6 +13,7 @@ from flower_vfl.config.settings import run_setting
 from flower_vfl.errors import install_log_filter
 from flower_vfl.config.schema import parse_run_config
 from flower_vfl.io.data import labels
+from flower_vfl.privacy.label_dp import label_source
 from flower_vfl.reporting.report import write_report
 from flower_vfl.strategies import own_data
 from flower_vfl.strategies.vertical_admm import VerticalADMMStrategy
@@ -21,8 +22,9 @@ app = ServerApp()
 install_log_filter()     # our user-facing errors: one line, no traceback; the run still fails (flower_vfl.errors)
 
 
-def make_strategy(run_config, y=None, y_test=None) -> VerticalADMMStrategy:
-    """The strategy for the bundled dataset, or for labels ``y`` already aligned (own data)."""
+def make_strategy(run_config, y=None, y_test=None, ids=None) -> VerticalADMMStrategy:
+    """The strategy for the bundled dataset, or for labels ``y`` already aligned (own data; ``ids``:
+    the labels file's ID of each row of ``y``, for the label store)."""
     cfg = parse_run_config(run_config)        # every key checked before any data is read
     get = cfg.__getitem__
     if y is None:
@@ -32,6 +34,11 @@ def make_strategy(run_config, y=None, y_test=None) -> VerticalADMMStrategy:
         dp_party_ids(run_config, int(get("num-parties")))
     rho = float(get("rho"))
     out, state = get("out-dir"), get("state-dir")
+    # label DP: the labels are drawn once per source and ID and reused (privacy/label_dp.py), in
+    # the label owner's state-dir when the run config names one, else its default_state_dir() (an
+    # out-dir changes from run to run: a store there would draw afresh every run)
+    source = (label_source(path=get("labels-path"), id_column=get("id-column"), label_column=get("label-column"),
+                           ids=ids) if get("labels-path") else label_source(dataset=str(get("dataset"))))
     return VerticalADMMStrategy(y, y_test, num_parties=int(get("num-parties")), loss=str(get("loss")),
                                 rho=rho if rho > 0 else "auto", alpha=float(get("alpha")),
                                 fit_intercept=bool(get("fit-intercept")), max_rounds=int(get("max-rounds")),
@@ -41,8 +48,13 @@ def make_strategy(run_config, y=None, y_test=None) -> VerticalADMMStrategy:
                                 state_dir=state or (str(Path(out) / "state") if out else None),
                                 resume=get("resume") or None, party_keys=get("party-keys") or None,
                                 label_epsilon=float(get("label-epsilon")) or None,
+                                label_source=source, label_store=state or None,
+                                max_release=float(get("max-release")),
                                 penalty=str(get("penalty")),   # acceleration is on only where the engine's is
-                                acceleration=str(get("acceleration")))
+                                acceleration=str(get("acceleration")),
+                                # the parties' settings that define the run too (checkpoint record)
+                                run_settings={"lam": float(get("lam")), "x-solver": str(get("x-solver")),
+                                              "dataset": "" if get("labels-path") else str(get("dataset"))})
 
 
 def write_outputs(strategy: VerticalADMMStrategy, run_config, final: dict | None = None) -> None:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 from flower_vfl.config.settings import RUN_DEFAULTS, privacy_from_config
-from flower_vfl.config.schema import SCHEMA, ConfigError, parse_run_config
+from flower_vfl.config.schema import SCHEMA, ConfigError, check_value, parse_run_config
 from flower_vfl.cli.own import absolute
 from flower_vfl.errors import UserError
 
@@ -29,51 +28,100 @@ from flower_vfl.errors import UserError
 PATH_KEYS = ("out-dir", "resume", "party-keys", "data-dir", "state-dir", "labels-path", "labels-test-path",
              "score-ids-path", "model-dir", "predictions-path")
 
+#: the flags of each command, by schema key (every flag changes the run or what is passed on:
+#: tests/test_every_key.py). The model and the parties' privacy: every run command
+MODEL_KEYS = ("dataset", "num-parties", "loss", "penalty", "lam", "rho", "alpha", "fit-intercept", "acceleration",
+              "x-solver", "max-rounds", "tol", "eval-every", "label-epsilon", "out-dir", "data-dir", "dp",
+              "dp-parties")
+#: only where Flower runs the job (simulate, predict, deploy-local): faults, checkpoints, keys
+FLOWER_KEYS = ("round-timeout", "party-wait", "stragglers", "max-staleness", "resume", "party-keys", "state-dir",
+               "max-release")
+#: own data through Flower (simulate, predict): the label owner's keys (--labels, --labels-test
+#: and the command set labels-path, labels-test-path, score-ids-path and mode)
+OWN_FLOWER_KEYS = ("model-dir", "psi-structure", "psi-fpr")
+#: run keys the commands set themselves, not flags: the flag or command that sets each
+SET_BY_COMMAND = {"mode": "flower-vfl predict", "labels-path": "--labels", "labels-test-path": "--labels-test",
+                  "score-ids-path": "flower-vfl predict --labels"}
+#: a party's privacy settings: handed to the simulated parties as node configs (dp-seed: fit only,
+#: a party refuses a seed)
+PARTY_FLAGS = tuple(k for k, s in SCHEMA.items() if s.scope == "party" and k != "dp-seed")
+
 
 def _run_config(args) -> dict:
+    """The run config the command line sets (only the flags given, and ``--run-config``), every
+    value checked by the schema before anything runs; paths made absolute."""
     rc = {}
-    for key in RUN_DEFAULTS:
+    for key in SCHEMA:
         attr = key.replace("-", "_")
-        if hasattr(args, attr) and getattr(args, attr) is not None:
+        if key in RUN_DEFAULTS and getattr(args, attr, None) is not None:
             rc[key] = getattr(args, attr)
-    parse_run_config(rc, source="command line")     # every value checked before any round
+    extra = getattr(args, "run_config", None)
+    if extra:                              # flwr's own syntax, checked by our schema first
+        from flwr.common.config import parse_config_args
+        try:
+            given = parse_config_args([extra])
+        except Exception as exc:
+            raise ConfigError(f"--run-config {extra!r} is not 'key=value ...' ({exc})") from None
+        parse_run_config(given, source="--run-config")
+        rc.update(given)
+    check = dict(rc)
+    if getattr(args, "party", None) and "num-parties" not in rc:    # own data: one party per file (checked later)
+        check["num-parties"] = len(args.party) + 1
+    cfg = parse_run_config(check, source="command line")     # every value checked before any round
+    if cfg["data-dir"] and cfg["dataset"] == "breast_cancer" and not getattr(args, "party", None):
+        raise ConfigError("--data-dir is read only with --dataset a9a (breast_cancer ships with scikit-learn); "
+                          "drop --data-dir or add --dataset a9a")
+    if getattr(args, "party", None) is not None or hasattr(args, "labels"):
+        from flower_vfl.cli.own import check_own_flags
+        check_own_flags(args)
     for key in PATH_KEYS:
         if isinstance(rc.get(key), str):
             rc[key] = absolute(rc[key])
     return rc
 
 
-def _add_run_args(p):
-    p.add_argument("--dataset", default="breast_cancer", choices=["breast_cancer", "a9a"])
-    p.add_argument("--num-parties", type=int, default=2)
-    p.add_argument("--loss", default="logistic")
-    p.add_argument("--penalty", default="l2")
-    p.add_argument("--lam", type=float, default=1e-4)
-    p.add_argument("--rho", type=float, default=0.0, help="0 = the default: 0.2*c/N for L2, 0.2*c/(8N) for l1/elasticnet, 3*c/N for nonconvex losses")
-    p.add_argument("--max-rounds", type=int, default=50)
-    p.add_argument("--tol", type=float, default=0.0)
-    p.add_argument("--data-dir", default="")
-    p.add_argument("--out-dir", default="")
-    p.add_argument("--dp", action="store_true", help="private parties (strict calibration)")
-    p.add_argument("--dp-parties", default="", help="e.g. '1' (default: all parties)")
-    p.add_argument("--dp-epsilon", type=float, default=1.0)
-    p.add_argument("--dp-delta", type=float, default=1e-5)
-    p.add_argument("--dp-calibration", default="strict", choices=["strict", "paper"])
-    p.add_argument("--dp-accountant", default="exact")
-    p.add_argument("--dp-train-rounds", type=int, default=0,
-                   help="released training rounds per private party after the warm start (0: only "
-                        "the evaluation release; see docs/privacy.md)")
-    p.add_argument("--dp-eval-rounds", type=int, default=1)
-    p.add_argument("--dp-lam", type=float, default=0.0,
-                   help="the private party's own L2 coefficient (0: --lam); larger = less noise, more bias")
-    p.add_argument("--dp-b1", type=float, default=2.0, help="ball radius of x_m (rows are normalized)")
-    p.add_argument("--dp-clip", type=float, default=10.0,
-                   help="clip of the x-update target and of released values")
-    p.add_argument("--dp-seed", type=int, default=-1, help="noise seed (-1: fresh OS entropy)")
-    for key, spec in SCHEMA.items():     # every other run key, typed by the schema
-        if spec.scope != "node" and spec.type is not object and f"--{key}" not in p._option_string_actions:
-            p.add_argument(f"--{key}", type=_bool if spec.type is bool else spec.type, default=None,
-                           choices=spec.choices, help=spec.help.replace("%", "%%"))
+def _party_flags(args) -> dict:
+    """The ``--dp-*`` flags given (a party's own settings), checked; refused without ``--dp``."""
+    given = {k: getattr(args, k.replace("-", "_")) for k in (*PARTY_FLAGS, "dp-seed")
+             if getattr(args, k.replace("-", "_"), None) is not None}
+    for key, value in given.items():
+        check_value(key, value, "command line")
+    if given and not getattr(args, "dp", False):
+        raise ConfigError(f"--{next(iter(given))} has no effect without --dp (the parties would release exact "
+                          "values); add --dp, or drop the flag")
+    if getattr(args, "dp_parties", None) and not getattr(args, "dp", False):
+        raise ConfigError("--dp-parties has no effect without --dp; add --dp, or drop --dp-parties")
+    return given
+
+
+def _add_key(p, key, default_help=True):
+    spec = SCHEMA[key]
+    help_text = spec.help.replace("%", "%%") + (f" (default {spec.default!r})" if default_help else "")
+    if spec.type is bool:
+        if key == "dp":
+            p.add_argument("--dp", action="store_true", default=None, help="private parties (" + help_text + ")")
+        else:
+            p.add_argument(f"--{key}", type=_bool, default=None, metavar="true|false", help=help_text)
+        return
+    p.add_argument(f"--{key}", type=spec.type, default=None, choices=spec.choices, help=help_text)
+
+
+#: a predict job: the saved model decides the model; these keys choose the job's own settings
+PREDICT_KEYS = ("party-wait", "party-keys", "model-dir", "psi-structure", "psi-fpr", "predictions-path")
+
+
+def _add_run_args(p, flower: bool = True, own: bool = False, predict: bool = False):
+    """The flags of one run command, typed by the schema: the model and the parties' privacy;
+    with ``flower``, the Flower job's keys and ``--run-config``; ``own``: own data via Flower;
+    ``predict``: only a predict job's keys."""
+    keys = PREDICT_KEYS if predict else MODEL_KEYS + PARTY_FLAGS + (
+        ("dp-seed",) if not flower else FLOWER_KEYS + (OWN_FLOWER_KEYS if own else ()))
+    for key in keys:
+        _add_key(p, key)
+    if flower:
+        p.add_argument("--run-config", default="", metavar='"KEY=VALUE ..."',
+                       help="more run-config keys in flwr's syntax, checked against the schema before Flower "
+                            "is called")
 
 
 def _bool(text: str) -> bool:
@@ -82,39 +130,60 @@ def _bool(text: str) -> bool:
     return text.lower() == "true"
 
 
-def cmd_fit(args):
+def _estimator(cfg: dict, privacy, callback):
+    """The in-process estimator with every model key of ``cfg`` (a parsed run config)."""
     from flower_vfl import VerticalADMM
+    return VerticalADMM(loss=cfg["loss"], penalty=cfg["penalty"], lam=cfg["lam"],
+                        rho=cfg["rho"] if cfg["rho"] > 0 else "auto", alpha=cfg["alpha"],
+                        fit_intercept=cfg["fit-intercept"], max_rounds=cfg["max-rounds"], tol=cfg["tol"],
+                        privacy=privacy, verbose=True, acceleration=cfg["acceleration"], x_solver=cfg["x-solver"],
+                        label_epsilon=cfg["label-epsilon"] or None, callback=callback)
+
+
+def cmd_fit(args):
     from flower_vfl.io.data import labels, party_block
     from flower_vfl.reporting.report import write_report
 
     rc = _run_config(args)
+    party = _party_flags(args)
     if getattr(args, "party", None):     # own data: party files aligned on their IDs
-        from flower_vfl.cli.own import fit_own
-        return fit_own(args, rc)
-    n = args.num_parties
-    blocks = [party_block(args.dataset, m, n, args.data_dir or None) for m in range(n)]
-    y, yt = labels(args.dataset, args.data_dir or None)
-    nodes = local_node_configs(rc, n)
-    privacy = [privacy_from_config(m, {}, nodes[m]) for m in range(n)] if args.dp else None
-    model = VerticalADMM(loss=args.loss, penalty=args.penalty, lam=args.lam,
-                         rho=args.rho if args.rho > 0 else "auto", max_rounds=args.max_rounds,
-                         tol=args.tol, privacy=privacy, verbose=True,
-                         acceleration=str(rc.get("acceleration", "auto")), x_solver=str(rc.get("x-solver", "auto")),
-                         label_epsilon=float(rc.get("label-epsilon", 0.0)) or None,
-                         callback=_eval_callback(args, [b[1] for b in blocks], yt))
+        from flower_vfl.cli.own import own_blocks
+        train, y, test, yt, info = own_blocks(args)
+        n = len(train)
+        cfg = parse_run_config(dict(rc, **{"num-parties": n}))
+    else:
+        cfg = parse_run_config(rc)
+        n = cfg["num-parties"]
+        blocks = [party_block(cfg["dataset"], m, n, cfg["data-dir"] or None) for m in range(n)]
+        (y, yt), info = labels(cfg["dataset"], cfg["data-dir"] or None), {}
+        train, test = [b[0] for b in blocks], [b[1] for b in blocks]
+    privacy = None
+    if cfg["dp"]:
+        nodes = local_node_configs(dict(rc, **party), n)
+        seed = {"dp-seed": party["dp-seed"]} if "dp-seed" in party else {}
+        privacy = [privacy_from_config(m, {}, {**nodes[m], **seed}) if len(nodes[m]) > 1 else None
+                   for m in range(n)]
+    if cfg["eval-every"] and cfg["dp"]:
+        raise ConfigError("--eval-every with --dp: every intermediate evaluation would be one more privacy "
+                          "release of the private parties; drop --eval-every (the final evaluation is budgeted)")
+    if cfg["eval-every"] and test is None:
+        raise ConfigError("--eval-every needs held-out rows: give --labels-test and one --party-test per --party")
+    model = _estimator(cfg, privacy, _eval_callback(cfg["eval-every"], test, yt))
     t0 = time.perf_counter()
-    model.fit([b[0] for b in blocks], y)
-    f = model.decision_function([b[1] for b in blocks])
+    model.fit(train, y)
+    final = dict(model.history_[-1], wall_time_s=time.perf_counter() - t0, converged=model.converged_, **info)
+    if info:
+        final["train_score"] = model.score(train, y)
     from flower_vfl.core.losses import get_loss
     # test labels are scored with the plain loss (label DP trains on a corrected loss)
-    metric = get_loss(args.loss) if model.loss_.name == "logistic_rr" else model.loss_
-    t = metric.encode_labels(yt)
-    final = dict(model.history_[-1], test_loss=metric.mean(f, t),
-                 test_accuracy=float(np.mean(metric.predict(f) == metric.predict(t))),
-                 wall_time_s=time.perf_counter() - t0, converged=model.converged_)
-    print(json.dumps({k: final[k] for k in ("round", "objective", "test_loss", "test_accuracy")}))
-    if getattr(model, "nonprivate_coef_", None) is not None:
-        ref = metric.mean(model.decision_function_nonprivate([b[1] for b in blocks]), t)
+    metric = get_loss(cfg["loss"]) if model.loss_.name == "logistic_rr" else model.loss_
+    if test is not None:
+        f, t = model.decision_function(test), metric.encode_labels(yt)
+        final.update(test_loss=metric.mean(f, t), test_accuracy=float(np.mean(metric.predict(f) == metric.predict(t))))
+    shown = ("n_aligned", "n_owner", "widths", "round", "objective", "train_score", "test_loss", "test_accuracy")
+    print(json.dumps({k: final[k] for k in shown if k in final}))
+    if getattr(model, "nonprivate_coef_", None) is not None and test is not None:
+        ref = metric.mean(model.decision_function_nonprivate(test), t)
         final["test_loss_nonprivate"] = ref
         if final["test_loss"] > ref:
             final["dp_warning"] = (
@@ -125,20 +194,20 @@ def cmd_fit(args):
     privacy_report = model.privacy_report()
     if privacy_report:
         print_privacy_summary(privacy_report)
-    if args.out_dir:
-        path = write_report(args.out_dir, rc, model.history_, final,
+    if cfg["out-dir"]:
+        path = write_report(cfg["out-dir"], rc, model.history_, final,
                             extra={"engine": "in-process", "privacy": privacy_report})
         print(f"wrote {path} and metrics.csv")
+        if info:                           # own data: the estimator, for `flower-vfl model show`
+            from pathlib import Path
+            print(f"wrote {model.save(Path(cfg['out-dir']) / 'model.npz')}")
     return 0
 
 
-def _eval_callback(args, test_blocks, y_test):
-    """``--eval-every k``: test_loss / test_accuracy in the history every k rounds (not with
+def _eval_callback(every, test_blocks, y_test):
+    """``--eval-every k``: test_loss / test_accuracy in the history every k rounds (refused with
     private parties: an evaluation before training ends would be one more release)."""
-    every = int(getattr(args, "eval_every", None) or 0)
-    if every <= 0 or args.dp:
-        if every > 0:
-            print("--eval-every is ignored with --dp: intermediate evaluations would be privacy releases")
+    if not every:
         return None
 
     def callback(k, model):
@@ -162,14 +231,20 @@ def cmd_report(args):
 
 
 def local_node_configs(rc: dict, n: int) -> dict[int, dict]:
-    """Each party's own settings when one operator plays every party (``fit``, ``simulate``):
-    the ``--dp-*`` flags become the private parties' node configs (a party's privacy settings
-    come only from its node config). Unknown ids in ``--dp-parties`` are an error."""
-    from flower_vfl.config.settings import PRIVACY_KEYS, dp_party_ids
+    """Each party's own settings when one operator plays every party (``fit``, ``simulate``,
+    ``deploy-local``): ``--data-dir`` (a party reads its columns from its node config's folder
+    only) and, for the private parties, ``dp=true`` and the ``--dp-*`` flags (a party's privacy
+    settings come only from its node config; never ``dp-seed``, which a party refuses). Unknown
+    ids in ``--dp-parties`` are an error."""
+    from flower_vfl.config.settings import dp_party_ids
     nodes = {m: {"partition-id": m} for m in range(n)}
+    if rc.get("data-dir"):
+        for m in nodes:
+            nodes[m]["data-dir"] = rc["data-dir"]
     if rc.get("dp"):
         for m in dp_party_ids(rc, n):
-            nodes[m].update({"dp": True, **{k: rc[k] for k in PRIVACY_KEYS if k in rc}})
+            nodes[m].update({"dp": True, "dp-epsilon": SCHEMA["dp-epsilon"].default,   # --dp: the flags' budget
+                             **{k: rc[k] for k in PARTY_FLAGS if k in rc}})
     return nodes
 
 
@@ -195,10 +270,15 @@ def print_privacy_summary(reports):
 
 def cmd_simulate(args):
     rc = _run_config(args)
-    nodes = local_node_configs(rc, args.num_parties)
+    if rc.get("mode") == "predict" and not getattr(args, "party", None):
+        raise ConfigError("flower-vfl predict needs the files: --labels (the IDs to score) and one --party per party")
+    flags = _party_flags(args)
     if getattr(args, "party", None):     # own data: each party's files become its node config
         from flower_vfl.cli.own import own_node_configs
-        rc, nodes, args.num_parties = own_node_configs(args, rc, nodes)
+        rc, nodes, _ = own_node_configs(args, rc, lambda n: local_node_configs(dict(rc, **flags), n))
+    else:
+        nodes = local_node_configs(dict(rc, **flags), int(rc.get("num-parties", RUN_DEFAULTS["num-parties"])))
+    num_parties = len(nodes)
     items = []
     for k, v in rc.items():
         items.append(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}")
@@ -209,17 +289,20 @@ def cmd_simulate(args):
     from pathlib import Path
     path = Path(os.environ.get("FLOWER_VFL_NODE_CONFIG") or Path.home() / ".flower-vfl" / "simulate-node-config.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    own = any(len(cfg) > 1 for cfg in nodes.values())       # privacy settings or own-data files
+    own = any(len(cfg) > 1 for cfg in nodes.values())       # folders, privacy settings or own-data files
     path.write_text(json.dumps({str(m): cfg for m, cfg in nodes.items()} if own else {}))
     env["FLOWER_VFL_NODE_CONFIG"] = str(path)
     if own:
         print(f"the simulated parties' node configs: {path} (FLOWER_VFL_NODE_CONFIG)")
     # `flwr run --stream` exits 0 even when the ServerApp failed: submit, stream the log, then
-    # read the run's status from Flower (flower_vfl.deploy.local) and exit non-zero unless it completed
+    # read the run's status from Flower (flower_vfl.deploy.local) and exit non-zero unless it completed.
+    # The Flower app is the one shipped in the package (flower_vfl.cli.app): any working folder
+    from flower_vfl.cli.app import app_dir
     from flower_vfl.deploy.local import exit_code, submit, wait_run
     run_config = " ".join(items).replace('"', "'")
-    print(f"flwr run . --federation-config num-supernodes={args.num_parties} --run-config \"{run_config}\"")
-    run_id = submit(".", None, run_config, env, federation_config=f"num-supernodes={args.num_parties}")
+    app = app_dir()
+    print(f"flwr run {app} --federation-config num-supernodes={num_parties} --run-config \"{run_config}\"")
+    run_id = submit(app, None, run_config, env, federation_config=f"num-supernodes={num_parties}")
     record = wait_run(run_id, None, env)
     print(f"run {run_id}: {record.get('status')}"
           + (f" ({record['status-details']})" if record.get("status-details", "N/A") != "N/A" else ""))
@@ -229,62 +312,20 @@ def cmd_simulate(args):
 def cmd_deploy_local(args):
     """SuperLink + one SuperNode per party on loopback (TLS, registered keys bound to parties),
     one job, the report collected, every process started stopped; non-zero unless it completed."""
+    from flower_vfl.cli.app import app_dir
     from flower_vfl.deploy.local import deploy_local
     rc = _run_config(args)
-    data = {"data-dir": rc["data-dir"]} if rc.get("data-dir") else {}
-    res = deploy_local(args.workdir, args.num_parties, rc, node_configs={m: dict(data) for m in range(args.num_parties)},
-                       tls=not args.insecure, auth=not args.insecure, timeout=args.timeout,
+    n = int(rc.get("num-parties", RUN_DEFAULTS["num-parties"]))
+    nodes = local_node_configs(dict(rc, **_party_flags(args)), n)
+    res = deploy_local(args.workdir, n, rc, node_configs={m: {k: v for k, v in cfg.items() if k != "partition-id"}
+                                                          for m, cfg in nodes.items()},
+                       app_dir=app_dir(), tls=not args.insecure, auth=not args.insecure, timeout=args.timeout,
                        isolation=args.isolation, idle_poll=args.idle_poll or None)
     rec = res["record"]
     print(f"run {res['run_id']}: {rec.get('status')}"
           + (f" ({rec['status-details']})" if rec.get("status-details", "N/A") != "N/A" else ""))
     print(f"report: {res['out_dir']}/report.json; logs: {res['logs']}")
     return res["exit_code"]
-
-
-def cmd_ledger(args):
-    """Every dataset this party's store has released on: budget, releases per run, ε spent
-    (the party's accountant over the noise multipliers it recorded), what is left."""
-    import shlex
-    from pathlib import Path
-
-    from flower_vfl.privacy.accounting import epsilon_for_releases
-    from flower_vfl.privacy.store import PartyStore, default_state_dir
-    state = args.state_dir
-    if args.node_config:
-        kv = dict(item.split("=", 1) for item in shlex.split(args.node_config) if "=" in item)
-        state = state or kv.get("state-dir", "")
-    path = Path(state) if state else default_state_dir()
-    if not (path / "party.sqlite").is_file() and not path.is_file():
-        print(f"flower-vfl ledger: no party store at {path} (no private release was ever made there); "
-              "give the party's --state-dir", file=sys.stderr)
-        return 2
-    store = PartyStore(path)
-    out = []
-    for fp, unit, count in store.datasets():
-        info = store.budget_info(fp, unit) or {}
-        entries = store.entries(fp, unit)
-        zs = [e.noise_multiplier for e in entries]
-        delta, method = info.get("delta", 1e-5), info.get("accountant", "exact")
-        spent = epsilon_for_releases(zs, delta, method)
-        runs = {}
-        for e in entries:
-            runs.setdefault(e.run, {"train": 0, "eval": 0})[e.kind] += 1
-        out.append({"fingerprint": fp, "unit": unit, "party_id": info.get("party_id"),
-                    "budget_epsilon": info.get("epsilon"), "delta": delta, "accountant": method,
-                    "releases": count, "runs": runs, "spent_epsilon": spent,
-                    "remaining_epsilon": None if info.get("epsilon") is None else max(0.0, info["epsilon"] - spent)})
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return 0
-    print(f"party store {store.path}")
-    for d in out:
-        print(f"  data {d['fingerprint'][:16]}… ({d['unit']}), party {d['party_id']}: budget ε={d['budget_epsilon']} "
-              f"δ={d['delta']:g} ({d['accountant']}); {d['releases']} releases over {len(d['runs'])} run(s); "
-              f"spent ε={d['spent_epsilon']:.4g}, left ε={d['remaining_epsilon']:.4g}")
-        for run, kinds in d["runs"].items():
-            print(f"    run {run}: {kinds['train']} training, {kinds['eval']} model release(s)")
-    return 0
 
 
 def cmd_epsilon(args):
@@ -317,20 +358,20 @@ def cmd_audit(args):
 
 
 def main(argv=None):
+    from flower_vfl.cli.own import add_own_args, cmd_model_show
     ap = argparse.ArgumentParser(prog="flower-vfl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("fit", help="in-process engine (progress bar, report.json + metrics.csv)")
-    _add_run_args(p)
+    _add_run_args(p, flower=False)
+    add_own_args(p, fit=True)
     p.set_defaults(fn=cmd_fit)
-    p = sub.add_parser("simulate", help="the same run in Flower's simulation engine (flwr run .)")
-    _add_run_args(p)
-    p.set_defaults(fn=cmd_simulate)
-    from flower_vfl.cli.own import add_own_args, cmd_model_show
-    add_own_args(sub.choices["fit"])
+    p = sub.add_parser("simulate", help="the same run in Flower's simulation engine (flwr run)")
+    _add_run_args(p, own=True)
     add_own_args(p)
+    p.set_defaults(fn=cmd_simulate)
     p = sub.add_parser("predict", help="score new rows with the saved model: a Flower job (mode=predict)")
-    _add_run_args(p)
+    _add_run_args(p, predict=True)
     add_own_args(p, predict=True)
     p.set_defaults(fn=cmd_simulate, mode="predict")
     p = sub.add_parser("model", help="a saved model file's metadata: flower-vfl model show PATH")

@@ -2,11 +2,19 @@
 
     flower-vfl ledger --node-config "partition-id=1 state-dir=/srv/party1"
     flower-vfl ledger --state-dir /srv/party1 --json
+    flower-vfl ledger --state-dir /srv/party1 --accept-reset
 
 For every source the party's node config ever declared (its files and ID column, or a
 bundled dataset and partition: :mod:`flower_vfl.clients.source`): the budget last
 configured, the releases per run, the ε spent (the party's accountant over the noise
-multipliers it charged, every run and view composed) and what is left.
+multipliers it charged, every run and view composed) and what is left. Then the label
+owner's label ledger (:func:`flower_vfl.privacy.label_dp.label_ledger_rows`: one randomized
+response per label source, reused by every run) and the PSI log
+(:func:`flower_vfl.io.psi_log.psi_log_rows`: distinct IDs asked per source, against the cap).
+
+A ledger that holds fewer releases than its journal (the SQLite file deleted or its WAL
+lost) is shown as such, and the party refuses to start until ``--accept-reset`` records
+that its operator accepts the loss (:func:`flower_vfl.privacy.store.accept_reset`).
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ def add_parser(sub):
                                                    "or ~/.flower-vfl/party-state)")
     p.add_argument("--node-config", default="", help="or the SuperNode's --node-config string (reads state-dir)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--accept-reset", action="store_true",
+                   help="accept that the party's ledger lost releases its journal names (a deleted SQLite "
+                        "file or lost WAL): the old journal is archived and the party may start again")
     p.set_defaults(fn=cmd_ledger)
     return p
 
@@ -67,19 +78,64 @@ def _describe(about) -> str:
     return str(about)
 
 
+def _others(path: Path) -> dict:
+    """The label ledger and the PSI log kept in the same state folder (empty lists when absent)."""
+    from flower_vfl.io.psi_log import psi_log_rows
+    from flower_vfl.privacy.label_dp import label_ledger_rows
+    folder = path.parent if path.suffix == ".sqlite" else path
+    return {"labels": label_ledger_rows(folder), "psi": psi_log_rows(folder)}
+
+
+def _print_others(others: dict):
+    for r in others["labels"]:
+        print(f"  labels {r['source']}: one randomized response at ε_label={r['label_epsilon']:g} (flip "
+              f"probability {r['flip_probability']:.4g}), {r['labels_drawn']} label(s) drawn, reused by "
+              f"{r['runs']} run(s); spent ε={r['spent_epsilon']:.4g}")
+    for r in others["psi"]:
+        print(f"  PSI {r['source']} ({r['kind']}): {r['distinct_asked']} distinct ID(s) asked of a cap of "
+              f"{r['cap']} (own set {r['own_size']}); {r['answers']} answer(s), {r['refused']} refused")
+
+
 def cmd_ledger(args) -> int:
-    from flower_vfl.privacy.store import PartyStore
+    from flower_vfl.privacy.store import PartyStore, accept_reset, journal_check
     path = _state_dir(args)
-    if not (path / "party.sqlite").is_file() and not path.is_file():
+    check = journal_check(path)
+    others = _others(path)
+    if args.accept_reset:
+        if not (check["ledger_exists"] or check["journal_exists"]):
+            print(f"flower-vfl ledger: nothing to reset at {path} (no ledger, no journal)", file=sys.stderr)
+            return 2
+        done = accept_reset(path)
+        print(f"flower-vfl ledger: reset accepted at {path}: the journal named {done['journaled']} release(s), "
+              f"the ledger holds {done['in_ledger']}; {done['missing']} are forgotten (their budget is spent "
+              f"again from now). The old journal is kept at {done['archived_journal']}")
+        return 0
+    if not check["ledger_exists"]:
+        if check["journal_exists"]:
+            print(f"flower-vfl ledger: the ledger {check['ledger_file']} is MISSING, but its journal names "
+                  f"{check['journaled']} charged release(s); the party refuses to start. Restore the file, or "
+                  f"accept the loss with --accept-reset", file=sys.stderr)
+            return 3
+        if others["labels"] or others["psi"]:
+            if args.json:
+                print(json.dumps({"sources": [], **others}, indent=2))
+            else:
+                print(f"party state {path} (no private release was made there)")
+                _print_others(others)
+            return 0
         print(f"flower-vfl ledger: no party store at {path} (no private release was ever made there); "
               "give the party's --state-dir", file=sys.stderr)
         return 2
-    store = PartyStore(path)
+    store = PartyStore(path, check=False)
     out = ledger_summary(store)
     if args.json:
-        print(json.dumps(out, indent=2))
-        return 0
+        print(json.dumps({"sources": out, **others, "journal": check}, indent=2))
+        return 3 if check["missing"] else 0
     print(f"party store {store.path}")
+    if check["missing"]:
+        print(f"  LEDGER SHORTER THAN ITS JOURNAL: {check['missing']} of the {check['journaled']} journaled "
+              "release(s) are gone (file replaced or WAL lost); the party refuses to start until "
+              "--accept-reset")
     for d in out:
         left = "?" if d["remaining_epsilon"] is None else f"{d['remaining_epsilon']:.4g}"
         print(f"  {_describe(d['source'])}, party {d['party_id']}: budget ε={d['budget_epsilon']} "
@@ -87,4 +143,5 @@ def cmd_ledger(args) -> int:
               f"spent ε={d['spent_epsilon']:.4g}, left ε={left}")
         for run, kinds in d["runs"].items():
             print(f"    run {run}: {kinds['train']} training, {kinds['eval']} model release(s)")
-    return 0
+    _print_others(others)
+    return 3 if check["missing"] else 0

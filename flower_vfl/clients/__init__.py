@@ -7,7 +7,9 @@ import only the client it runs.
 from importlib import import_module
 
 _LAZY = {
-    "VerticalPartyClient": ".vertical_party",
+    "VerticalPartyClient": ".vertical_party",       # builds one of the two below
+    "PublicPartyClient": ".party_public",
+    "PrivatePartyClient": ".party_private",
     "DPIADMMClient": ".dpiadmm",                    # horizontal DP inexact ADMM agent
     "VerticalSGDPartyClient": ".vertical_sgd",      # FDML-style vertical SGD baseline
 }

@@ -19,6 +19,12 @@ bundled
     engine gives a node (node config ``partition-id`` and ``num-partitions`` only), so
     ``flwr run .`` on bundled data keeps working.
 
+horizontal agents
+    the Fashion-MNIST files in the node config's ``data-dir`` and the node's ``partition-id``
+    (:func:`agent_source`). Which of those samples the agent trains on (``hz-num-agents``,
+    ``hz-split``) is the run config's choice and is not part of the key: every split composes
+    in the agent's one ledger.
+
 Only the node config names a party's files, ID column, preprocessing, model and output
 folders: a run config that tries to (:data:`PARTY_KEYS_IN_RUN_CONFIG`) is refused with an
 error naming the key, and a party that declares nothing and has no bundled fallback (an
@@ -33,7 +39,7 @@ from pathlib import Path
 
 from flower_vfl.config.schema import ConfigError
 
-__all__ = ["DeclaredSource", "PARTY_KEYS_IN_RUN_CONFIG", "declared_source", "refuse_party_keys"]
+__all__ = ["DeclaredSource", "PARTY_KEYS_IN_RUN_CONFIG", "agent_source", "declared_source", "refuse_party_keys"]
 
 #: run-config keys that would name a party's files, ID column, preprocessing or model folder,
 #: with the value that means "not set" (pyproject's defaults put every key in a run config)
@@ -138,3 +144,18 @@ def declared_source(node_config, run_config=None, party=None) -> DeclaredSource:
         _resolved(data_dir or default_data_dir(dataset))
     about = {"kind": "bundled", "dataset": dataset, "location": location, "partition-id": int(party)}
     return _source("bundled", about, dataset=dataset, data_dir=data_dir)
+
+
+def agent_source(node_config, default_dir) -> DeclaredSource:
+    """The data a horizontal agent's node config declares (its ledger key): the Fashion-MNIST
+    folder (``data-dir``, else ``default_dir``, where the app reads it from) and its
+    ``partition-id``. Not the run config's ``hz-num-agents`` / ``hz-split``: a new split of
+    the same samples is the same ledger."""
+    nc = dict(node_config or {})
+    if nc.get("partition-id") is None:
+        raise ConfigError("node config key 'partition-id' is missing: an agent is the partition its node "
+                          "config names, e.g. --node-config \"partition-id=0\"")
+    data_dir = str(nc.get("data-dir", "") or "")
+    about = {"kind": "bundled", "dataset": "fashion_mnist", "location": _resolved(data_dir or default_dir),
+             "partition-id": int(nc["partition-id"])}
+    return _source("bundled", about, dataset="fashion_mnist", data_dir=data_dir)

@@ -19,6 +19,15 @@ Each key has a type, a default, a range or a set of allowed values, a meaning an
 ``both``
     read from whichever config the reader owns: ``data-dir`` and ``state-dir`` are the label
     owner's folders in the run config and a party's own folders in its node config.
+``hz-run`` / ``hz-node``
+    the horizontal app's (:mod:`flower_vfl.apps.horizontal`) run config and an agent's node
+    config; the vertical app refuses them. The horizontal app also reads ``out-dir`` and
+    ``data-dir`` (run), ``partition-id``, ``data-dir``, ``state-dir``, ``dp-seed`` and
+    ``dp-delta`` (node): :data:`HORIZONTAL_RUN_KEYS`, :data:`HORIZONTAL_NODE_KEYS`.
+
+A ``party`` key is not a run-config key: a run config that sets one is refused before any
+round (the party would ignore it). Keys of earlier versions that named a party's files from the
+run config (:data:`RETIRED`) are refused with the key to use instead.
 
 Values are parsed once, at start (ServerApp start, the party's identify, the CLI), so a bad
 value stops the run before any round with an error naming the key, the bad value and what is
@@ -40,10 +49,13 @@ from flower_vfl.core.xsolve import METHODS as X_SOLVERS
 from flower_vfl.core.penalties import PENALTIES
 from flower_vfl.io.data import DATASETS
 
-__all__ = ["ConfigError", "Key", "SCHEMA", "run_defaults", "check_value", "parse_run_config",
-           "parse_node_config", "setting", "markdown_table"]
+__all__ = ["ConfigError", "Key", "SCHEMA", "RETIRED", "HORIZONTAL_RUN_KEYS", "HORIZONTAL_NODE_KEYS",
+           "run_defaults", "check_value", "parse_run_config", "parse_node_config", "parse_horizontal_run_config",
+           "parse_agent_node_config", "setting", "markdown_table"]
 
-SCOPES = ("run", "node", "node-first", "party", "both")
+SCOPES = ("run", "node", "node-first", "party", "both", "hz-run", "hz-node")
+#: the horizontal DP-IADMM variants (flower_vfl.horizontal.admm.VARIANTS; tests check they agree)
+HZ_VARIANTS = ("objp", "objt", "outp")
 #: dp-accountant values (flower_vfl.privacy.accounting.METHODS; rdp/prv need the opacus extra)
 ACCOUNTANTS = ("exact", "pld", "rdp", "prv", "paper")
 
@@ -127,6 +139,7 @@ SCHEMA: dict[str, Key] = dict([
        choices=("wait", "stale")),
     _k("max-staleness", int, 5, "run", "stragglers='stale': most consecutive rounds a party's last "
                                        "release may stand in for it", lo=1, hi=1000),
+    _k("max-release", float, 1e6, "run", "the largest absolute value the label owner accepts in a party's release (s_m, test scores); beyond it the reply is refused naming the party", lo=0.0, lo_open=True),
     _k("resume", str, "", "run", "a state folder of an earlier run: continue it from its last checkpoint"),
     _k("party-keys", str, "", "run", "JSON file mapping party -> SHA-256 fingerprint of the SuperNode "
                                      "auth public key allowed to serve it ('' = no binding)"),
@@ -139,7 +152,8 @@ SCHEMA: dict[str, Key] = dict([
     _k("dp", bool, False, "node-first", "this party releases under differential privacy"),
     _k("dp-parties", str, "", "node-first", "which parties are private, e.g. '1' or '0,2' (empty: all)"),
     _k("dp-epsilon", float, 1.0, "party", "the party's total ε", lo=0.0, hi=100.0, lo_open=True),
-    _k("dp-delta", float, 1e-5, "party", "the party's total δ", lo=0.0, hi=0.1, lo_open=True),
+    _k("dp-delta", float, 1e-5, "party", "the party's total δ (a horizontal agent: the δ at which dp-max-epsilon "
+                                        "is accounted)", lo=0.0, hi=0.1, lo_open=True),
     _k("dp-train-rounds", int, 0, "party", "released training rounds after the warm start", lo=0,
        hi=10_000),
     _k("dp-eval-rounds", int, 1, "party", "evaluation releases budgeted", lo=0, hi=1000),
@@ -152,7 +166,10 @@ SCHEMA: dict[str, Key] = dict([
     _k("dp-noise", str, "output", "party", "'output' (Gaussian mechanism) or 'paper' (eq. 16)",
        choices=("output", "paper")),
     _k("dp-accountant", str, "exact", "party", "accountant of the party's ledger (rdp, prv need the opacus extra)", choices=ACCOUNTANTS),
-    _k("dp-seed", int, -1, "party", "noise seed (-1: fresh OS entropy; set it only to reproduce a run)", lo=-1, hi=2**63 - 1),
+    _k("dp-seed", int, -1, "party", "noise seed for in-process experiments only (flower-vfl fit --dp-seed); "
+                                    "-1: fresh OS entropy. A party's or a horizontal agent's node config that "
+                                    "sets it is refused: seeded noise repeats in every run",
+       lo=-1, hi=2**63 - 1),
     # --- a SuperNode's identity and guards
     _k("partition-id", int, None, "node", "the party this SuperNode serves (required)", lo=0),
     _k("num-partitions", int, None, "node", "set by Flower's simulation engine; informational", lo=1),
@@ -179,10 +196,38 @@ SCHEMA: dict[str, Key] = dict([
        "per file and across all runs, as a multiple of its own number of IDs in that file (docs/own-data.md)",
        lo=0.0, lo_open=True),
     _k("preprocess", object, "none", "both", "own data: preprocessing of a party's columns (docs/own-data.md)"),
-    *(_k(f"party-{name}s", str, "", "run", f"own data, simulation: comma-separated {name} per party "
-                                            "(index = partition-id) for nodes without their own config")
-      for name in ("data-path", "test-path", "score-path", "model-dir")),
+    # --- the horizontal app (flower_vfl.apps.horizontal): its run config, an agent's node config
+    _k("hz-variant", str, "objt", "hz-run", "horizontal DP-IADMM variant (docs/reproduction-horizontal.md)",
+       choices=HZ_VARIANTS),
+    _k("hz-iterations", int, 100, "hz-run", "horizontal: iterations T", lo=1, hi=1_000_000),
+    _k("hz-num-agents", int, 10, "hz-run", "horizontal: number of agents (one SuperNode each)", lo=1, hi=10_000),
+    _k("hz-split", str, "iid", "hz-run", "horizontal: how Fashion-MNIST is split over agents",
+       choices=("iid", "dirichlet")),
+    _k("hz-dirichlet-alpha", float, 0.5, "hz-run", "horizontal, hz-split='dirichlet': concentration",
+       lo=0.0, lo_open=True),
+    _k("hz-a", float, 1.0, "hz-run", "horizontal: scale a of η_t = a/√t (ObjP) and δ_t = a/t² (ObjT)", lo=0.0, lo_open=True),
+    _k("hz-beta", float, 1e-6, "hz-run", "horizontal: regularizer weight β of eq. (1)", lo=0.0),
+    _k("hz-trust", str, "paper", "hz-run", "horizontal, ObjT: the radius δ_t, 'paper' a/t² or 'constant' a", choices=("paper", "constant")),
+    _k("hz-eval-every", int, 10, "hz-run", "horizontal: evaluate every k iterations", lo=1),
+    _k("dp-eps-bar", float, 0.0, "hz-node", "horizontal agent: per-iteration ε̄ (0: non-private)", lo=0.0),
+    _k("dp-delta-bar", float, 1e-6, "hz-node", "horizontal agent: OutP's per-iteration δ̄", lo=0.0, hi=0.1,
+       lo_open=True),
+    _k("dp-sensitivity", str, "eq20", "hz-node", "horizontal agent: 'eq20' (the paper's data-dependent eq. 20) or 'replace' (data-independent)", choices=("eq20", "replace")),
+    _k("dp-x-l1-max", float, None, "hz-node", "horizontal agent, dp-sensitivity='replace': bound on ‖x‖₁ of a sample (unset: the number of pixels)", lo=0.0,
+       lo_open=True),
+    _k("dp-max-epsilon", float, None, "hz-node", "horizontal agent: total ε it ever spends at dp-delta "
+                                                 "(unset: no cap)", lo=0.0, lo_open=True),
 ])
+
+#: the keys the horizontal app reads: its run config, an agent's node config
+HORIZONTAL_RUN_KEYS = tuple(k for k, s in SCHEMA.items() if s.scope == "hz-run") + ("out-dir", "data-dir")
+HORIZONTAL_NODE_KEYS = tuple(k for k, s in SCHEMA.items() if s.scope == "hz-node") + (
+    "partition-id", "num-partitions", "data-dir", "state-dir", "dp-seed", "dp-delta")
+
+#: run-config keys of earlier versions, never read: each named a party's files from the run
+#: config, which only the party's node config may do; the node-config key to use instead
+RETIRED = {"party-data-paths": "data-path", "party-test-paths": "test-path", "party-score-paths": "score-path",
+           "party-model-dirs": "model-dir"}
 
 
 def _suggest(key: str, pool) -> str:
@@ -238,8 +283,9 @@ def check_value(key: str, value, source: str = "run config"):
 
 
 def run_defaults() -> dict:
-    """Defaults of every key a run config may carry (== pyproject's [tool.flwr.app.config])."""
-    return {k: s.default for k, s in SCHEMA.items() if s.scope != "node"}
+    """Defaults of every key the vertical app's run config may carry (== pyproject's
+    [tool.flwr.app.config])."""
+    return {k: s.default for k, s in SCHEMA.items() if s.scope in ("run", "node-first", "both")}
 
 
 def _dp_parties(text: str, num_parties: int, source: str) -> None:
@@ -249,14 +295,42 @@ def _dp_parties(text: str, num_parties: int, source: str) -> None:
                           f"{num_parties - 1} separated by commas or spaces (num-parties={num_parties})")
 
 
+def _not_a_run_key(key: str, value, source: str) -> ConfigError | None:
+    """Why ``key`` may not be set in the vertical app's run config, or None when it may."""
+    spec, where = SCHEMA.get(key), _where(source, key)
+    if key in RETIRED:
+        return ConfigError(f"{where}={value!r} is refused: only a party's own node config names its files; set "
+                           f"{RETIRED[key]!r} in that party's --node-config (docs/own-data.md)")
+    if spec is None:
+        return None
+    if spec.scope == "node":
+        return ConfigError(f"{where} can only be set in a SuperNode's node config "
+                           f"(--node-config \"{key}=...\"): {spec.help}")
+    if spec.scope == "party":
+        return ConfigError(f"{where}={value!r} is refused: it is a party's own privacy setting, read only from "
+                           f"that party's node config (--node-config \"dp=true {key}=...\"; flower-vfl fit and "
+                           f"simulate: --{key}, handed to the simulated parties): {spec.help}")
+    if spec.scope in ("hz-run", "hz-node"):
+        return ConfigError(f"{where}={value!r} is refused: it belongs to the horizontal app "
+                           f"(flower_vfl.apps.horizontal), which this vertical run does not use: {spec.help}")
+    return None
+
+
 def parse_run_config(run_config, source: str = "run config") -> dict:
-    """Every run key, typed and checked (defaults filled in). Refuses unknown keys and keys only
-    a SuperNode's node config may set."""
+    """Every key of the vertical app's run config, typed and checked (defaults filled in).
+    Refuses unknown keys, keys only a node config may set, a party's privacy keys (the party
+    would ignore them), the horizontal app's keys and retired keys."""
     out = run_defaults()
     for key, value in dict(run_config or {}).items():
-        if key in SCHEMA and SCHEMA[key].scope == "node":
-            raise ConfigError(f"{_where(source, key)} can only be set in a SuperNode's node config "
-                              f"(--node-config \"{key}=...\"): {SCHEMA[key].help}")
+        if key in RETIRED and value == "":
+            continue                      # an earlier version's declared default: never read
+        err = _not_a_run_key(key, value, source)
+        if err is not None:
+            raise err
+        if key not in SCHEMA:             # suggest, and list, only what a run config may set
+            known = run_defaults()
+            raise ConfigError(f"unknown {source} key {key!r}{_suggest(key, known)}; the run config's keys: "
+                              f"{', '.join(sorted(known))}")
         out[key] = check_value(key, value, source)
     _dp_parties(out["dp-parties"], out["num-parties"], source)
     return out
@@ -264,16 +338,22 @@ def parse_run_config(run_config, source: str = "run config") -> dict:
 
 def parse_node_config(node_config, run_config=None, source: str = "node config") -> dict:
     """A party's settings: its node config over the run config over the defaults, typed and
-    checked. ``partition-id`` is required; run-scope keys in the node config are refused."""
+    checked. ``partition-id`` is required; run-scope keys in the node config are refused.
+
+    The run config is the central node's: its privacy keys are not read at all (a party's
+    budget is its own), a retired key is left to the party's own refusal, which names the party
+    (:func:`flower_vfl.clients.source.refuse_party_keys`)."""
     node_config = dict(node_config or {})
     for key, value in node_config.items():
-        if key in SCHEMA and SCHEMA[key].scope == "run":
+        if key in SCHEMA and SCHEMA[key].scope in ("run", "hz-run"):
             raise ConfigError(f"{_where(source, key)}={value!r} is refused: only the run config may set "
                               f"{key!r} ({SCHEMA[key].help}); remove it from --node-config")
+        if key in SCHEMA and SCHEMA[key].scope == "hz-node":
+            raise _not_a_run_key(key, value, source)
         check_value(key, value, source)
-    out = parse_run_config({k: v for k, v in dict(run_config or {}).items() if SCHEMA.get(k) is None
-                            or SCHEMA[k].scope != "node"})
-    out.update({k: s.default for k, s in SCHEMA.items() if s.scope == "node"})
+    out = parse_run_config({k: v for k, v in dict(run_config or {}).items() if k not in RETIRED and (
+        SCHEMA.get(k) is None or SCHEMA[k].scope not in ("node", "party"))})
+    out.update({k: s.default for k, s in SCHEMA.items() if s.scope in ("node", "party")})
     for key, value in node_config.items():
         out[key] = check_value(key, value, source)
     if out["partition-id"] is None:
@@ -286,6 +366,30 @@ def parse_node_config(node_config, run_config=None, source: str = "node config")
     return out
 
 
+def _parse_only(config, keys, source: str, app: str) -> dict:
+    out = {k: SCHEMA[k].default for k in keys}
+    for key, value in dict(config or {}).items():
+        if key not in keys:
+            known = f"known keys of the {app}: {', '.join(keys)}"
+            if key in SCHEMA:
+                raise ConfigError(f"{_where(source, key)}={value!r} is not read by the {app}; remove it ({known})")
+            raise ConfigError(f"unknown {source} key {key!r}{_suggest(key, keys)}; {known}")
+        out[key] = check_value(key, value, source)
+    return out
+
+
+def parse_horizontal_run_config(run_config, source: str = "run config") -> dict:
+    """The horizontal app's run config (:data:`HORIZONTAL_RUN_KEYS`), typed, checked, defaults
+    filled in; any other key is refused."""
+    return _parse_only(run_config, HORIZONTAL_RUN_KEYS, source, "horizontal app's run config")
+
+
+def parse_agent_node_config(node_config, source: str = "node config") -> dict:
+    """A horizontal agent's node config (:data:`HORIZONTAL_NODE_KEYS`): typed and checked; the
+    keys it does not set keep their defaults (None: unset)."""
+    return _parse_only(node_config, HORIZONTAL_NODE_KEYS, source, "horizontal agent's node config")
+
+
 def setting(key: str, run_config=None, node_config=None):
     """One key's value: from the node config when its scope lets a node set it, else the run
     config, else the default; checked against the schema."""
@@ -294,11 +398,11 @@ def setting(key: str, run_config=None, node_config=None):
     spec = SCHEMA[key]
     node_config, run_config = node_config or {}, run_config or {}
     if key in node_config:
-        if spec.scope == "run":
+        if spec.scope in ("run", "hz-run"):
             raise ConfigError(f"node config key {key!r}={node_config[key]!r} is refused: only the run config "
                               f"may set {key!r} ({spec.help}); remove it from --node-config")
         return check_value(key, node_config[key], "node config")
-    if key in run_config and spec.scope not in ("node", "party"):
+    if key in run_config and spec.scope not in ("node", "party", "hz-node"):
         return check_value(key, run_config[key], "run config")
     return spec.default
 

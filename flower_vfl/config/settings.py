@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["PRIVACY_KEYS", "RUN_DEFAULTS", "dp_party_ids", "run_setting", "privacy_from_config"]
 
-from flower_vfl.config.schema import run_defaults, setting
+from flower_vfl.config.schema import SCHEMA, run_defaults, setting
 
 #: every key a run config may carry, with its default (flower_vfl.config.schema owns types, ranges,
 #: scopes and meanings; pyproject's [tool.flwr.app.config] declares the same defaults)
@@ -37,9 +37,10 @@ def dp_party_ids(run_config, num_parties: int) -> set[int]:
     return ids
 
 
-#: the node-config keys that make up a party's privacy settings (its budget is its own)
-PRIVACY_KEYS = ("dp-epsilon", "dp-delta", "dp-train-rounds", "dp-eval-rounds", "dp-lam", "dp-b1",
-                "dp-clip", "dp-calibration", "dp-noise", "dp-accountant", "dp-seed")
+#: the keys that make up a party's privacy settings, read only from its node config (its budget
+#: is its own): every ``party``-scope key of the schema. ``dp-seed`` among them exists for
+#: in-process experiments only: a party's node config that sets it is refused
+PRIVACY_KEYS = tuple(k for k, s in SCHEMA.items() if s.scope == "party")
 
 
 def privacy_from_config(party: int, run_config, node_config=None):
@@ -70,7 +71,7 @@ def privacy_from_config(party: int, run_config, node_config=None):
             f"{rc.get('dp-parties', '')!r}) but its node config declares no budget. A party's privacy "
             "settings come only from its own node config: start the SuperNode with --node-config "
             "\"... dp=true dp-epsilon=<ε> dp-delta=<δ>\" (and optionally dp-lam, dp-train-rounds, "
-            "dp-eval-rounds, dp-seed, state-dir)")
+            "dp-eval-rounds, state-dir)")
     get = lambda k: check_value(k, nc[k], "node config") if k in nc else defaults[k]  # noqa: E731
     from flower_vfl.privacy.party import PrivacyConfig
     lam = float(get("dp-lam"))

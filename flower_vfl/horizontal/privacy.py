@@ -1,18 +1,19 @@
 """The agent's noise draws and privacy accounting for DP inexact ADMM.
 
-Noise: iteration t of run ``stream`` of an agent draws from
-``Generator(PCG64(SeedSequence(seed, spawn_key=(stream, t))))`` (``(t,)`` for stream 0) where ``seed`` is the agent's
-own secret (its node config, or OS entropy kept on its disk). A draw depends only on
-(seed, stream, t): the in-process engine and a Flower agent with the same seed and run id
-draw the same noise, a replayed iteration can only reproduce the draw it already made
-(never a second, independent one), and two runs never share noise. Global numpy state is
-never touched.
+Noise: a Flower agent draws every iteration from OS entropy (:func:`fresh_draw`); it has no
+seed, so no two runs share noise. The in-process engine, for experiments, draws iteration t
+of run ``stream`` from ``Generator(PCG64(SeedSequence(seed, spawn_key=(stream, t))))``
+(``(t,)`` for stream 0; :func:`standard_draw`): the figures reproduce, and a test can give a
+Flower agent object the same seed to compare the two paths draw for draw. Global numpy state
+is never touched.
 
-Accounting (dp-accounting): an agent's ledger records, per iteration, the mechanism, its
-noise scale and the sensitivity it was calibrated to. The paper's guarantee is eps_bar-DP
-*per iteration* (Theorem 1, eq. 11); the run's privacy is the composition over the T
-iterations, computed here with the PLD accountant (and basic composition T * eps_bar
-alongside). OutP's iterations are Gaussian mechanisms (Huang et al.), composed the same way.
+Accounting (dp-accounting): one row per iteration records the mechanism, its noise scale and
+the sensitivity it was calibrated to. The paper's guarantee is eps_bar-DP *per iteration*
+(Theorem 1, eq. 11); a run's privacy is the composition over its T iterations (:func:`account`,
+PLD, with basic composition T * eps_bar alongside). A Flower agent charges every release, of
+every run, split and variant, in its one :class:`~flower_vfl.privacy.ledger.Ledger` at the
+multiplier :func:`noise_multiplier`, where Laplace and Gaussian releases compose in one
+privacy-loss distribution against its ``dp-max-epsilon``.
 """
 
 from __future__ import annotations
@@ -25,17 +26,13 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["new_agent_seed", "agent_rng", "standard_draw", "ledger_entry", "account", "eps_bar_for_total"]
+__all__ = ["agent_rng", "fresh_draw", "standard_draw", "ledger_entry", "noise_multiplier", "account",
+           "eps_bar_for_total"]
 
 #: a ledger's noise multipliers are composed floored to this many significant digits, and
 #: those within MULTIPLIER_RTOL (relative) above the smallest of a group at that smallest one
 MULTIPLIER_DIGITS = 7
 MULTIPLIER_RTOL = 1e-6
-
-
-def new_agent_seed() -> int:
-    """A 128-bit seed from OS entropy (for an agent without a configured seed)."""
-    return secrets.randbits(128)
 
 
 def agent_rng(seed: int, t: int, stream: int = 0) -> np.random.Generator:
@@ -54,6 +51,20 @@ def standard_draw(seed: int, t: int, shape, variant: str, stream: int = 0) -> np
     if variant == "outp":
         return rng.standard_normal(shape)
     return rng.laplace(0.0, 1.0, shape)
+
+
+def fresh_draw(shape, variant: str) -> np.ndarray:
+    """Standard Laplace (ObjP/ObjT) or standard normal (OutP) noise from OS entropy: what a
+    Flower agent draws (no seed, nothing to repeat in another run)."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(secrets.randbits(128))))
+    return rng.standard_normal(shape) if variant == "outp" else rng.laplace(0.0, 1.0, shape)
+
+
+def noise_multiplier(scale: float, sensitivity: float) -> float:
+    """The multiplier ``scale / sensitivity`` a release is charged at, floored to
+    MULTIPLIER_DIGITS significant digits (never less privacy cost than the draw; every
+    iteration of a calibration gets the same value, so a ledger composes few distinct events)."""
+    return _floor_sig(float(scale) / float(sensitivity))
 
 
 def ledger_entry(t: int, variant: str, eps_bar: float, delta_bar: float, scale: float,

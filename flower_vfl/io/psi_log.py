@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS asked (source TEXT NOT NULL, kind TEXT NOT NULL, item BLOB NOT NULL,
                                   PRIMARY KEY (source, kind, item)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS answers (id INTEGER PRIMARY KEY, time REAL NOT NULL, source TEXT NOT NULL,
-                                    kind TEXT NOT NULL, run INTEGER, split TEXT, n_items INTEGER NOT NULL,
+                                    kind TEXT NOT NULL, run TEXT, split TEXT, n_items INTEGER NOT NULL,
                                     n_new INTEGER NOT NULL, distinct_after INTEGER NOT NULL,
                                     own_size INTEGER NOT NULL, cap INTEGER NOT NULL, refused INTEGER NOT NULL);
 """
@@ -129,7 +129,7 @@ class PsiLog:
             if refused:
                 db.execute("ROLLBACK")
                 db.execute("BEGIN IMMEDIATE")
-            row = {"time": time.time(), "source": source, "kind": kind, "run": None if run is None else int(run),
+            row = {"time": time.time(), "source": source, "kind": kind, "run": None if run is None else str(run),
                    "split": str(split), "n_items": len(digests), "n_new": int(n_new),
                    "distinct_after": int(before if refused else before + n_new), "own_size": int(own_size),
                    "cap": cap, "refused": int(refused)}

@@ -32,6 +32,7 @@ Mechanisms record *what was done* (a list of noise multipliers, or a
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import numbers
@@ -257,8 +258,15 @@ def epsilon_for_events(events: Sequence[tuple[str, float]], delta: float, method
     if method not in ("exact", "pld"):
         raise ValueError(f"method={method!r} cannot compose Laplace releases; use 'pld' (or 'exact', "
                          "which composes a mix in one privacy-loss distribution)")
+    return _eps_mixed(tuple(sorted(Counter(events).items())), delta)
+
+
+@functools.lru_cache(maxsize=1024)
+def _eps_mixed(groups, delta: float) -> float:
+    """PLD ε of ((mechanism, z), count) groups (cached: a ledger is re-checked on every release,
+    and a refused request asks again about the same releases)."""
     accountant = PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
-    for (mech, z), n in sorted(Counter(events).items()):
+    for (mech, z), n in groups:
         ev = dp_accounting.LaplaceDpEvent(z) if mech == "laplace" else dp_accounting.GaussianDpEvent(z)
         accountant.compose(dp_accounting.SelfComposedDpEvent(ev, n))
     return float(accountant.get_epsilon(delta))

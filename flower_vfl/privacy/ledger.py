@@ -54,6 +54,7 @@ class BudgetExceeded(Refused):
         self.budget = budget
         self.delta = delta
         self.method = method
+        self.releases = releases
         super().__init__(
             f"party {party_id!r} refuses the {kind} release for round {round} "
             f"(noise multiplier z={noise_multiplier:.4g}): it would bring the total to "

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from flower_vfl.core.party import PartyUpdate
-from flower_vfl.core.scoring import normalize_rows
+from flower_vfl.core.scoring import normalize_rows, released_scores
 from flower_vfl.core.penalties import Ball, get_penalty
 from flower_vfl.privacy.accounting import noise_multiplier_for
 from flower_vfl.privacy.boundary import InvalidMessage, Refused, RoundInputs, inputs_hash
@@ -294,7 +294,7 @@ class PrivateParty:
         """D_eval x~ (rows normalized as in training): free once x~ is released."""
         if self.x_released is None:
             raise Refused(f"party {self.party_id} has not released its model yet")
-        return normalize_rows(D_eval) @ self.x_released
+        return released_scores(D_eval, self.x_released, private=True)     # every scoring site's function
 
     def eval_release(self, round, rho=None, theta=1.0, D_eval=None):
         """Scores of ``D_eval`` (default the party's held-out block) from x~, released once."""

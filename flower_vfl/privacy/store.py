@@ -16,11 +16,21 @@ used through :class:`flower_vfl.privacy.ledger.Ledger`): two processes cannot bo
 the last of a budget, and a crash between charge and send loses budget, never privacy (the
 re-sent request finds the stored answer; no second draw).
 
+A ledger that silently starts from zero would hand the budget back, so every committed
+release is also one line of a journal beside the SQLite file (``party.journal``, appended
+and synced after the commit, before the release leaves). A state folder whose journal names
+releases that the ledger does not hold (the SQLite file deleted, or its WAL lost) is refused
+when the store opens (:class:`LedgerMissing`) until the party's operator accepts the loss
+(``flower-vfl ledger --state-dir D --accept-reset``, :func:`accept_reset`). This guards the
+party's own disk against accidents, not against the server (which never touches it):
+docs/privacy.md, "Trust model".
+
 No Flower imports.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -31,7 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Answer", "PartyStore", "StoreError", "default_state_dir", "pack_arrays", "unpack_arrays"]
+from flower_vfl.errors import UserError
+
+__all__ = ["Answer", "LedgerMissing", "PartyStore", "StoreError", "accept_reset", "default_state_dir",
+           "journal_check", "pack_arrays", "unpack_arrays"]
 
 #: bumped when the tables change; a file of another version is refused, never silently reused
 SCHEMA_VERSION = 2
@@ -55,8 +68,91 @@ CREATE TABLE IF NOT EXISTS sources (
 _after_commit_hook = None
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError, RuntimeError):
     """The party's store cannot be used as it is (another schema version)."""
+
+
+class LedgerMissing(StoreError):
+    """The journal names releases the ledger no longer holds (its file deleted or its WAL lost)."""
+
+
+#: the journal's first line: which file it vouches for
+_JOURNAL_HEAD = {"flower-vfl-journal": 1}
+
+
+def _journal_path(path: Path) -> Path:
+    return path.with_name(path.stem + ".journal")
+
+
+def _journal_line(source, run, round, kind) -> str:
+    src = hashlib.sha256(str(source).encode()).hexdigest()[:16]
+    return json.dumps([src, str(run), int(round), str(kind)], separators=(",", ":"))
+
+
+def _append(journal: Path, lines):
+    """Append ``lines`` to the journal and sync it (created with its head line if absent)."""
+    new = not journal.exists()
+    with open(journal, "a", encoding="utf-8") as fh:
+        if new:
+            fh.write(json.dumps(_JOURNAL_HEAD) + "\n")
+        for line in lines:
+            fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _journaled(journal: Path) -> set:
+    with open(journal, encoding="utf-8") as fh:
+        return {line.strip() for line in fh if line.startswith("[")}     # the head line is an object
+
+
+def _ledger_lines(db) -> set:
+    return {_journal_line(*r) for r in db.execute("SELECT source, run, round, kind FROM releases")}
+
+
+def _reset_hint(state_dir) -> str:
+    return (f"If the loss is known and accepted (the spent budget is then forgotten), run "
+            f"`flower-vfl ledger --state-dir {state_dir} --accept-reset`; otherwise restore the file from a "
+            "backup first")
+
+
+def journal_check(path) -> dict:
+    """Compare the ledger at ``path`` (a state-dir or ``.sqlite`` file) with its journal, read-only:
+    ``{"journaled", "in_ledger", "missing", "ledger_file", "journal"}``."""
+    path = Path(path).expanduser()
+    path = path if path.suffix == ".sqlite" else path / "party.sqlite"
+    journal = _journal_path(path)
+    journaled = _journaled(journal) if journal.is_file() else set()
+    held = set()
+    if path.is_file():
+        db = sqlite3.connect(str(path), timeout=30.0)      # reads only
+        try:
+            held = _ledger_lines(db)
+        except sqlite3.DatabaseError:
+            held = set()
+        finally:
+            db.close()
+    return {"journaled": len(journaled), "in_ledger": len(held), "missing": len(journaled - held),
+            "ledger_file": str(path), "ledger_exists": path.is_file(), "journal": str(journal),
+            "journal_exists": journal.is_file()}
+
+
+def accept_reset(path) -> dict:
+    """The operator accepts that the ledger at ``path`` lost releases: the old journal is kept as
+    ``party.journal.reset-<time>`` and a new one is written from what the ledger holds now.
+    Returns :func:`journal_check`'s figures from before the reset and the archived journal's path."""
+    before = journal_check(path)
+    journal = Path(before["journal"])
+    archived = None
+    if journal.is_file():
+        archived = journal.with_name(f"{journal.name}.reset-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        journal.rename(archived)
+    store = PartyStore(before["ledger_file"], check=False)
+    try:
+        _append(journal, sorted(_ledger_lines(store._db)))
+    finally:
+        store.close()
+    return {**before, "archived_journal": None if archived is None else str(archived)}
 
 
 def default_state_dir() -> Path:
@@ -104,9 +200,13 @@ class PartyStore:
     path : str or Path
         A directory (the file ``party.sqlite`` is created in it), a ``.sqlite`` file, or
         ``":memory:"`` (the in-process engine: nothing outlives the process).
+    check : bool, default=True
+        Refuse (:class:`LedgerMissing`) a ledger that holds fewer releases than its journal
+        names; False opens it anyway (``flower-vfl ledger``, to show the loss).
     """
 
-    def __init__(self, path):
+    def __init__(self, path, check: bool = True):
+        self.journal = None
         if str(path) == ":memory:":                    # the in-process engine: one user, one process
             self.path = ":memory:"
             self._db = sqlite3.connect(":memory:", isolation_level=None)
@@ -121,6 +221,13 @@ class PartyStore:
             raise OSError(f"cannot create the party's state-dir {path.parent}: {exc}; set the node-config "
                           "key state-dir to a writable folder on this party's disk") from exc
         self.path = path
+        self.journal = _journal_path(path)
+        if check and self.journal.is_file() and not path.is_file():
+            n = len(_journaled(self.journal))
+            raise LedgerMissing(
+                f"the party's ledger {path} is missing, but its journal {self.journal} names {n} release(s) "
+                f"charged there: this state folder was in use, and starting from an empty ledger would "
+                f"hand the spent budget back. Refused. {_reset_hint(path.parent)}")
         self._db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")     # a commit is on disk before we go on
@@ -135,6 +242,32 @@ class PartyStore:
                              "account for what it spent by hand")
         self._db.executescript(_SCHEMA)
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        held = _ledger_lines(self._db)
+        journaled = _journaled(self.journal) if self.journal.is_file() else set()
+        missing = journaled - held
+        if check and missing:
+            self._db.close()
+            raise LedgerMissing(
+                f"the party's ledger {path} holds {len(held)} release(s) but its journal {self.journal} names "
+                f"{len(journaled)}; {len(missing)} charged release(s) are gone (the file was replaced or its "
+                f"write-ahead log {path.name}-wal lost), and starting from them would hand that budget back. "
+                f"Refused. {_reset_hint(path.parent)}")
+        if held - journaled or not self.journal.is_file():
+            # a crash between a commit and its journal line (or a folder from before the journal)
+            _append(self.journal, sorted(held - journaled))
+        st = path.stat()
+        self._ident = (st.st_dev, st.st_ino)
+
+    def still_there(self) -> bool:
+        """False when the file this store opened was deleted or replaced since (reopen it:
+        the journal check then runs again)."""
+        if self.path == ":memory:":
+            return True
+        try:
+            st = Path(self.path).stat()
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._ident
 
     def close(self):
         self._db.close()
@@ -202,6 +335,8 @@ class PartyStore:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        if self.journal is not None:     # durable in the ledger, then in the journal, then released
+            _append(self.journal, [_journal_line(source, run, round, kind)])
         if _after_commit_hook is not None:
             _after_commit_hook()
         return Answer(str(run), int(round), kind, str(unit), str(mechanism), inputs_hash, float(noise_multiplier),

@@ -102,8 +102,10 @@ def send_and_receive(grid, messages, timeout) -> list:
     return out
 
 
-def check_release(rep: Message, party: int, key: str, shape: tuple, what: str) -> np.ndarray:
-    """The vector ``release[key]`` of a reply, checked: present, floating, of ``shape``, finite."""
+def check_release(rep: Message, party: int, key: str, shape: tuple, what: str,
+                  bound: float | None = None) -> np.ndarray:
+    """The vector ``release[key]`` of a reply, checked: present, floating, of ``shape``, finite,
+    and (``bound``: the run config's ``max-release``) every entry within +-``bound``."""
     node = rep.metadata.src_node_id
     where = f"party {party} (node {node}), {what}: release[{key!r}]"
     if "release" not in rep.content.array_records:
@@ -123,6 +125,13 @@ def check_release(rep: Message, party: int, key: str, shape: tuple, what: str) -
     if not np.all(np.isfinite(v)):
         raise ReplyError(f"{where} holds {int(np.size(v) - np.isfinite(v).sum())} NaN/inf values; refused "
                          "(it would poison z for every later round)")
+    if bound is not None:
+        big = np.abs(v) > bound
+        if big.any():
+            at = np.unravel_index(int(np.flatnonzero(big)[0]), v.shape)
+            raise ReplyError(f"{where} holds {int(big.sum())} value(s) beyond +-{bound:g} (e.g. {float(v[at])!r} at "
+                             f"row {at[0]}); refused: the central node's max-release={bound:g} (run config) bounds "
+                             "every released value; raise it only if the parties' values can be that large")
     return np.asarray(v, dtype=np.float64)
 
 

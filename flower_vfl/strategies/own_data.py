@@ -92,7 +92,7 @@ def train(grid: Grid, run_config, make_strategy, progress=None, timeout: float =
         ids_te, y_te = owner_labels(run_config, "labels-test-path")
         al_te = _align(grid, ids_te, num_parties, "test", run_config, timeout)
         t_test = _encode_like(y_te[al_te.order], classes, loss_name, str(_get(run_config, "labels-test-path")))
-    strategy = make_strategy(run_config, t[al.order], t_test)
+    strategy = make_strategy(run_config, t[al.order], t_test, ids=np.asarray(ids)[al.order])
     strategy.progress = progress
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.max_rounds,
                    timeout=strategy.round_timeout)
@@ -143,7 +143,8 @@ def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
     content = RecordDict({"config": ConfigRecord({"split": "score"})})
     shape = (int(al.order.size),) + np.shape(m["intercept"])
     replies = al.exchange.send(lambda p, nid: content, "query.predict", range(num_parties), "predict")
-    parts = {party: check_release(rep, party, "s_score", shape, "predict") for party, rep in replies.items()}
+    bound = float(run_setting("max-release", run_config))
+    parts = {party: check_release(rep, party, "s_score", shape, "predict", bound=bound) for party, rep in replies.items()}
     f = combine(parts, m["intercept"], range(num_parties), "scores for the predict job")
     labels, proba = decode_scores(f, loss, classes)
     scored = [ids[i] for i in al.order]

@@ -35,13 +35,18 @@ from flower_vfl.core.schedule import default_rho
 from flower_vfl.core.losses import get_loss
 from flower_vfl.privacy.label_dp import privatize_labels
 from flower_vfl.core.validation import check_params
-from flower_vfl.io.checkpoint import load_checkpoint, save_checkpoint
-from flower_vfl.reporting.report import to_jsonable
 from flower_vfl.core.scoring import combine
+from flower_vfl.strategies import checkpointing, vertical_outcome
+from flower_vfl.strategies.checkpointing import ResumeRefused, replay_q
 from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, ReplyError, check_release,
                                             party_keys_from)
+from flower_vfl.strategies.vertical_rounds import FlowerRounds, check_penalty, read_identity
 
-__all__ = ["VerticalADMMStrategy", "PartyRefused", "PartyFailed", "PartyLost", "ReplyError"]
+__all__ = ["VerticalADMMStrategy", "PartyRefused", "PartyFailed", "PartyLost", "ReplyError", "ResumeRefused",
+           "DEFAULT_MAX_RELEASE"]
+
+#: the run config's max-release default: the largest |value| of a party's release accepted
+DEFAULT_MAX_RELEASE = 1e6
 
 
 class PartyRefused(UserError, RuntimeError):
@@ -83,9 +88,12 @@ class VerticalADMMStrategy(Strategy):
     max_staleness : int, default=5
         Most consecutive rounds a party's last release may stand in for it.
     state_dir : str or None, default=None
-        Folder of the atomic per-round checkpoint (None: no checkpoint).
+        Folder of the atomic per-round checkpoint (None: no checkpoint;
+        :mod:`~flower_vfl.strategies.checkpointing`).
     resume : str or None, default=None
-        A state folder of an earlier run to continue (bitwise the same iterates).
+        A state folder of an earlier run to continue (bitwise the same iterates). Refused, before
+        any round, when the checkpoint's run record differs from this run's (naming each setting)
+        or a party comes back with other data; parties without state are re-synchronized first.
     party_keys : str, dict or None, default=None
         Party -> SHA-256 fingerprint of the SuperNode auth key allowed to serve it (a dict or
         the path of a JSON file); a node whose key and claimed party disagree is refused.
@@ -101,6 +109,18 @@ class VerticalADMMStrategy(Strategy):
         forward-corrected loss; None, 0 or inf: labels not protected (``label-epsilon``).
     label_seed : None, int or numpy Generator, default=None
         Source of the label flips (None: OS entropy); never sent or reported.
+    label_source : LabelSource or None, default=None
+        Where ``y_train`` comes from (:func:`flower_vfl.privacy.label_dp.label_source`): the
+        flips are then drawn once per source and ID and reused in every later run, from the
+        label store in ``label_store`` (None: ``default_state_dir()``, the label owner's disk).
+    label_store : str or None, default=None
+        The label owner's state folder holding ``label-store.sqlite``.
+    max_release : float, default=1e6
+        A party's release (s_m, test scores) with an entry beyond +-max_release is refused,
+        naming the party and the value (run config ``max-release``).
+    run_settings : dict or None, default=None
+        The parties' run-config settings that define the run besides these arguments (``lam``,
+        ``x-solver``, ``dataset``): recorded in the checkpoint, compared at resume.
     progress : callable(round, row) or None, default=None
         Called after every round with its history row (the ServerApp logs it and rewrites
         its report).
@@ -111,14 +131,19 @@ class VerticalADMMStrategy(Strategy):
                  tol_abs=DEFAULT_TOL_ABS, adaptive_rho=False, eval_every=0, timeout=600.0, party_wait=120.0,
                  stragglers="wait", max_staleness=5, state_dir=None, resume=None, party_keys=None,
                  acceleration="auto", penalty="l2", constraint=None, label_epsilon=None, label_seed=None,
+                 label_source=None, label_store=None, max_release=DEFAULT_MAX_RELEASE, run_settings=None,
                  progress=None):
         check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
         if variant not in ("sharing", "paper"):
             raise ValueError(f"variant={variant!r}; choose 'sharing' or 'paper'")
         self.loss = get_loss(loss) if isinstance(loss, str) else loss
-        # label DP (privacy/label_dp.py, the engine's code): the true y_train is used only here
-        self.loss, y_train, self.label_privacy_ = privatize_labels(self.loss, np.asarray(y_train),
-                                                                   label_epsilon, label_seed)
+        self.loss_name, self.variant = self.loss.name, variant
+        self.rho_requested = 0.0 if rho in (None, "auto", 0) else float(rho)
+        # label DP (privacy/label_dp.py, the engine's code): the true y_train is used only here,
+        # drawn once per label source and ID (the label store) when the source is known
+        self.loss, y_train, self.label_privacy_ = privatize_labels(
+            self.loss, np.asarray(y_train), label_epsilon, label_seed,
+            store=label_store if label_source is not None else None, source=label_source)
         self.label_epsilon = None if self.label_privacy_ is None else self.label_privacy_.epsilon
         self.t = self.loss.encode_labels(np.asarray(y_train))
         self.t_test = None if y_test is None else self.loss.encode_labels(np.asarray(y_test))
@@ -136,6 +161,10 @@ class VerticalADMMStrategy(Strategy):
         self.party_wait, self.stragglers, self.max_staleness = float(party_wait), stragglers, int(max_staleness)
         self.state_dir, self.resume = state_dir or None, resume or None
         self.party_keys = party_keys_from(party_keys, self.num_parties)
+        self.max_release = float(max_release)
+        if not self.max_release > 0:
+            raise ValueError(f"max_release={max_release!r}; expected a bound > 0 on |s_m|")
+        self.run_settings = dict(run_settings or {})
         self.failed_ = False
         make_accelerator(acceleration, self.central, [])          # checks the name
         #: 'anderson': core/accel.py, the engine's default; off with private parties or stragglers='stale'
@@ -150,6 +179,12 @@ class VerticalADMMStrategy(Strategy):
         self.penalty, self.constraint = penalty, constraint   # the parties' (run config): see make_accelerator
         self.exchange: Exchange | None = None        # the channel to the parties (identify sets it)
         self._resync: set[int] = set()                 # stateless restarted parties (see _joined)
+        self._stateless: set[int] = set()              # ... and those that cannot be re-synchronized
+        #: party -> (round, q, y, rho, s_prev) of the last round it answered (checkpointing.py)
+        self.replay_: dict[int, tuple] = {}
+        self._sending: dict[int, tuple] = {}
+        #: party -> what it said of its data at identify (rows, held-out rows, fingerprint)
+        self.party_data: dict[int, dict] = {}
         #: party -> planned training releases, for the parties that declared themselves private
         self.private_parties: dict[int, int] = {}
         self.history_: list[dict] = []
@@ -174,42 +209,23 @@ class VerticalADMMStrategy(Strategy):
         """node id -> party, as the exchange knows it (a restarted party's new node included)."""
         return {} if self.exchange is None else self.exchange.node_to_party
 
-    def _read_identity(self, nid, rep):
-        """The party a node claims in its identify reply, checked (the exchange checks the range)."""
-        if "identity" not in rep.content.config_records:
-            raise ReplyError(f"node {nid}: the identify reply has no 'identity' record")
-        info = rep.content.config_records["identity"]
-        for field in ("party", "n_rows"):
-            if field not in info or isinstance(info[field], bool) or not isinstance(info[field], int):
-                raise ReplyError(f"node {nid}: identity[{field!r}]={info.get(field)!r}; expected an integer")
-        party = int(info["party"])
-        if 0 <= party < self.num_parties and int(info["n_rows"]) != self.central.n:
-            raise ValueError(f"party {party} (node {nid}) holds {info['n_rows']} rows but the labels have "
-                             f"{self.central.n}; the parties' samples are not aligned")
-        if bool(info.get("private", False)) and info.get("affordable", True) is False:
-            raise ReplyError(
-                f"party {party} (node {nid}) is private and its remaining budget cannot cover its plan: it "
-                f"has spent epsilon={float(info.get('spent_before_run', float('nan'))):.4g} of "
-                f"{float(info.get('epsilon', float('nan'))):g} on this data in earlier runs, so every release "
-                "of this run would be refused. The party can see its spend with `flower-vfl ledger "
-                "--state-dir <its state-dir>`; only its operator can grant a new budget")
-        last = info.get("last_train", -1)
-        return party, {"private": bool(info.get("private", False)),
-                       "train_rounds": int(info.get("train_rounds", 0)),
-                       "restored": isinstance(last, int) and not isinstance(last, bool) and last >= 0}
-
     def _joined(self, party, info, first) -> None:
         """A node identified itself as ``party`` (``first``: at identify, not a rejoin).
 
         A non-private party that answers without its state (``last_train`` absent or < 0: a
-        restarted SuperNode, or a new run after resume) is re-synchronized: its next train
-        message folds the last release the server holds into q (see ``_round_content``). A
-        party that restored its own state (``last_train`` >= 0) is left as it is."""
+        restarted SuperNode, or a new run after resume) is re-synchronized: before anything
+        else it is sent the last round it answered again (the replay record,
+        :meth:`FlowerRounds.resync`); a train message that comes first folds the last release
+        the server holds into q (``_round_content``). A party that restored its own state
+        (``last_train`` >= 0) is left as it is."""
         if first and info["private"]:
             self.private_parties[party] = info["train_rounds"]
+        if first:
+            self.party_data[party] = info["data"]
         if info["private"] or info["restored"]:
             self._resync.discard(party)
             return
+        self._stateless.add(party)
         if float(getattr(self.central, "alpha", 1.0)) != 1.0:
             log(WARNING, "party %s restarts from x = 0: re-synchronizing a stateless party needs alpha = 1", party)
             return
@@ -218,11 +234,11 @@ class VerticalADMMStrategy(Strategy):
     def identify(self, grid) -> dict[int, int]:
         """Map node id -> party (:class:`~flower_vfl.strategies.exchange.Exchange`): waits up to
         ``party_wait`` s for every party to have a node; checks node keys against ``party_keys``."""
-        self._resync = set()
+        self._resync, self._stateless = set(), set()
         self.exchange = Exchange(grid, self.num_parties, timeout=self.round_timeout, party_wait=self.party_wait,
                                  party_keys=self.party_keys, on_join=self._joined)
         self.exchange.identify("query.identify", RecordDict({"config": ConfigRecord({"want": "party"})}),
-                               self._read_identity)
+                               lambda nid, rep: read_identity(self, nid, rep))
         return self.node_to_party
 
     # ------------------------------------------------------------ the 4 hooks
@@ -232,12 +248,21 @@ class VerticalADMMStrategy(Strategy):
         if party in self._resync and party in self._last_s:
             # a restarted party that lost its state (s_m = 0): q - s_m/theta gives it the same
             # x-update target z_loc = s_m - theta q as the party that kept s_m (eq. 6, alpha = 1)
-            q = q - self._last_s[party] / c.theta
+            q = replay_q(q, self._last_s[party], c.theta)
+        return self._content(server_round, q, c.y, c.rho, **extra)
+
+    def _content(self, server_round, q, y, rho, **extra) -> RecordDict:
+        c = self.central
         return RecordDict({
-            "vectors": ArrayRecord({"q": Array(np.asarray(q)), "y": Array(np.asarray(c.y))}),
-            "config": ConfigRecord({"round": int(server_round), "rho": float(c.rho),
+            "vectors": ArrayRecord({"q": Array(np.asarray(q)), "y": Array(np.asarray(y))}),
+            "config": ConfigRecord({"round": int(server_round), "rho": float(rho),
                                     "alpha": float(c.alpha), "theta": float(c.theta), **extra}),
         })
+
+    def _replay_content(self, party) -> RecordDict:
+        """The last round ``party`` answered, as a party without state needs it (checkpointing.py)."""
+        k, q, y, rho, s_prev = self.replay_[party]
+        return self._content(k, replay_q(q, s_prev, self.central.theta), y, rho)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -266,7 +291,7 @@ class VerticalADMMStrategy(Strategy):
                 raise ReplyError(f"party {party}, {what}: unreadable privacy report ({exc})") from None
         if "refusal" in records:
             raise PartyRefused(f"party {party} refused: {records['refusal'].get('reason', '')}")
-        return check_release(rep, party, key, shape, what)
+        return check_release(rep, party, key, shape, what, bound=self.max_release)
 
     def _by_party(self, replies, what) -> dict[int, Message]:
         """party -> reply, the party being the one the exchange sent the request to."""
@@ -294,11 +319,8 @@ class VerticalADMMStrategy(Strategy):
         for p in self._active:
             self._stale[p] = 0 if p in fresh else self._stale.get(p, 0) + 1
         # lam R(x_m) from the parties that report it (non-private): the objective column
-        penalties = {}
-        for p, rep in got.items():
-            meta = rep.content.metric_records.get("meta")
-            if meta is not None and "penalty" in meta:
-                penalties[p] = float(meta["penalty"])
+        penalties = {p: v for p, rep in got.items() if (v := check_penalty(rep, p, what)) is not None}
+        self.replay_.update({p: self._sending[p] for p in fresh if p in self._sending and p not in self.private_parties})
         self._fresh, self._penalties = fresh, penalties
         return None, MetricRecord({"releases": len(fresh), "stale": len(set(self._active) - set(fresh))})
 
@@ -342,64 +364,6 @@ class VerticalADMMStrategy(Strategy):
             out["test_accuracy" + suffix] = float(np.mean(pred == truth))
         return MetricRecord({k: float(v) for k, v in out.items()})
 
-    # ------------------------------------------------------------ checkpoint
-    def _checkpoint(self, k, i_phase, j, stopped):
-        if not self.state_dir:
-            return
-        c = self.central
-        arrays = {"z": c.z, "y": c.y, "q": c.q, "b": np.asarray(c.b), **c.predictor_state()}
-        if self.label_privacy_ is not None:   # the one label-DP draw: a resumed run reuses it
-            arrays["t_label_dp"] = self.t
-        arrays.update({f"s{m}": np.asarray(v) for m, v in self._last_s.items()})
-        aa = None
-        acc = self.driver.acc
-        if acc is not None:
-            aa_arrays, aa = acc.get_state()
-            arrays.update(aa_arrays)
-            arrays.update({f"aq{m}": q for m, q in enumerate(self.driver.qs or [])})
-        header = {"round": k, "phase": i_phase, "j": j, "phase_stopped": bool(stopped), "rho": c.rho,
-                  "alpha": c.alpha, "theta": c.theta, "n": c.n, "num_parties": self.num_parties,
-                  "loss": self.loss.name, "fit_intercept": bool(c.fit_intercept),
-                  "private_parties": {str(m): t for m, t in self.private_parties.items()},
-                  "node_to_party": {str(n): p for n, p in self.node_to_party.items()},
-                  "stale": {str(m): v for m, v in self._stale.items()},
-                  "history": self.history_, "privacy": self.privacy_, "anderson": aa,
-                  "label_epsilon": self.label_epsilon}
-        save_checkpoint(self.state_dir, arrays, to_jsonable(header))
-
-    def _restore(self, folder):
-        """Load a checkpoint; returns (round, phase, j, phase_stopped)."""
-        arrays, h = load_checkpoint(folder)
-        c = self.central
-        mine = {"n": c.n, "num_parties": self.num_parties, "loss": self.loss.name, "alpha": c.alpha,
-                "theta": c.theta, "fit_intercept": bool(c.fit_intercept),
-                "private_parties": {str(m): t for m, t in self.private_parties.items()}}
-        for key, value in mine.items():
-            if h[key] != value:
-                raise ValueError(f"resume={str(folder)!r}: the checkpoint has {key}={h[key]!r} but this run has "
-                                 f"{value!r}; resume with the run's original configuration")
-        c.z, c.y, c.q = arrays["z"], arrays["y"], arrays["q"]
-        if h.get("label_epsilon") != self.label_epsilon:
-            raise ValueError(f"resume={str(folder)!r}: the checkpoint has label-epsilon="
-                             f"{h.get('label_epsilon') or 0!r} but this run has {self.label_epsilon or 0!r}; "
-                             "resume with the run's original label-epsilon")
-        if "t_label_dp" in arrays:     # the checkpointed privatized labels, not a second draw
-            self.t = c.t = arrays["t_label_dp"]
-        c.b = np.float64(arrays["b"][()]) if arrays["b"].ndim == 0 else arrays["b"]
-        c.set_rho(h["rho"])
-        c.set_predictor_state(arrays)      # the z-update's warm-start predictor (core/central.py)
-        self._last_s.update({int(k[1:]): v for k, v in arrays.items() if k[0] == "s" and k[1:].isdigit()})
-        acc = self.driver.acc
-        if acc is not None and h.get("anderson") is not None:
-            acc.set_state(arrays, h["anderson"])
-            qs = [arrays.get(f"aq{m}") for m in range(self.num_parties)]
-            self.driver.qs = None if any(q is None for q in qs) else qs
-        self._stale = {int(m): v for m, v in h["stale"].items()}
-        self.history_[:] = h["history"]          # the driver's list: it appends the next rounds
-        self.privacy_ = {int(m): v for m, v in h["privacy"].items()}
-        log(INFO, "resuming from %s after round %d", folder, h["round"])
-        return h["round"], h["phase"], h["j"], h["phase_stopped"]
-
     # ------------------------------------------------------------------- loop
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,
@@ -436,13 +400,13 @@ class VerticalADMMStrategy(Strategy):
             ``history_``, ``final_``, ``privacy_``, ``decision_test_`` as before.
 
         With private parties the rounds follow :func:`~flower_vfl.core.schedule.private_schedule`.
-        A party's refusal (budget spent) stops the run cleanly: ``stopped_reason_`` says why
-        and the rounds done so far are kept. A party that fails, sends an invalid reply or does
-        not come back within ``party_wait`` stops the run with the checkpoint of the last full
-        round: ``stopped_reason_`` names the party and ``failed_`` is True; the error is raised
-        again so that the ServerApp (and the Flower run) fail.
+        A party that refuses (budget spent), fails, sends an invalid or out-of-range reply or
+        does not come back within ``party_wait`` stops the run with the checkpoint of the last
+        full round: ``stopped_reason_`` names the party, ``failed_`` is True and the error is
+        raised again so that the ServerApp (and the Flower run) fail: a run without a model
+        never reports success.
         """
-        self._check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
+        vertical_outcome.check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
         if num_rounds is not None:
             self.max_rounds = int(num_rounds)
         if timeout is not None:
@@ -450,7 +414,15 @@ class VerticalADMMStrategy(Strategy):
         t0 = time.perf_counter()
         log(INFO, "Starting %s strategy:", type(self).__name__)
         self.summary()
+        self.run_record_ = checkpointing.run_record(self)
+        # another run's checkpoint is refused before any party is contacted
+        ckpt = checkpointing.load(self.resume, self.run_record_) if self.resume else None
         self.identify(grid)
+        if ckpt is not None and self._stateless and float(self.central.alpha) != 1.0:
+            raise ResumeRefused(f"resume={str(self.resume)!r}: parties {sorted(self._stateless)} came back without "
+                                f"their state and alpha={self.central.alpha:g}: the relaxed x-update needs the "
+                                "party's own z_loc, which the central node cannot restore. Resume with parties that "
+                                "kept their state, or start a new run without resume")
         self._stale, self._qs = {}, None
         self.driver = RoundDriver(self.central, self.num_parties, max_rounds=self.max_rounds, tol=self.tol,
                                   tol_abs=self.tol_abs, adaptive_rho=self.adaptive_rho, eval_every=self.eval_every)
@@ -459,45 +431,28 @@ class VerticalADMMStrategy(Strategy):
                          self.constraint is not None, stale=self.stragglers == "stale")
         self.acceleration_ = self.driver.acceleration
         self.history_ = self.driver.history
-        begin = self._restore(self.resume) if self.resume else (0, 0, 0, False)
-        rounds = _FlowerRounds(self, grid)
+        begin = (0, 0, 0, False)
+        if ckpt is not None:
+            begin = checkpointing.restore(self, self.resume, *ckpt)
+            log(INFO, "resuming from %s after round %d", self.resume, begin[0])
+        rounds = FlowerRounds(self, grid)
         try:
+            rounds.resync(range(self.num_parties))    # parties back without state: their x_m first
             self.driver.run(rounds, start=begin, t0=t0, on_round=self._on_round, on_warm_start=self._on_warm_start)
             if self.t_test is not None:
-                self._warn_if_dp_hurts()
-        except PartyRefused as exc:
-            self.stopped_reason_ = str(exc)
-            log(WARNING, "stopping: %s", exc)
-        except (PartyLost, PartyFailed, ReplyError, PermissionError) as exc:
+                vertical_outcome.warn_if_dp_hurts(self)
+        except (PartyRefused, PartyLost, PartyFailed, ReplyError, ResumeRefused, PermissionError) as exc:
+            # no model: the run fails (a refusal too: the rounds done are kept, never reported as a success)
             self.stopped_reason_, self.failed_ = str(exc), True
             log(ERROR, "stopping after round %d (checkpoint: %s): %s", len(self.history_),
                 self.state_dir or "none, set state-dir or out-dir", exc)
-            self._finish(t0)
+            vertical_outcome.finish(self, t0)
             raise
-        self._finish(t0)
-        return self._result()
-
-    def _check_start(self, initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn) -> None:
-        """Flower's start() arguments that vertical training cannot honour: refused, naming the fix."""
-        if initial_arrays is not None and len(initial_arrays):
-            raise ValueError(f"initial_arrays holds {sorted(initial_arrays.keys())}; vertical ADMM has no global "
-                             "model to send (each party starts x_m = 0 on its own node): pass ArrayRecord(), "
-                             "and resume=<state folder> to continue a run")
-        if num_rounds is not None and (isinstance(num_rounds, bool) or not isinstance(num_rounds, int)
-                                       or num_rounds < 1):
-            raise ValueError(f"num_rounds={num_rounds!r}; expected an integer >= 1")
-        for name, cfg in (("train_config", train_config), ("evaluate_config", evaluate_config)):
-            if cfg is not None and len(cfg):
-                raise ValueError(f"{name} holds {sorted(cfg.keys())}; the parties take no settings from the "
-                                 "central node besides the protocol's round, rho, alpha and theta (a party's "
-                                 "settings are its node config's): pass None")
-        if evaluate_fn is not None:
-            raise ValueError("evaluate_fn: the central node holds no model to evaluate (each x_m stays on its "
-                             "party); test metrics come from the parties' scores: give the strategy y_test "
-                             "(and eval_every) and pass evaluate_fn=None")
+        vertical_outcome.finish(self, t0)
+        return vertical_outcome.flower_result(self)
 
     def _on_round(self, k, row, i_phase, j, stopped) -> None:
-        self._checkpoint(k, i_phase, j, stopped)
+        checkpointing.save(self, k, i_phase, j, stopped)
         if self.progress is not None:
             self.progress(k, row)
 
@@ -507,105 +462,6 @@ class VerticalADMMStrategy(Strategy):
         if metrics is not None:
             self.nonprivate_reference_ = metrics
 
-    def _result(self) -> Result:
-        """Flower's Result of the run (see :meth:`start`)."""
-        num = lambda v: int(v) if isinstance(v, (int, np.integer)) else float(v)  # noqa: E731
-        res = Result(arrays=ArrayRecord({"intercept": Array(np.atleast_1d(np.asarray(self.central.b, float)))}))
-        for row in self.history_:
-            k = int(row["round"])
-            vals = {key: v for key, v in row.items() if isinstance(v, (int, float, np.number)) and not
-                    isinstance(v, bool)}
-            res.train_metrics_clientapp[k] = MetricRecord({key: num(v) for key, v in vals.items()
-                                                           if not key.startswith("test_")})
-            test = {key: num(v) for key, v in vals.items() if key.startswith("test_")}
-            if test:
-                res.evaluate_metrics_clientapp[k] = MetricRecord(test)
-        return res
-
     def protection(self) -> dict:
         """What this run protects, per party (the run report's plain statement)."""
-        label_eps = getattr(self, "label_epsilon", None)
-        labels = (f"label DP: randomized response at epsilon_label={label_eps:g}, before training"
-                  if label_eps else "not protected: sign(y) reveals every training label to every party")
-        out = {}
-        for m in range(self.num_parties):
-            rep = self.privacy_.get(m) or self.privacy_.get(str(m))
-            feats = (f"row-level DP of this party's training rows (budget epsilon={rep['config']['epsilon']:g}, "
-                     f"delta={rep['config']['delta']:g}; spent {rep['totals'].get('exact', float('nan')):.4g} "
-                     "by its own ledger)" if rep else
-                     "not protected: exact D_m x_m released every round")
-            out[str(m)] = {"features": feats, "labels": labels,
-                           "scored_rows": "not protected: the scores of test/prediction rows are released"}
-        return out
-
-    def _warn_if_dp_hurts(self):
-        ref = getattr(self, "nonprivate_reference_", None)
-        final = self.history_[-1].get("test_loss") if self.history_ else None
-        if ref and final is not None and final > ref["test_loss_nonprivate"]:
-            self.dp_warning_ = (
-                f"the private parties made the model worse: test loss {final:.4g} with them vs "
-                f"{ref['test_loss_nonprivate']:.4g} for the non-private parties alone. Their noise "
-                "outweighs their columns at these settings: raise the private parties' dp-lam (node "
-                "config), lower their dp-train-rounds, or give them a larger dp-epsilon")
-            log(WARNING, "%s", self.dp_warning_)
-
-    def _finish(self, t0):
-        self.final_ = dict(self.history_[-1]) if self.history_ else {}
-        self.final_["rounds"] = len(self.history_)
-        self.final_["wall_time_s"] = time.perf_counter() - t0
-        self.final_["intercept"] = np.asarray(self.central.b).tolist()
-        if getattr(self, "dp_warning_", None):
-            self.final_["dp_warning"] = self.dp_warning_
-        self.final_["protection"] = self.protection()
-        if self.stopped_reason_:
-            self.final_["stopped_reason"] = self.stopped_reason_
-        if self.failed_:
-            self.final_["failed"] = True
-        return self
-
-
-class _FlowerRounds:
-    """The strategy's :class:`~flower_vfl.core.rounds.RoundExchange`: Flower's hooks over the
-    :class:`~flower_vfl.strategies.exchange.Exchange` (a lost party is waited for, or counted
-    stale with ``stragglers='stale'``)."""
-
-    def __init__(self, strategy: VerticalADMMStrategy, grid: Grid):
-        self.st, self.grid = strategy, grid
-        self.evaluates = strategy.t_test is not None
-
-    def _send(self, messages, what, rebuild, parties, stale_ok=False):
-        return self.st.exchange.send_messages(messages, what, rebuild, stale_ok=stale_ok, parties=parties)
-
-    def train(self, k, parties, qs):
-        st, what = self.st, f"round {k} (train)"
-        st._active, st._qs = list(parties), qs
-        messages = list(st.configure_train(k, ArrayRecord(), ConfigRecord(), self.grid))
-        rebuild = lambda p, nid: Message(st._round_content(k, party=p), dst_node_id=nid,  # noqa: E731
-                                         message_type="train")
-        if st.stragglers == "stale":
-            got, lost = self._send(messages, what, rebuild, parties, stale_ok=True)
-            over = {p for p in lost if st._stale.get(p, 0) + 1 > st.max_staleness}
-            if over:
-                log(WARNING, "parties %s missed %d rounds in a row (max-staleness): waiting", sorted(over),
-                    st.max_staleness)
-                got.update(self._send([], what, rebuild, over))
-        else:
-            got = self._send(messages, what, rebuild, parties)
-        st._reply_party = {rep.metadata.reply_to_message_id: p for p, rep in got.items()}
-        st.aggregate_train(k, [got[p] for p in sorted(got)])
-        return st._fresh, st._penalties
-
-    def evaluate(self, k, parties, final):
-        st = self.st
-        st._ask, st._final = list(parties), bool(final)
-        what = f"round {k} ({'final ' if final else ''}evaluate)"
-        messages = list(st.configure_evaluate(k, ArrayRecord(), ConfigRecord(), self.grid))
-        rebuild = lambda p, nid: Message(st._eval_content(k, p, final), dst_node_id=nid,  # noqa: E731
-                                         message_type="evaluate")
-        got = self._send(messages, what, rebuild, parties)
-        st._reply_party = {rep.metadata.reply_to_message_id: p for p, rep in got.items()}
-        return dict(st.aggregate_evaluate(k, [got[p] for p in sorted(got)]))
-
-    def finish(self, k):
-        """Nothing to do here: a private party's final x-update rides on the final evaluate
-        request (``final_update``), as the party's protocol has it."""
+        return vertical_outcome.protection(self)

@@ -1,0 +1,179 @@
+"""What every vertical party shares: the trust boundary on each message, and the reply.
+
+A party owns its column block D_m and x_m. Every message first passes the party's trust
+boundary (:mod:`flower_vfl.privacy.boundary`): fields, dtypes, shapes, finiteness, scalar
+ranges (and the party's own ``min-rho``/``max-rho``) and round order are checked before
+anything touches state or budget, and a bad message gets a refusal naming the field. The
+handlers here (``identify``, ``train``, ``evaluate``) do that and build the reply; what a
+party releases is its subclass's: :class:`~flower_vfl.clients.party_public.PublicPartyClient`
+(exact values) or :class:`~flower_vfl.clients.party_private.PrivatePartyClient` (noisy values
+charged in its ledger). Replies carry only N-vectors and scalar metadata: never x_m, never
+anything about the noise's origin. Glue only: the math is in :mod:`flower_vfl.core`.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict, ArrayRecord, Array, MetricRecord
+import numpy as np
+
+from flower_vfl.privacy.boundary import InvalidMessage, Refused, parse_round
+
+__all__ = ["PartyClient", "STATE_META"]
+
+STATE_META = "vfl.meta"
+
+
+class PartyClient:
+    """Party m of vertical ADMM sharing, usable from any Flower ``ClientApp`` (the shared part).
+
+    Parameters
+    ----------
+    party_id : int
+        The party this node serves (``partition-id`` in the node config).
+    D, D_test : array or sparse matrix
+        The party's own training and held-out column blocks (same columns).
+    penalty : str, default='l2'
+    lam : float, default=1e-4
+    constraint : None, ('ball', r) or ('box', lo, hi)
+    l1_ratio : float, default=0.5
+    privacy : flower_vfl.privacy.PrivacyConfig or None
+        The party's own privacy settings and budget; None releases exact values.
+    n_parties : int, default=2
+        M (only used by the paper's Lemma 1 calibration).
+    state_dir : str or None
+        The party's own folder for its ledger and answers (node config ``state-dir``).
+    max_answers : int, default=0
+        A non-private party's cap on answers per run (node config ``max-answers``; 0: none).
+    x_solver : {'auto', 'gram', 'cg', 'dual', 'chol'}, default='auto'
+        The x-update method (:mod:`flower_vfl.core.xsolve`).
+    source : flower_vfl.clients.source.DeclaredSource or None
+        The data the node config declares: a private party's ledger key. None: the
+        ``partition-id`` only (direct use from Python; a ClientApp always passes one).
+    rho_range : (float, float) or None
+        The party's own bounds on the ρ it accepts (node config ``min-rho``/``max-rho``).
+    """
+
+    #: True for a party that releases noisy values and keeps a ledger
+    private = False
+
+    def __init__(self, party_id, D, D_test, penalty="l2", lam=1e-4, constraint=None, l1_ratio=0.5,
+                 privacy=None, n_parties=2, state_dir=None, max_answers=0, x_solver="auto", source=None,
+                 rho_range=None):
+        self.party_id = int(party_id)
+        self.x_solver = x_solver
+        self.D, self.D_test = D, D_test
+        self.penalty, self.lam, self.constraint, self.l1_ratio = penalty, lam, constraint, l1_ratio
+        self.privacy = privacy
+        self.n_parties = n_parties
+        self.state_dir = state_dir
+        self.max_answers = int(max_answers or 0)
+        self.source = source
+        self.rho_range = rho_range
+        self.party = None
+
+    # ------------------------------------------------------ what a subclass releases
+    def _build(self, context: Context, n_outputs: int):
+        """The party's x-update object for this run (restored from its state)."""
+        raise NotImplementedError
+
+    def _identity(self, context: Context) -> dict:
+        """What identify adds to the party's row counts."""
+        raise NotImplementedError
+
+    def _train_release(self, inputs, meta: dict, context: Context):
+        """The vector s_m this round releases (``self.party`` is built)."""
+        raise NotImplementedError
+
+    def _after_train(self, context: Context):
+        """Keep what the next message of this run needs (called once the release is made)."""
+
+    def _eval_scores(self, inputs, final: bool, context: Context):
+        """The held-out scores D_test x this party shows (``self.party`` is built)."""
+        raise NotImplementedError
+
+    def _reply_extra(self, content: RecordDict, refusal: bool):
+        """Add to a reply what the party tells the server besides the vectors."""
+
+    # ----------------------------------------------------------------- state
+    def _meta(self, context: Context) -> dict:
+        if STATE_META in context.state:
+            return dict(context.state[STATE_META])
+        return {"n_outputs": 0, "last_train": -1, "answers": 0, "last_hash": ""}
+
+    def _n_outputs(self, msg, meta, context) -> int:
+        """1 for scalar losses; K for multinomial, pinned by the run's first training message
+        (a later change of shape is refused)."""
+        if meta["n_outputs"]:
+            return int(meta["n_outputs"])
+        if str(context.run_config.get("loss", "logistic")) != "multinomial":
+            return 1
+        try:
+            shape = msg.content["vectors"]["q"].shape
+        except Exception:
+            raise InvalidMessage(f"party {self.party_id}: message field vectors['q'] is missing",
+                                 field="vectors.q") from None
+        k = 1 if len(shape) == 1 else int(shape[1]) if len(shape) == 2 else -1
+        if not (k == 1 or 2 <= k <= 1000) or (self.private and k != 1):
+            raise InvalidMessage(f"party {self.party_id}: vectors['q'] has shape {tuple(shape)}; expected "
+                                 f"({self.D.shape[0]},){'' if self.private else ' or (N, K) with 2 <= K <= 1000'}",
+                                 field="vectors.q")
+        return k
+
+    # -------------------------------------------------------------- handlers
+    def identify(self, msg: Message, context: Context) -> Message:
+        """Tell the central node which party this node is, the row counts to align, and (a
+        private party) whether its remaining budget covers its plan."""
+        info = {"party": self.party_id, "n_rows": int(self.D.shape[0]),
+                "n_test": int(self.D_test.shape[0]) if self.D_test is not None else 0,
+                "private": self.private,
+                "train_rounds": int(self.privacy.train_rounds) if self.private else 0}
+        info.update(self._identity(context))
+        return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
+
+    def train(self, msg: Message, context: Context) -> Message:
+        """One x-update (eq. 6); replies with s_m = D_m x_m (noisy when private)."""
+        meta = self._meta(context)
+        try:
+            n_out = self._n_outputs(msg, meta, context)
+            inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
+                                 needs_vectors=True, n_outputs=n_out, rho_range=self.rho_range)
+            self.party = self._build(context, n_out)
+            s = self._train_release(inputs, meta, context)
+        except Refused as exc:
+            return self._refusal(msg, exc)
+        meta["n_outputs"] = n_out
+        self._after_train(context)
+        context.state[STATE_META] = ConfigRecord(meta)
+        return self._reply(msg, {"s": s}, inputs.round)
+
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """Held-out scores D_test x_m (a private party's: from its released x~)."""
+        meta = self._meta(context)
+        try:
+            cfg = msg.content["config"] if "config" in msg.content else {}
+            final = self.private and bool(cfg.get("final_update", False))
+            n_out = meta["n_outputs"] or int(cfg.get("n_outputs", 1))
+            inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
+                                 needs_vectors=final, n_outputs=n_out, rho_range=self.rho_range)
+            self.party = self._build(context, n_out)
+            s_test = self._eval_scores(inputs, final, context)
+        except Refused as exc:
+            return self._refusal(msg, exc)
+        return self._reply(msg, {"s_test": s_test}, inputs.round)
+
+    # ----------------------------------------------------------------- replies
+    def _reply(self, msg, vectors, rnd):
+        content = RecordDict({
+            "release": ArrayRecord({k: Array(np.asarray(v, dtype=float)) for k, v in vectors.items()}),
+            "meta": MetricRecord({"party": self.party_id, "round": rnd}),
+        })
+        self._reply_extra(content, refusal=False)
+        return Message(content, reply_to=msg)
+
+    def _refusal(self, msg, exc):
+        info = {"party": self.party_id, "reason": str(exc), "code": getattr(exc, "code", "refused")}
+        if getattr(exc, "field", None):
+            info["field"] = exc.field
+        content = RecordDict({"refusal": ConfigRecord(info)})
+        self._reply_extra(content, refusal=True)
+        return Message(content, reply_to=msg)

@@ -1,0 +1,87 @@
+"""A private vertical party: noisy releases charged in its one ledger, on its own disk.
+
+The shared boundary and reply are :class:`~flower_vfl.clients.party_base.PartyClient`'s; here:
+the party's :class:`~flower_vfl.privacy.party.PrivateParty` (Assumption 2 enforced, noise
+drawn), whose :class:`~flower_vfl.privacy.ledger.Ledger` lives in the party's
+:class:`~flower_vfl.privacy.store.PartyStore` (``state-dir``) under the data source its node
+config declares (:mod:`flower_vfl.clients.source`), shared by every run and every view of
+that data. The iterate is kept there too, so a restarted node resumes. The model is released
+once (x~, after the final update) and every score is post-processing of it. Glue only.
+"""
+
+from __future__ import annotations
+
+import json
+
+from flwr.app import ConfigRecord, Context
+
+from flower_vfl.clients.party_base import PartyClient
+from flower_vfl.core.scoring import released_scores
+from flower_vfl.privacy.boundary import Refused, inputs_hash
+
+__all__ = ["PrivatePartyClient"]
+
+#: open party stores by state-dir (one SQLite connection per process)
+_STORES: dict = {}
+
+
+def party_store(state_dir):
+    """The party's store in ``state_dir`` (default :func:`~flower_vfl.privacy.store.default_state_dir`),
+    opened once per process, and opened again (its journal re-checked) when the file was deleted
+    or replaced since."""
+    from flower_vfl.privacy.store import PartyStore, default_state_dir
+    key = str(state_dir or default_state_dir())
+    if key not in _STORES or not _STORES[key].still_there():
+        old = _STORES.pop(key, None)
+        if old is not None:
+            old.close()
+        _STORES[key] = PartyStore(key)
+    return _STORES[key]
+
+
+class PrivatePartyClient(PartyClient):
+    """A party with a :class:`~flower_vfl.privacy.party.PrivacyConfig` (``privacy``); parameters
+    as :class:`~flower_vfl.clients.party_base.PartyClient`."""
+
+    private = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.privacy is None:
+            raise ValueError(f"party {self.party_id}: a PrivatePartyClient needs privacy=PrivacyConfig(...)")
+
+    def _build(self, context: Context, n_outputs: int):
+        from flower_vfl.privacy.party import PrivateParty
+        src = self.source
+        party = PrivateParty(self.D, self.D_test, self.lam, self.privacy, self.party_id, self.n_parties,
+                             store=party_store(self.state_dir), run=str(context.run_id),
+                             source=src.key if src is not None else f"partition:{self.party_id}",
+                             about=src.about if src is not None else None)
+        party.restore()                # the iterate is in the store (a restarted node resumes)
+        return party
+
+    def _identity(self, context: Context) -> dict:
+        return self._build(context, 1).affordability()
+
+    def _train_release(self, inputs, meta, context):
+        return self.party.train_release(inputs.round, None, None, inputs.rho, inputs=inputs)
+
+    def _eval_scores(self, inputs, final, context):
+        """The first request carrying ``final_update`` makes the last x-update (kept inside the
+        party) and draws x~ once (charged once); every later request is post-processing, free."""
+        if self.party.x_released is None:
+            if not final:
+                raise Refused(f"party {self.party_id} is private and releases its model once, after its "
+                              "final update; evaluation before that is refused (no budget spent)")
+            self.party.final_update(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
+            self.party.release_model(inputs.round, inputs_hash(context.run_id, "eval", inputs))
+        return released_scores(self.D_test, self.party.x_released, private=True)    # x~: free
+
+    def _reply_extra(self, content, refusal):
+        if self.party is not None:
+            content["privacy"] = ConfigRecord({"report": json.dumps(_jsonable(self.party.report()))})
+
+
+def _jsonable(obj):
+    from flower_vfl.reporting.report import to_jsonable
+    return to_jsonable(obj)

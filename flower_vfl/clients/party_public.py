@@ -1,0 +1,110 @@
+"""A non-private vertical party: exact releases, its iterate in the run's ``context.state``.
+
+The shared boundary and reply are :class:`~flower_vfl.clients.party_base.PartyClient`'s; here:
+the x-update object (its factorization cached across messages of one process), the release
+s_m = D_m x_m, the party's own cap on answers per run (node config ``max-answers``), and
+replays (an identical re-send gets the same vector; an older round is refused). Glue only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+import numpy as np
+import scipy.sparse as sp
+from flwr.app import Array, ArrayRecord, Context
+
+from flower_vfl.clients.party_base import PartyClient
+from flower_vfl.core.constraints import make_constraint
+from flower_vfl.core.party import PartyUpdate
+from flower_vfl.core.penalties import get_penalty
+from flower_vfl.core.scoring import released_scores
+from flower_vfl.privacy.boundary import InvalidMessage, Refused, inputs_hash
+
+__all__ = ["PublicPartyClient"]
+
+STATE_ARRAYS = "vfl.party"
+STATE_LAST = "vfl.last"
+
+#: x-update solvers (they hold the factorization of lam I + rho D^T D) kept across messages
+#: while the process lives, keyed by a hash of the block and the solver parameters. A
+#: simulation actor or an in-process grid serves many messages from one process: without
+#: this cache every message re-factorized (about 60% of a non-private a9a party's handler
+#: time, benchmarks/bench_flower.py). On real SuperNodes each message is a fresh process
+#: and the cache is simply empty.
+_SOLVERS: OrderedDict = OrderedDict()
+_SOLVERS_MAX = 8
+
+
+def _fingerprint(D) -> tuple:
+    """Type, shape and a SHA-256 of the block's content: the solver cache's key (never the
+    privacy ledger's: that is the declared source, flower_vfl.clients.source)."""
+    h = hashlib.sha256()
+    M = D.tocsr() if sp.issparse(D) else None
+    parts = (M.indptr, M.indices, M.data) if M is not None else (np.asarray(D),)
+    for a in parts:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}|{a.shape}|".encode())
+        h.update(memoryview(a).cast("B"))
+    return type(D).__name__, tuple(D.shape), h.hexdigest()
+
+
+class PublicPartyClient(PartyClient):
+    """A party that releases exact values (``privacy=None``); parameters as
+    :class:`~flower_vfl.clients.party_base.PartyClient`."""
+
+    private = False
+
+    def _build(self, context: Context, n_outputs: int):
+        party = PartyUpdate(self.D, get_penalty(self.penalty, self.l1_ratio), self.lam,
+                            make_constraint(self.constraint), n_outputs=n_outputs, x_solver=self.x_solver)
+        key = (_fingerprint(self.D), str(self.penalty), float(self.l1_ratio), float(self.lam), repr(self.constraint),
+               str(self.x_solver))
+        if key in _SOLVERS:
+            party.solver = _SOLVERS[key]       # same block and parameters: reuse its factorization
+            _SOLVERS.move_to_end(key)
+        else:
+            _SOLVERS[key] = party.solver
+            while len(_SOLVERS) > _SOLVERS_MAX:
+                _SOLVERS.popitem(last=False)
+        if STATE_ARRAYS in context.state:
+            rec = context.state[STATE_ARRAYS]
+            party.set_state({k: rec[k].numpy() for k in rec})
+        return party
+
+    def _identity(self, context: Context) -> dict:
+        # the round this party's state in this run has reached (-1: none), for resume
+        return {"last_train": int(self._meta(context)["last_train"])}
+
+    def _train_release(self, inputs, meta, context):
+        """Rounds must increase, an identical re-send gets the same vector, and the party's own
+        cap on answers per run (node config max-answers) holds."""
+        h = inputs_hash(context.run_id, "train", inputs)
+        if inputs.round == meta["last_train"] and h == meta["last_hash"] and STATE_LAST in context.state:
+            return context.state[STATE_LAST]["s"].numpy()
+        if inputs.round <= meta["last_train"]:
+            raise Refused(f"party {self.party_id}: train round {inputs.round} is not after the last answered "
+                          f"round {meta['last_train']}; round numbers must increase", field="config.round")
+        if self.max_answers and meta["answers"] >= self.max_answers:
+            raise Refused(f"party {self.party_id} has given the {self.max_answers} answers its node config "
+                          "allows per run (max-answers); refused", field="config.round")
+        s = self.party.train_release(inputs.round, inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
+        if not np.all(np.isfinite(s)):      # refused before context.state is written: nothing changes
+            raise InvalidMessage(f"party {self.party_id}: the train release at rho={inputs.rho!r} is not finite; "
+                                 "refused (the party's node config can narrow the accepted rho with min-rho / "
+                                 "max-rho)", field="config.rho")
+        meta.update(last_train=inputs.round, answers=meta["answers"] + 1, last_hash=h)
+        context.state[STATE_LAST] = ArrayRecord({"s": Array(np.asarray(s, dtype=float))})
+        return s
+
+    def _after_train(self, context):
+        context.state[STATE_ARRAYS] = ArrayRecord(
+            {k: Array(np.asarray(v)) for k, v in self.party.get_state().items()})
+
+    def _eval_scores(self, inputs, final, context):
+        return released_scores(self.D_test, self.party.x)      # the predict job's code on the held-out rows
+
+    def _reply_extra(self, content, refusal):
+        if not refusal:
+            content["meta"]["penalty"] = float(self.lam * self.party.penalty_value())

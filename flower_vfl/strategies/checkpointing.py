@@ -1,0 +1,162 @@
+"""The central node's checkpoint: what a resumed run needs, and what makes it the same run.
+
+One atomic file per state folder (:mod:`flower_vfl.io.checkpoint`), rewritten after every
+round. It holds three things:
+
+- **the state** of the label owner after round k: z, y, q, the intercept, rho, the last
+  release s_m of every party, the z-update's predictor, the accelerator's history, the
+  history rows and the private parties' privacy reports (bitwise: a resumed run continues
+  with the same iterates);
+- **the run record** (:func:`run_record`): every setting that defines the run (the strategy's
+  arguments and the parties' run-config settings such as ``lam``, with the run config's key
+  names) and what the parties said of their data at identify (:func:`party_record`). A resume
+  whose record differs is refused naming each difference (:func:`check_same_run`), before any
+  party is contacted for the settings and right after identify for the parties;
+- **the replay record** of every non-private party: the inputs of the last round it answered,
+  in the form a party without state needs (``q - s_prev / theta``, y, rho). A party that
+  comes back without its state (a new run, a restarted SuperNode) is sent that round again
+  before anything else, so that it holds the same x_m as before the interruption; its new
+  release must equal the checkpointed one, or the resume is refused (its data or settings
+  changed). See :meth:`flower_vfl.strategies.vertical_rounds.FlowerRounds.resync`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flower_vfl.errors import UserError
+from flower_vfl.io.checkpoint import load_checkpoint, save_checkpoint
+from flower_vfl.reporting.report import to_jsonable
+
+__all__ = ["ResumeRefused", "run_record", "party_record", "check_same_run", "check_same_parties", "save",
+           "load", "restore", "replay_q"]
+
+
+class ResumeRefused(UserError, ValueError):
+    """A resume that would not continue the checkpoint's run (other settings or other data)."""
+
+
+def run_record(st) -> dict:
+    """The settings that define the run (run-config key names where the run config has one)."""
+    c = st.central
+    rec = {"num-parties": st.num_parties, "loss": st.loss_name, "n": int(c.n), "rho": st.rho_requested,
+           "alpha": float(c.alpha), "variant": st.variant, "fit-intercept": bool(c.fit_intercept),
+           "max-rounds": int(st.max_rounds), "tol": float(st.tol), "tol_abs": float(st.tol_abs),
+           "adaptive_rho": bool(st.adaptive_rho), "acceleration": str(st.acceleration),
+           "penalty": str(st.penalty), "constraint": None if st.constraint is None else repr(st.constraint),
+           "label-epsilon": float(st.label_epsilon or 0.0), "stragglers": st.stragglers}
+    rec.update({k: v for k, v in (st.run_settings or {}).items()})
+    return to_jsonable(rec)
+
+
+def party_record(st) -> dict:
+    """What the parties declared at identify: private plan and data description per party."""
+    return to_jsonable({"private_parties": {str(m): t for m, t in sorted(st.private_parties.items())},
+                        "data": {str(m): v for m, v in sorted(st.party_data.items())}})
+
+
+def _differences(theirs: dict, mine: dict) -> list[str]:
+    out = []
+    for key in sorted(set(theirs) | set(mine)):
+        a, b = theirs.get(key, "(not recorded)"), mine.get(key, "(not recorded)")
+        if a != b:
+            out.append(f"{key}={a!r} in the checkpoint, {b!r} in this run")
+    return out
+
+
+def _refuse(folder, what: str, diffs: list[str], fix: str):
+    raise ResumeRefused(f"resume={str(folder)!r}: the checkpoint was made by another {what}: " + "; ".join(diffs)
+                        + f". {fix}")
+
+
+def check_same_run(folder, header: dict, mine: dict) -> None:
+    """Refuse a resume whose settings differ from the checkpoint's, naming every difference."""
+    if "run" not in header:
+        raise ResumeRefused(f"resume={str(folder)!r}: the checkpoint records no run settings (it was written by an "
+                            "earlier version), so a resume cannot be checked to continue the same run; start a new "
+                            "run without resume")
+    diffs = _differences(header["run"], mine)
+    if diffs:
+        _refuse(folder, "run", diffs, "Resume with the checkpoint's settings, or start a new run without resume")
+
+
+def check_same_parties(folder, header: dict, mine: dict) -> None:
+    """Refuse a resume whose parties declare another plan or other data than at the checkpoint."""
+    theirs = header.get("parties", {})
+    diffs = []
+    for part, name in (("private_parties", "private parties (party: dp-train-rounds)"), ("data", "party data")):
+        a, b = theirs.get(part, {}), mine.get(part, {})
+        if a != b:
+            diffs.append(f"{name} {a!r} in the checkpoint, {b!r} now")
+    if diffs:
+        _refuse(folder, "set of parties", diffs, "Resume with the parties' original data and node configs, or start "
+                "a new run without resume")
+
+
+def replay_q(q, s_prev, theta):
+    """The q that makes a party without state (s_m = 0) take the x-update of a party that
+    released ``s_prev``: its target z_loc = s_m - theta q is the same (eq. 6, alpha = 1)."""
+    return q if s_prev is None else q - s_prev / theta
+
+
+def save(st, k, i_phase, j, stopped) -> None:
+    """Checkpoint after round ``k`` (phase ``i_phase``, its round ``j``; ``stopped``: the
+    stopping rule ended the phase)."""
+    if not st.state_dir:
+        return
+    c = st.central
+    arrays = {"z": c.z, "y": c.y, "q": c.q, "b": np.asarray(c.b), **c.predictor_state()}
+    if st.label_privacy_ is not None:   # the one label-DP draw: a resumed run reuses it
+        arrays["t_label_dp"] = st.t
+    arrays.update({f"s{m}": np.asarray(v) for m, v in st._last_s.items()})
+    replay, ys = {}, {}
+    for m, (rk, q, y, rho, s_prev) in sorted(st.replay_.items()):
+        arrays[f"rq{m}"] = replay_q(q, s_prev, c.theta)
+        key = ys.setdefault(id(y), f"ry{m}")     # one copy of a y several parties were sent
+        arrays.setdefault(key, y)
+        replay[str(m)] = {"round": int(rk), "rho": float(rho), "y": key}
+    aa = None
+    acc = st.driver.acc
+    if acc is not None:
+        aa_arrays, aa = acc.get_state()
+        arrays.update(aa_arrays)
+        arrays.update({f"aq{m}": q for m, q in enumerate(st.driver.qs or [])})
+    header = {"round": k, "phase": i_phase, "j": j, "phase_stopped": bool(stopped), "rho": c.rho,
+              "theta": c.theta, "run": st.run_record_, "parties": party_record(st), "replay": replay,
+              "node_to_party": {str(n): p for n, p in st.node_to_party.items()},
+              "stale": {str(m): v for m, v in st._stale.items()},
+              "history": st.history_, "privacy": st.privacy_, "anderson": aa}
+    save_checkpoint(st.state_dir, arrays, to_jsonable(header))
+
+
+def load(folder, mine: dict) -> tuple[dict, dict]:
+    """``(arrays, header)`` of the checkpoint in ``folder``, its run record checked against ``mine``."""
+    arrays, header = load_checkpoint(folder)
+    check_same_run(folder, header, mine)
+    return arrays, header
+
+
+def restore(st, folder, arrays: dict, h: dict) -> tuple:
+    """Put a loaded checkpoint's state into the strategy (its parties checked first); returns
+    the driver's start (round, phase, j, phase_stopped)."""
+    check_same_parties(folder, h, party_record(st))
+    c = st.central
+    c.z, c.y, c.q = arrays["z"], arrays["y"], arrays["q"]
+    if "t_label_dp" in arrays:     # the checkpointed privatized labels, not a second draw
+        st.t = c.t = arrays["t_label_dp"]
+    c.b = np.float64(arrays["b"][()]) if arrays["b"].ndim == 0 else arrays["b"]
+    c.set_rho(h["rho"])
+    c.set_predictor_state(arrays)      # the z-update's warm-start predictor (core/central.py)
+    st._last_s.update({int(k[1:]): v for k, v in arrays.items() if k[0] == "s" and k[1:].isdigit()})
+    # the replay record, already in the form a party without state needs (s_prev folded in)
+    st.replay_ = {int(m): (r["round"], arrays[f"rq{m}"], arrays[r["y"]], r["rho"], None)
+                  for m, r in h["replay"].items()}
+    acc = st.driver.acc
+    if acc is not None and h.get("anderson") is not None:
+        acc.set_state(arrays, h["anderson"])
+        qs = [arrays.get(f"aq{m}") for m in range(st.num_parties)]
+        st.driver.qs = None if any(q is None for q in qs) else qs
+    st._stale = {int(m): v for m, v in h["stale"].items()}
+    st.history_[:] = h["history"]          # the driver's list: it appends the next rounds
+    st.privacy_ = {int(m): v for m, v in h["privacy"].items()}
+    return h["round"], h["phase"], h["j"], h["phase_stopped"]
