@@ -40,6 +40,11 @@ def _cli(args, env):
                           capture_output=True, text=True, timeout=900)
 
 
+def _errors(out: str) -> str:
+    """The ERROR lines of a run's output (what a failed assertion should show)."""
+    return "\n".join(line for line in out.splitlines() if "ERROR" in line or "finished:" in line)[-4000:]
+
+
 @pytest.mark.slow
 def test_flower_simulation_own_data_train_and_predict(tmp_path):
     """`flower-vfl simulate --labels ... --party ...` then `flower-vfl predict` in Flower's
@@ -56,12 +61,17 @@ def test_flower_simulation_own_data_train_and_predict(tmp_path):
     home = tmp_path / "flwr_home"
     home.mkdir()
     (home / "config.toml").write_text('[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
-    env = _own_local_superlink(dict(os.environ, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1"), home)
+    # the simulated parties' (and the label owner's) state: their PSI logs, the label owner's PSI key
+    env = _own_local_superlink(dict(os.environ, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+                                    FLOWER_VFL_STATE_DIR=str(tmp_path / "state")), home)
     model_dir = tmp_path / "models"
-    common = ["--max-rounds", "15", "--lam", "1e-3", "--model-dir", str(model_dir)]
+    # --psi-max-asked: party 1 lacks 5 % of the label owner's 3,000 rows, so it is asked about
+    # 1/0.95 x its own number of IDs (the default cap, 1.0x, refuses that: PsiBoundError)
+    common = ["--model-dir", str(model_dir), "--psi-max-asked", "1.25"]
+    training = ["--max-rounds", "15", "--lam", "1e-3", *common]          # predict takes no training flags
     try:
         fit = _cli(["simulate", "--labels", str(train[0]), "--party", str(train[1]), "--party", str(train[2]),
-                    *common], env)
+                    *training], env)
         assert fit.returncode == 0, fit.stdout[-3000:] + fit.stderr[-3000:]
         pred = _cli(["predict", "--labels", str(score[0]), "--party", str(score[1]), "--party", str(score[2]),
                      *common], env)
@@ -70,22 +80,23 @@ def test_flower_simulation_own_data_train_and_predict(tmp_path):
         lines = Path(train[2]).read_text().splitlines()
         bad.write_text("\n".join(lines + lines[1:3]) + "\n")           # two IDs twice
         fail = _cli(["simulate", "--labels", str(train[0]), "--party", str(train[1]), "--party", str(bad),
-                     *common], env)
+                     *training], env)
         other = tmp_path / "other_ids.csv"                                # no ID in common with the owner
         other.write_text("\n".join([lines[0]] + [ln.replace('"u', '"x', 1) for ln in lines[1:]]) + "\n")
         disjoint = _cli(["simulate", "--labels", str(train[0]), "--party", str(train[1]), "--party", str(other),
-                         *common], env)
+                         *training], env)
     finally:
         _stop_local_superlink(home)
     out = fail.stdout + fail.stderr
     assert fail.returncode != 0, out[-3000:]
-    assert "Simulation raised an exception: PartyFailed: node " in out, out[-3000:]
-    assert f"failed the PSI answer step for split 'train': DataError: {bad}: 2 duplicated ID(s) in column 'id'" in out
+    assert "Simulation raised an exception: PartyFailed: node " in out, _errors(out)
+    assert f"failed in the PSI answer step for split 'train': DataError: {bad}: 2 duplicated ID(s) in column 'id'" \
+        in out, _errors(out)
     assert "finished:failed" in out and "Traceback" not in out, out[-5000:]
     out = disjoint.stdout + disjoint.stderr
     assert disjoint.returncode != 0, out[-3000:]
     assert ("Simulation raised an exception: AlignmentError: party 2 has no training ID in common with the "
-            "label owner's" in out), out[-3000:]
+            "label owner's" in out), _errors(out)
     assert "Traceback" not in out, out[-5000:]
     nodes = node_configs(train, score, "csv", tmp_path)
     _, _, sorder, f_ref = reference(nodes, {"lam": 1e-3, "max-rounds": 15})
@@ -110,8 +121,9 @@ def test_real_superlink_bad_data_is_one_line_and_a_failed_run(tmp_path):
     bad = tmp_path / "dup.csv"
     lines = Path(train[2]).read_text().splitlines()
     bad.write_text("\n".join(lines + lines[1:3]) + "\n")
-    ncs = {0: {"data-path": str(train[0]), "label-column": "label"}, 1: {"data-path": str(train[1])},
-           2: {"data-path": str(bad)}}
+    # psi-max-asked: party 1 lacks 5 % of the label owner's rows (the default cap, 1.0x, refuses that)
+    ncs = {0: {"data-path": str(train[0]), "label-column": "label"},
+           1: {"data-path": str(train[1]), "psi-max-asked": 1.25}, 2: {"data-path": str(bad), "psi-max-asked": 1.25}}
     rc = {"num-parties": 3, "max-rounds": 3, "labels-path": str(train[0]), "label-column": "label",
           "model-dir": str(tmp_path / "m"), "party-wait": 30.0}
     res = deploy_local(tmp_path / "w", 3, rc, node_configs=ncs, tls=False, auth=False, timeout=600)
