@@ -22,6 +22,9 @@ party, the M adverts down to each party). Writes benchmarks/results/bench_secagg
 
     python benchmarks/bench_secagg.py                # M = 2..16, 5 repetitions (about 1-2 min)
     python benchmarks/bench_secagg.py --parties 2,4 --reps 2
+    python benchmarks/bench_secagg.py --flower --parties 2,3,4    # the Flower path (LocalGrid, real
+        # ClientApp handlers, run config secagg=true vs false): bytes and seconds a round, and the
+        # one-off key agreement -> benchmarks/results/bench_secagg_flower.{csv,json}
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ from flower_vfl.core.party import PartyUpdate
 from flower_vfl.core.penalties import get_penalty
 from flower_vfl.secagg import KeyAgreement, MaskContext, Roster, Session, broadcast_digest, secure_sum
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+#: a9a's folder (the repository's ../shared/data/a9a), for the Flower path's run and node configs
+A9A_DIR = str((C.ROOT if hasattr(C, "ROOT") else __import__("pathlib").Path(__file__).resolve().parents[1])
+              .resolve().parent / "shared" / "data" / "a9a")
 
 #: the parties' declared bound on their releases (a9a's scores stay well inside)
 BOUND = 64.0
@@ -201,12 +208,93 @@ def plot(rows, path):
     fig.savefig(path, dpi=110)
 
 
+def message_bytes(msg) -> int:
+    """The vectors and config values a message carries (Flower Arrays' .npy bytes; strings and
+    bytes by length, numbers 8 bytes): what the wire carries besides Flower's framing."""
+    if not msg.has_content():
+        return 0
+    n = 0
+    for rec in msg.content.array_records.values():
+        n += sum(len(rec[k].data) for k in rec)
+    for rec in msg.content.config_records.values():
+        for v in rec.values():
+            vs = v if isinstance(v, list) else [v]
+            n += sum(len(x) if isinstance(x, (bytes, str)) else 8 for x in vs)
+    return n
+
+
+def flower_run(m, secagg, rounds):
+    import warnings
+    warnings.filterwarnings("ignore")
+    from flower_vfl.apps import client as ca
+    from flower_vfl.apps.server import make_strategy
+    from flower_vfl.deploy.local_grid import LocalGrid
+    handlers = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify,
+                "query.secagg_keys": ca.secagg_keys}
+    rc = {"dataset": "a9a", "num-parties": m, "max-rounds": rounds, "secagg": secagg, "lam": 1e-4,
+          "acceleration": "none", "party-wait": 5.0, "data-dir": A9A_DIR}
+    traffic = {}
+
+    def count(msg, rep):
+        kind = msg.metadata.message_type
+        if kind == "train":
+            kind = f"train{msg.content['config']['round']}"
+        down, up = traffic.get(kind, (0, 0))
+        traffic[kind] = (down + message_bytes(msg), up + message_bytes(rep))
+    grid = LocalGrid(handlers, {100 + i: {"partition-id": i, "data-dir": A9A_DIR} for i in range(m)}, rc,
+                     on_reply=count)
+    st = make_strategy(rc)
+    c0, w0 = time.process_time(), time.perf_counter()
+    st.start(grid=grid, num_rounds=rounds, timeout=600)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    el = [r["elapsed_s"] for r in st.history_]
+    per_round = float(np.median(np.diff(el)))
+    last = traffic[f"train{rounds}"]
+    keys = traffic.get("query.secagg_keys", (0, 0))
+    return st, {"wall_s_round": per_round, "cpu_s_run": cpu, "wall_s_run": wall,
+                "bytes_down_round": last[0], "bytes_up_round": last[1],
+                "keys_bytes_down": keys[0], "keys_bytes_up": keys[1]}
+
+
+def flower_main(ms, rounds, out):
+    rows = []
+    for m in ms:
+        plain_st, plain = flower_run(m, False, rounds)
+        sa_st, sa = flower_run(m, True, rounds)
+        err = float(np.max(np.abs(sa_st.decision_test_ - plain_st.decision_test_)))
+        row = {"parties": m, "rounds": rounds, "N": int(plain_st.central.n),
+               **{f"plain_{k}": v for k, v in plain.items() if not k.startswith("keys")},
+               **{f"secagg_{k}": v for k, v in sa.items()},
+               "ratio_wall_round": sa["wall_s_round"] / plain["wall_s_round"],
+               "ratio_bytes_round": (sa["bytes_down_round"] + sa["bytes_up_round"])
+               / (plain["bytes_down_round"] + plain["bytes_up_round"]),
+               "max_decision_diff": err}
+        rows.append(row)
+        print(f"M={m}: round plain {plain['wall_s_round'] * 1e3:.1f} ms, secagg {sa['wall_s_round'] * 1e3:.1f} ms "
+              f"(x{row['ratio_wall_round']:.2f}); bytes/round plain {plain['bytes_down_round'] + plain['bytes_up_round']}"
+              f" secagg {sa['bytes_down_round'] + sa['bytes_up_round']} (x{row['ratio_bytes_round']:.4f}); keys once "
+              f"{sa['keys_bytes_down'] + sa['keys_bytes_up']} B; max |decision diff| {err:.2e}", flush=True)
+    with open(out + ".csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with open(out + ".json", "w") as fh:
+        json.dump({"machine": C.machine_info(), "rows": rows}, fh, indent=1)
+    print("wrote", out + ".{csv,json}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parties", default=",".join(str(m) for m in range(2, 17)))
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=str(C.RESULTS / "bench_secagg"))
+    ap.add_argument("--flower", action="store_true", help="through the Flower path (LocalGrid)")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if args.flower:
+        return flower_main([int(v) for v in args.parties.split(",")], args.rounds,
+                           args.out or str(C.RESULTS / "bench_secagg_flower"))
+    args.out = args.out or str(C.RESULTS / "bench_secagg")
     info = C.print_machine()
     (X1, X2), ytr, _, _ = C.load_a9a()
     import scipy.sparse as sp

@@ -13,7 +13,6 @@ epochs each, lowest final objective wins), never on test data.
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -24,6 +23,8 @@ from tqdm.auto import tqdm
 from flower_vfl import VerticalADMM
 from flower_vfl.baselines import VerticalSGD, centralized_logreg, logreg_objective
 from flower_vfl.baselines.sklearn_baselines import stack_blocks
+
+from _common import figure, save_figure, write_csv as _write_rows
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUT = ROOT / "results" / "figures"
@@ -90,15 +91,14 @@ def rounds_to_target(rows, target, key="test_loss"):
     return first
 
 
+CURVE_COLUMNS = ["method", "round", "objective", "train_loss", "test_loss", "test_accuracy", "messages", "bytes",
+                 "steps"]
+
+
 def write_csv(path, curves: dict[str, list[dict]]):
-    keys = ["method", "round", "objective", "train_loss", "test_loss", "test_accuracy", "messages", "bytes",
-            "steps"]
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
-        w.writeheader()
-        for name, rows in curves.items():
-            for r in rows:
-                w.writerow({"method": name, **{k: ("" if v is None else v) for k, v in r.items()}})
+    """Every method's curve in one table, one row per round/epoch (CURVE_COLUMNS; other keys dropped)."""
+    return _write_rows(path, ({"method": name, **r} for name, rows in curves.items() for r in rows),
+                       fieldnames=CURVE_COLUMNS, extrasaction="ignore")
 
 
 def write_run_dirs(out, curves: dict[str, list[dict]], config: dict):
@@ -122,16 +122,12 @@ def write_json(path, obj):
 
 def plot_curves(path, curves, baselines, title, x_label="epoch (SGD) / round (ADMM)", panels=None):
     """Training objective and test log-loss against epochs/rounds; baselines as dashed lines."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = panels or [("objective", "training objective (log-loss + λ/2‖x‖²)"), ("test_loss", "test log-loss")]
     opt = next((b["objective"] for b in baselines.values() if "objective" in b), None)
     if opt is not None:          # the tail the first panel cannot show: distance to the optimum
         curves = {name: [dict(r, gap=max(r["objective"] - opt, 1e-12)) for r in rows] for name, rows in curves.items()}
         panels = panels + [("gap", "objective − centralized optimum (sklearn)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.6))
+    fig, axes = figure(1, len(panels), figsize=(5.6 * len(panels), 4.6))
     axes = np.atleast_1d(axes)
     for ax, (key, label) in zip(axes, panels):
         for name, rows in curves.items():
@@ -151,7 +147,5 @@ def plot_curves(path, curves, baselines, title, x_label="epoch (SGD) / round (AD
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.suptitle(title + "\n(y axes cut at 4x the centralized optimum)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
     return path

@@ -20,7 +20,6 @@ Writes fig3_noise.csv, .json and .png into --out (default simulations/results/fi
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _paper_figures as F  # noqa: E402
+from _common import figure, save_figure, write_csv  # noqa: E402
 from fig2_wide import FULL, LAM as LAM_WIDE, QUICK, split  # noqa: E402
 
 from flower_vfl.baselines.noisy_admm import noisy_admm  # noqa: E402
@@ -56,11 +56,7 @@ def datasets(quick):
 
 
 def plot(path, results, title):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(results), 2, figsize=(13, 4.6 * len(results)), squeeze=False)
+    fig, axes = figure(len(results), 2, figsize=(13, 4.6 * len(results)), squeeze=False)
     for i, (name, res) in enumerate(results.items()):
         for j, form in enumerate(FORMS):
             ax = axes[i, j]
@@ -80,9 +76,7 @@ def plot(path, results, title):
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def main(argv=None):
@@ -115,15 +109,11 @@ def main(argv=None):
                          "baselines": base, "curves": curves,
                          "final": {form: {str(s): rows[-1]["test_loss"] for s, rows in curves[form].items()}
                                    for form in FORMS}}
-    with open(out / "fig3_noise.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["dataset", "form", "sigma", "round", "objective", "test_loss", "test_accuracy", "primal_residual"])
-        for name, res in results.items():
-            for form in FORMS:
-                for sigma, rows in res["curves"][form].items():
-                    for r in rows:
-                        w.writerow([name, form, sigma, r["round"], r["objective"], r["test_loss"], r["test_accuracy"],
-                                    r["primal_residual"]])
+    write_csv(out / "fig3_noise.csv",
+              ({"dataset": name, "form": form, "sigma": sigma, **r} for name, res in results.items()
+               for form in FORMS for sigma, rows in res["curves"][form].items() for r in rows),
+              fieldnames=["dataset", "form", "sigma", "round", "objective", "test_loss", "test_accuracy",
+                          "primal_residual"], extrasaction="ignore")
     F.write_json(out / "fig3_noise.json", {"quick": args.quick, "sigmas": SIGMAS, "seed": args.seed, "checks": checks,
                                            **{n: {k: v for k, v in r.items() if k != "curves"} for n, r in results.items()}})
     plot(out / "fig3_noise.png", results, "Fig. 3: ADMM sharing test log-loss under Gaussian noise on every party's "

@@ -25,7 +25,6 @@ on 2 cores); ``horizontal_reproduce.py`` runs both splits of the full reproducti
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import time
@@ -38,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flower_vfl.horizontal import DPIADMMParams, agent_seeds  # noqa: E402
 from flower_vfl.horizontal.engine import run_dpiadmm_many  # noqa: E402
 from flower_vfl.horizontal.data import fashion_mnist_split  # noqa: E402
+
+from _common import write_csv  # noqa: E402  (beside this script)
 
 PAPER_EPS = (0.05, 0.1, 1.0, 3.0, 5.0)
 
@@ -272,10 +273,7 @@ def write_split(args, out, jobs, res, timing):
     privacy = {k: v for r in res for k, v in r.get("privacy", {}).items()}
     anchors = [a for r in res for a in r.get("anchors", [])]
     if anchors:
-        with open(out / "anchors.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(anchors[0]))
-            w.writeheader()
-            w.writerows(anchors)
+        write_csv(out / "anchors.csv", anchors)
     _write(out, curves, finals, privacy, args, timing)
     from horizontal_plots import plot_fig1, plot_fig2a   # noqa: E402  (beside this script)
     plot_fig2a(out)
@@ -285,11 +283,7 @@ def write_split(args, out, jobs, res, timing):
 def _write(out, curves, finals, privacy, args, timing):
     for name, rows in (("curves.csv", curves), ("final.csv", finals)):
         if rows:
-            keys = list(dict.fromkeys(k for r in rows for k in r))
-            with open(out / name, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=keys)
-                w.writeheader()
-                w.writerows(rows)
+            write_csv(out / name, rows)
     (out / "report.json").write_text(json.dumps({"args": vars(args), "command": " ".join(["python"] + sys.argv),
                                                   "final": finals, "wall_s": timing,
                                                   "privacy_per_agent_seed0": privacy}, indent=1, default=str))

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from _common import figure, read_csv, save_figure, write_csv
 
 COLORS = {"objt": "tab:red", "objp": "tab:blue", "outp": "tab:green", "objt-code": "tab:purple"}
 LABELS = {"objt": "ObjT (paper: δ_t=a/t²)", "objp": "ObjP", "outp": "OutP (Huang et al.)",
           "objt-code": "ObjT (code: constant radius)"}
-
-
-def _read(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def _setting(out):
@@ -37,9 +29,9 @@ def plot_fig2a(out):
     epsilon over T iterations (right, PLD at delta=1e-5, with the DP-SGD anchors at their own
     accountant's epsilon); mean with 20/80-percentile bars, non-private and FedAvg as lines."""
     out = Path(out)
-    rows = _read(out / "final.csv")
-    anchors = _read(out / "anchors.csv") if (out / "anchors.csv").exists() else []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 6.2), sharey=True)
+    rows = read_csv(out / "final.csv")
+    anchors = read_csv(out / "anchors.csv") if (out / "anchors.csv").exists() else []
+    fig, axes = figure(1, 2, figsize=(12, 6.2), sharey=True)
     for k, ax in enumerate(axes):
         xkey = "eps_bar" if k == 0 else "epsilon_total_pld_max"
         for v in dict.fromkeys(r["variant"] for r in rows):
@@ -76,19 +68,17 @@ def plot_fig2a(out):
     h, lab = axes[1].get_legend_handles_labels()
     fig.legend(h, lab, fontsize=8, loc="lower center", ncol=3, frameon=False)
     fig.suptitle(f"{_setting(out)}: test error, mean and 20/80-percentile bars over noise seeds", fontsize=11)
-    fig.tight_layout(rect=(0, 0.17, 1, 1))
-    fig.savefig(out / "fig2a.png", dpi=130)
-    plt.close(fig)
+    save_figure(fig, out / "fig2a.png", dpi=130, rect=(0, 0.17, 1, 1))
 
 
 def plot_fig1(out, eps_list=(0.05, 0.1, 1.0)):
     """Noise magnitude (top) and test error (bottom) per iteration, mean with 20/80 bands."""
     out = Path(out)
-    rows = _read(out / "curves.csv")
+    rows = read_csv(out / "curves.csv")
     eps_list = [e for e in eps_list if any(r["eps_bar"] != "inf" and float(r["eps_bar"]) == e for r in rows)]
     if not eps_list:
         return
-    fig, axes = plt.subplots(2, len(eps_list), figsize=(4.6 * len(eps_list), 7.5), squeeze=False)
+    fig, axes = figure(2, len(eps_list), figsize=(4.6 * len(eps_list), 7.5), squeeze=False)
     for j, e in enumerate(eps_list):
         for v in dict.fromkeys(r["variant"] for r in rows):
             sel = [r for r in rows if r["variant"] == v and r["eps_bar"] != "inf" and float(r["eps_bar"]) == e]
@@ -122,19 +112,15 @@ def plot_fig1(out, eps_list=(0.05, 0.1, 1.0)):
     fig.legend(h, lab, fontsize=8, loc="lower center", ncol=4, frameon=False)
     fig.suptitle(f"{_setting(out)}: mean and 20/80-percentile band over noise seeds (Fig. 1 analogue)",
                  fontsize=9)
-    fig.tight_layout(rect=(0, 0.09, 1, 1))
-    fig.savefig(out / "fig1.png", dpi=130)
-    plt.close(fig)
-
-
+    save_figure(fig, out / "fig1.png", dpi=130, rect=(0, 0.09, 1, 1))
 
 
 def plot_settle(out, optimum=None):
     """Test error vs iteration (log axis) of every run in curves.csv, one line per setting
     (mean over seeds): where the curves settle."""
     out = Path(out)
-    rows = _read(out / "curves.csv")
-    fig, ax = plt.subplots(figsize=(8, 5))
+    rows = read_csv(out / "curves.csv")
+    fig, ax = figure(figsize=(8, 5))
     styles = {"inf": "-", "5.0": "--", "1.0": "-.", "0.1": (0, (1, 1)), "0.05": ":"}
     for key in dict.fromkeys((r["variant"], r["eps_bar"]) for r in rows):
         sel = [r for r in rows if (r["variant"], r["eps_bar"]) == key]
@@ -151,9 +137,7 @@ def plot_settle(out, optimum=None):
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper right")
     ax.set_title(f"{_setting(out)}: where the error curves settle (one noise seed)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out / "settle.png", dpi=130)
-    plt.close(fig)
+    save_figure(fig, out / "settle.png", dpi=130)
 
 
 def merge(dirs, out):
@@ -165,20 +149,16 @@ def merge(dirs, out):
         rows = []
         for d in dirs:
             if (Path(d) / name).exists():
-                rows += _read(Path(d) / name)
+                rows += read_csv(Path(d) / name)
         if rows:
-            keys = list(dict.fromkeys(k for r in rows for k in r))
-            with open(out / name, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=keys)
-                w.writeheader()
-                w.writerows(rows)
+            write_csv(out / name, rows)
     plot_fig2a(out)
     plot_fig1(out)
 
 
 def markdown(out):
     """The final table (test error % at T, 20/80 percentiles, privacy totals) as Markdown."""
-    rows = _read(Path(out) / "final.csv")
+    rows = read_csv(Path(out) / "final.csv")
     lines = ["| variant | ε̄ per iteration | seeds | test error % (p20–p80) | total ε over T, PLD (δ=1e-5) | basic T·ε̄ |",
              "|---|---|---|---|---|---|"]
     for r in rows:

@@ -19,7 +19,6 @@ Vertical: the committed results of ``simulations/privacy_utility.py``
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import time
@@ -35,6 +34,8 @@ from flower_vfl.horizontal.engine import run_dpiadmm_many  # noqa: E402
 from flower_vfl.horizontal.data import split_arrays  # noqa: E402
 from flower_vfl.horizontal.model import softmax  # noqa: E402
 from flower_vfl.horizontal.privacy import eps_bar_for_total  # noqa: E402
+
+from _common import figure, read_csv, save_figure, write_csv  # noqa: E402
 
 VARIANTS = {"objt": ("objt", "paper"), "objt-code": ("objt", "constant"), "objp": ("objp", "paper"),
             "outp": ("outp", "paper")}
@@ -145,13 +146,12 @@ def main(argv=None):
     bar.close()
     vert = ROOT / "simulations/results/privacy_utility/privacy_utility.csv"
     if vert.exists():
-        with open(vert) as f:
-            for r in csv.DictReader(f):
-                rows.append({"setting": f"vertical {'party 2 private' if r['setting'] == 'p2' else 'both private'}",
-                             "agents": 2, "epsilon": r["epsilon"], "epsilon_spent_pld": r["epsilon_spent_exact"],
-                             "T": r["train_rounds"], "test_acc": float(r["test_acc"]),
-                             "test_acc_sd": float(r["test_acc_sd"]), "test_logloss": float(r["test_logloss"]),
-                             "test_logloss_sd": float(r["test_logloss_sd"]), "n_draws": r["n_draws"]})
+        for r in read_csv(vert):
+            rows.append({"setting": f"vertical {'party 2 private' if r['setting'] == 'p2' else 'both private'}",
+                         "agents": 2, "epsilon": r["epsilon"], "epsilon_spent_pld": r["epsilon_spent_exact"],
+                         "T": r["train_rounds"], "test_acc": float(r["test_acc"]),
+                         "test_acc_sd": float(r["test_acc_sd"]), "test_logloss": float(r["test_logloss"]),
+                         "test_logloss_sd": float(r["test_logloss_sd"]), "n_draws": r["n_draws"]})
     _write(out, rows, args, time.perf_counter() - t0)
     plot(out)
     print(f"wrote {out} in {time.perf_counter() - t0:.0f} s")
@@ -161,22 +161,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _write(out, rows, args, elapsed):
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / "comparison.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "comparison.csv", rows)
     (out / "summary.json").write_text(json.dumps({"args": vars(args), "elapsed_s": elapsed}, indent=1))
 
 
 def plot(out):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    with open(Path(out) / "comparison.csv") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(Path(out) / "comparison.csv")
     agents = sorted({int(r["agents"]) for r in rows if r["setting"].startswith("horizontal")})
-    fig, axes = plt.subplots(1, len(agents), figsize=(5.2 * len(agents), 4.8), sharey=True, squeeze=False)
+    fig, axes = figure(1, len(agents), figsize=(5.2 * len(agents), 4.8), sharey=True, squeeze=False)
     axes = axes[0]
     ref = next((float(r["test_acc"]) for r in rows if r["setting"].startswith("vertical") and r["epsilon"] == "inf"),
                None)
@@ -200,15 +192,12 @@ def plot(out):
     axes[0].set_ylabel("test accuracy")
     axes[0].set_ylim(0.72, 0.86)
     axes[0].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(Path(out) / "comparison.png", dpi=130)
-    plt.close(fig)
+    save_figure(fig, Path(out) / "comparison.png", dpi=130)
 
 
 def markdown(out):
     """The comparison table (test accuracy and log-loss at each total epsilon) as Markdown."""
-    with open(Path(out) / "comparison.csv") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(Path(out) / "comparison.csv")
     lines = ["| setting | agents / parties | total ε (PLD, from the ledger) | T | ρ constants | test acc (mean ± sd) | test log-loss |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -21,7 +21,6 @@ test set is only scored: nothing is tuned here.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import time
@@ -38,13 +37,11 @@ from flower_vfl.io.data import load_all, party_block
 from flower_vfl.privacy import PrivacyConfig
 from flower_vfl.privacy.label_dp import flip_probability, label_epsilon_spent, randomized_response
 
+from _common import figure, metrics, save_figure, write_csv
+
 EPS_LABEL = [0.5, 1.0, 2.0, 4.0, float("inf")]
 LAM, MAX_ROUNDS, TOL = 1e-4, 300, 1e-8
 FEATURE_DP = PrivacyConfig(epsilon=1.0, delta=1e-5, lam=3e-3)
-
-
-def metrics(f, yt):
-    return float(np.mean(np.where(f >= 0, 1, -1) == yt)), float(np.mean(np.logaddexp(0.0, -yt * f)))
 
 
 def central_fit(X, t, loss, w0=None):
@@ -90,8 +87,8 @@ def run(seeds, out: Path):
         # central references on the same privatized labels (label_seed = seed: the same draw)
         t = randomized_response(y, eps, seed=seed) if label_eps else y
         w_naive = central_fit(Xr, t, LogisticLoss())
-        rows.append(dict(base, method="central_naive", test_accuracy=metrics(Xtr @ w_naive[:-1] + w_naive[-1], yt)[0],
-                         test_logloss=metrics(Xtr @ w_naive[:-1] + w_naive[-1], yt)[1]))
+        acc, ll = metrics(Xtr @ w_naive[:-1] + w_naive[-1], yt)
+        rows.append(dict(base, method="central_naive", test_accuracy=acc, test_logloss=ll))
         if label_eps:
             w_fwd = central_fit(Xr, t, ForwardCorrectedLogistic(flip_probability(eps)), w0=w_naive)
         else:
@@ -100,15 +97,9 @@ def run(seeds, out: Path):
         rows.append(dict(base, method="central_forward", test_accuracy=acc, test_logloss=ll))
     out.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("eps_label", "method", "seed"), k))
-    with open(out / "runs.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "runs.csv", rows, fieldnames=keys)
     summary = summarize(rows)
-    with open(out / "summary.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(summary[0]))
-        w.writeheader()
-        w.writerows(summary)
+    write_csv(out / "summary.csv", summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, out / "label_dp.png")
     return summary
@@ -129,17 +120,12 @@ def summarize(rows):
 
 
 def plot(summary, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     xs = {e: (e if math.isfinite(e) else 8.0) for e in EPS_LABEL}
     style = {"admm_public": ("ADMM, features public", "C0", "o-"),
              "admm_p2": ("ADMM, party 2 private (eps=1)", "C1", "s-"),
              "central_forward": ("central, forward-corrected", "k", "x--"),
              "central_naive": ("central, naive on flipped labels", "C3", "v:")}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = figure(1, 2, figsize=(11, 4.2))
     for ax, key, label in ((axes[0], "acc", "test accuracy"), (axes[1], "logloss", "test log-loss")):
         for method, (name, color, fmt) in style.items():
             sel = [r for r in summary if r["method"] == method]
@@ -156,8 +142,7 @@ def plot(summary, path):
     axes[1].set_ylim(0.31, 0.60)
     axes[1].legend(fontsize=8)
     fig.suptitle("a9a, 2 parties (66/57 columns), lam=1e-4: mean ± sd over noise seeds; grey: non-private")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def main():

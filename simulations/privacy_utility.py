@@ -22,20 +22,19 @@ the paper's "local party"); ``both``, both parties are private.
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
 import time
 from pathlib import Path
 
 import numpy as np
-from scipy.special import log_expit
 from sklearn.linear_model import LogisticRegression
 from tqdm.auto import tqdm
 
 from flower_vfl import VerticalADMM
-from flower_vfl.io.data import load_all, column_ranges
 from flower_vfl.privacy.party import PrivacyConfig
+
+from _common import a9a_paper_split as load, figure, log_ticks, metrics, read_csv, save_figure, write_csv
 
 EPSILONS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, float("inf")]
 DELTA = 1e-5
@@ -43,17 +42,6 @@ LAM = 1e-4              # the non-private problem's lam (party 1, and the eps = 
 WARM_ROUNDS, WARM_TOL = 40, 1e-5
 GRID = dict(T=[0, 1], lam_p=[1e-3, 3e-3, 1e-2], kappa=[0.05, 0.125], b1=[1.0, 2.0, 4.0])
 QUICK_GRID = dict(T=[0, 1], lam_p=[3e-3], kappa=[0.05], b1=[2.0])
-
-
-def load():
-    X, y, Xt, yt = load_all("a9a")
-    cols = column_ranges("a9a", X.shape[1], 2)
-    split = lambda M: [M[:, a:b].tocsr() for a, b in cols]  # noqa: E731
-    return split(X), y, split(Xt), yt
-
-
-def metrics(f, y):
-    return float(np.mean(np.where(f >= 0, 1, -1) == y)), float(np.mean(-log_expit(y * f)))
 
 
 def fit_eval(B, y, Bv, yv, eps, setting, T, lam_p, kappa, b1, seed):
@@ -134,8 +122,8 @@ def main(argv=None):
                              test_logloss=float(np.mean(lls)), test_logloss_sd=float(np.std(lls)),
                              n_draws=len(accs)))
             print(json.dumps(rows[-1]), flush=True)
-    _write_csv(out / "privacy_utility.csv", rows)
-    _write_csv(out / "selection.csv", selection)
+    write_csv(out / "privacy_utility.csv", rows)
+    write_csv(out / "selection.csv", selection)
     summary = {"party1_alone": {"acc": p1_acc, "logloss": p1_ll},
                "centralized_reference": {"acc": 0.8498, "logloss": 0.3238}, "grid": grid,
                "selection": "mean validation log-loss over select_seeds noise draws on a 20% split of "
@@ -147,28 +135,16 @@ def main(argv=None):
     print(json.dumps(summary, indent=2))
 
 
-def _write_csv(path, rows):
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def replot(out):
-    with open(out / "privacy_utility.csv") as fh:
-        rows = [{k: (v if k == "setting" else float(v)) for k, v in r.items()} for r in csv.DictReader(fh)]
+    rows = [{k: (v if k == "setting" else float(v)) for k, v in r.items()}
+            for r in read_csv(out / "privacy_utility.csv")]
     p1 = json.loads((out / "summary.json").read_text())["party1_alone"]
     plot(rows, p1["acc"], p1["logloss"], out / "privacy_utility.png")
     return 0
 
 
 def plot(rows, p1_acc, p1_ll, path):
-    import matplotlib
-    import matplotlib.ticker
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = figure(1, 2, figsize=(11, 4))
     for ax, key, p1v, cv, lab in ((axes[0], "test_acc", p1_acc, 0.8498, "test accuracy"),
                                   (axes[1], "test_logloss", p1_ll, 0.3238, "test log-loss")):
         for setting, mk in (("p2", "o-"), ("both", "s--")):
@@ -178,18 +154,13 @@ def plot(rows, p1_acc, p1_ll, path):
                         label={"p2": "party 2 private", "both": "both parties private"}[setting])
         ax.axhline(p1v, color="C3", ls=":", label=f"party 1 alone ({p1v:.4f})")
         ax.axhline(cv, color="k", ls="-.", label=f"centralized ({cv:.4f})")
-        ax.set_xscale("log")
-        budgets = sorted({x["epsilon_spent_exact"] for x in rows if np.isfinite(x["epsilon"])})
-        ax.set_xticks(budgets)
-        ax.set_xticklabels([f"{e:.3g}" for e in budgets])
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        log_ticks(ax, sorted({x["epsilon_spent_exact"] for x in rows if np.isfinite(x["epsilon"])}), "{:.3g}")
         ax.set_xlabel("total ε spent (δ=1e-5, exact accountant, from the parties' ledgers)")
         ax.set_ylabel(lab)
         ax.legend(fontsize=8)
     axes[1].set_ylim(top=min(axes[1].get_ylim()[1], 0.6))
     fig.suptitle("a9a, 2 parties (paper split), strict sample-level calibration; mean ± sd over noise draws")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 if __name__ == "__main__":

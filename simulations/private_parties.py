@@ -24,19 +24,18 @@ all features (VerticalADMM, 60 rounds).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import time
 from pathlib import Path
 
 import numpy as np
-from scipy.special import log_expit
 from sklearn.linear_model import LogisticRegression
 
 from flower_vfl import VerticalADMM
 from flower_vfl.estimator.stacked import StackedPrivateParties
-from flower_vfl.io.data import column_ranges, load_all
 from flower_vfl.privacy.party import PrivacyConfig
+
+from _common import a9a_paper_split as load, figure, log_ticks, metrics, save_figure, write_csv
 
 EPSILONS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0]
 DELTA = 1e-5
@@ -52,17 +51,6 @@ SELECT_EPS = [0.25, 1.0, 4.0]
 #: simulations/results/privacy_utility/privacy_utility.csv); c_v = 1/(N rho_x), c_s = 1 as there
 ADMM_SETTINGS = {0.25: (0, 1e-2, 0.05, 4.0), 0.5: (0, 3e-3, 0.05, 4.0), 1.0: (0, 3e-3, 0.125, 4.0),
                  2.0: (0, 1e-3, 0.125, 4.0), 4.0: (0, 1e-3, 0.125, 4.0), 8.0: (1, 1e-3, 0.125, 4.0)}
-
-
-def load():
-    X, y, Xt, yt = load_all("a9a")
-    cols = column_ranges("a9a", X.shape[1], 2)
-    split = lambda M: [M[:, a:b].tocsr() for a, b in cols]  # noqa: E731
-    return split(X), y, split(Xt), yt
-
-
-def metrics(f, y):
-    return float(np.mean(np.where(f >= 0, 1, -1) == y)), float(np.mean(-log_expit(y * f)))
 
 
 def spent(report):
@@ -133,10 +121,7 @@ def main(argv=None):
     c_v, ridge = C_V, RIDGE
     if not args.no_select:
         c_v, ridge, sel = select(B, y)
-        with open(out / "private_parties.selection.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(sel[0]))
-            w.writeheader()
-            w.writerows(sel)
+        write_csv(out / "private_parties.selection.csv", sel)
         print(f"selected on the training set: c_v={c_v}, ridge={ridge}", flush=True)
     perm = np.random.default_rng(12345).permutation(yt.size)
     halves = (np.sort(perm[: yt.size // 2]), np.sort(perm[yt.size // 2:]))
@@ -160,10 +145,7 @@ def main(argv=None):
                               test_acc_sd=float(np.std([x["test_acc"] for x in r])),
                               test_logloss=float(np.mean([x["test_logloss"] for x in r])),
                               test_logloss_sd=float(np.std([x["test_logloss"] for x in r])), n_seeds=len(r)))
-    with open(out / "private_parties.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(runs[0]))
-        w.writeheader()
-        w.writerows(runs)
+    write_csv(out / "private_parties.csv", runs)
     summary = {"table": table, "party1_alone": {"acc": p1_acc, "logloss": p1_ll},
                "all_nonprivate": {"acc": all_acc, "logloss": all_ll},
                "stacked_constants": {"c_v": c_v, "ridge": ridge,
@@ -180,13 +162,8 @@ def main(argv=None):
 
 
 def plot(summary, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
     table = summary["table"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = figure(1, 2, figsize=(11, 4.2))
     labels = {"stacked": "both private, stacked SSP (new)", "admm": "both private, ADMM one-shot (today)"}
     for ax, key, ref, lab in ((axes[0], "test_acc", "acc", "test accuracy"),
                               (axes[1], "test_logloss", "logloss", "test log-loss")):
@@ -197,18 +174,12 @@ def plot(summary, path):
         p1, al = summary["party1_alone"][ref], summary["all_nonprivate"][ref]
         ax.axhline(p1, color="C3", ls=":", label=f"party 1 alone, non-private ({p1:.4f})")
         ax.axhline(al, color="k", ls="-.", label=f"all features, non-private ({al:.4f})")
-        ax.set_xscale("log")
-        eps = sorted({x["epsilon"] for x in table})
-        ax.set_xticks(eps)
-        ax.set_xticklabels([f"{e:g}" for e in eps])
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        log_ticks(ax, sorted({x["epsilon"] for x in table}))
         ax.set_xlabel("ε per party (δ=1e-5, exact accountant; read from each party's ledger)")
         ax.set_ylabel(lab)
         ax.legend(fontsize=7.5)
     fig.suptitle(f"a9a, both feature parties private (strict model); mean ± sd over {summary['seeds']} seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return 0
 
 

@@ -80,3 +80,14 @@ def multinomial(X, yk, lam):
     res = minimize(fun, np.zeros(d * K + K), jac=True, method="L-BFGS-B",
                    options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 100000, "maxcor": 50})
     return res.x[:d * K].reshape(d, K), res.x[d * K:], fun(res.x)[0]
+
+
+def breast_cancer_blocks():
+    """sklearn breast cancer, standardized, labels in {-1, +1}, in 3 column blocks (0:10, 10:20,
+    20:30): ``(X, Y, blocks)``, the data of the exactness tests."""
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    return X, np.where(y == 1, 1.0, -1.0), [X[:, :10], X[:, 10:20], X[:, 20:]]

@@ -8,18 +8,15 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 from scipy.special import expit
-from sklearn.datasets import load_breast_cancer, load_wine
+from sklearn.datasets import load_wine
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 from flower_vfl import VerticalADMM
-from reference import centralized, multinomial, smooth_loss
+from reference import breast_cancer_blocks, centralized, multinomial, smooth_loss
 
-X, _y = load_breast_cancer(return_X_y=True)
-X = StandardScaler().fit_transform(X)
-Y = np.where(_y == 1, 1.0, -1.0)
+X, Y, BLOCKS = breast_cancer_blocks()
 N = X.shape[0]
-BLOCKS = [X[:, :10], X[:, 10:20], X[:, 20:]]
 
 
 def _check(m, w_ref, obj_ref):

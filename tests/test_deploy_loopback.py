@@ -104,6 +104,17 @@ class Loopback:
                                               f"127.0.0.1:{self.link}", "--port", free_port(), "--node-config",
                                               f"partition-id={m}"], self.env, self.tmp)
 
+    def nodes_up(self, names=("node0", "node1"), timeout=120):
+        """Wait until each SuperNode has its node id from the SuperLink (a short party-wait at
+        identify would otherwise race a SuperNode still starting on a loaded machine)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            logs = [self.tmp / "logs" / f"{n}.log" for n in names]
+            if all(f.is_file() and "SuperNode ID:" in f.read_text(errors="replace") for f in logs):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"SuperNodes {names} not connected in {timeout} s")
+
     def submit(self, rc: str):
         return submit(ROOT, self.conn, rc, self.env)
 
@@ -115,10 +126,14 @@ def _wait_round(report, k, timeout=600):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if len(json.loads(report.read_text())["rounds"]) >= k:
+            rep = json.loads(report.read_text())
+        except (OSError, ValueError):
+            rep = None
+        if rep is not None:
+            if len(rep.get("rounds", [])) >= k:
                 return
-        except (OSError, ValueError, KeyError):
-            pass
+            if (rep.get("final") or {}).get("failed"):      # fail now, with the run's reason
+                raise AssertionError(f"the run failed before round {k}: {rep['final'].get('error')}")
         time.sleep(0.5)
     raise AssertionError(f"round {k} not reached in {timeout} s")
 
@@ -151,6 +166,7 @@ def test_party_that_never_returns_fails_the_run_with_a_checkpoint(tmp_path):
         lb.superlink()
         lb.node(0)
         lb.node(1)
+        lb.nodes_up()
         run_id = lb.submit(f"dataset='breast_cancer' max-rounds=30 out-dir='{out}' round-timeout=90.0 "
                            "party-wait=5.0")
         _wait_round(out / "report.json", 1)

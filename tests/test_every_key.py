@@ -32,7 +32,7 @@ CHANGED = {
     "party-keys": "/tmp/k.json", "state-dir": "/tmp/s", "model-dir": "/tmp/m", "psi-structure": "gcs",
     "psi-fpr": 1e-6, "predictions-path": "/tmp/p.csv", "data-dir": "/tmp/d", "out-dir": "/tmp/o",
     "id-column": "uid", "label-column": "y", "preprocess": "standardize", "psi-max-asked": 2.0,
-    "run-config": "lam=0.5", "max-release": 10.0,
+    "run-config": "lam=0.5", "max-release": 10.0, "secagg": "true",
 }
 
 
@@ -370,6 +370,14 @@ def test_every_node_config_key_changes_what_the_party_builds(monkeypatch, tmp_pa
         assert build({key: SCHEMA[key].type(CHANGED[key])}) != base, f"run config key {key!r} changed nothing"
     changed = {"partition-id": 0, "max-answers": 3, "min-rho": 0.5, "max-rho": 2.0, "data-dir": str(tmp_path),
                "state-dir": str(tmp_path / "s")}
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from flower_vfl.secagg import public_key_hex, signing_key_pem
+    key = Ed25519PrivateKey.generate()
+    (tmp_path / "k.pem").write_bytes(signing_key_pem(key))
+    changed.update({"secagg-name": "alice", "secagg-signing-key": str(tmp_path / "k.pem"), "secagg-min-parties": 3,
+                    "secagg-require": "party0", "secagg-bound": 5.0, "secagg-only": True})
+    assert build(**{"secagg-signing-key": str(tmp_path / "k.pem"), "secagg-pins": f"party0={public_key_hex(key)}"}) \
+        != build(**{"secagg-signing-key": str(tmp_path / "k.pem")})
     for key, value in changed.items():
         assert build(**{key: value}) != base, f"node config key {key!r}={value!r} changed nothing the party builds"
     private = {"dp-epsilon": 1.0}

@@ -207,37 +207,34 @@ def test_flwr_run_simulation_matches_in_process_on_a9a(tmp_path):
 
 @pytest.mark.slow
 def test_flwr_run_private_party_on_a9a(tmp_path):
-    """A private run through `flwr run .` (party 2 private at eps = 1, sample-level DP): the same
-    decision values as the in-process engine with the same seed, the party's ledger in
-    report.json with the accountant's total, and better than party 1 alone (0.8376)."""
+    """A private run through `flwr run .` (party 1 private at eps = 1 from its own node config,
+    sample-level DP). A Flower party never takes a seed and the noise is drawn in another process,
+    so the check is seed-free: the party's ledger in report.json holds the accountant's total over
+    the one evaluation release, the noise was drawn (not the non-private decision values), and the
+    accuracy is above party 1 alone (0.8376) and at the in-process engine's level (8 seeds at
+    20 rounds: 0.8461-0.8473)."""
     import json
-
-    from flower_vfl.config.settings import privacy_from_config
 
     if shutil.which("flwr") is None:
         pytest.skip("flwr CLI not on PATH")
-    import json as _json
 
-    rc = {"dataset": "a9a", "num-parties": 2, "max-rounds": 20}
-    party1 = {"dp": True, "dp-epsilon": 1.0, "dp-lam": 3e-3, "dp-seed": 3,
-              "state-dir": str(tmp_path / "party1-state")}
+    party1 = {"dp": True, "dp-epsilon": 1.0, "dp-lam": 3e-3, "state-dir": str(tmp_path / "party1-state")}
     nodes_file = tmp_path / "node-config.json"        # the simulated parties' own node configs
-    nodes_file.write_text(_json.dumps({"1": party1}))
-    out = _flwr_run(tmp_path, "dataset='a9a' num-parties=2 max-rounds=20 dp=true dp-parties='1' "
-                              "dp-epsilon=50.0 dp-seed=4",           # the run config's dp-* values are ignored
+    nodes_file.write_text(json.dumps({"1": party1}))
+    out = _flwr_run(tmp_path, "dataset='a9a' num-parties=2 max-rounds=20 dp=true dp-parties='1'",
                     env_extra={"FLOWER_VFL_NODE_CONFIG": str(nodes_file)})
     f_flower = np.load(out / "decision_test.npy")
     blocks = [party_block("a9a", i, 2) for i in range(2)]
     y, yt = labels("a9a")
-    m = VerticalADMM(lam=1e-4, max_rounds=20, tol=0,
-                     privacy=[None, privacy_from_config(1, rc, {"partition-id": 1, **party1})])
-    m.fit([b[0] for b in blocks], y)
-    assert np.max(np.abs(m.decision_function([b[1] for b in blocks]) - f_flower)) <= 1e-9
+    plain = VerticalADMM(lam=1e-4, max_rounds=20, tol=0).fit([b[0] for b in blocks], y)
+    assert np.max(np.abs(plain.decision_function([b[1] for b in blocks]) - f_flower)) > 1e-3
     report = json.loads((out / "report.json").read_text())
     party = report["privacy"]["1"]
     assert party["totals"]["exact"] == pytest.approx(1.0, rel=1e-6)
+    assert party["config"]["lam"] == 0.003
     assert [e["kind"] for e in party["ledger"]["entries"]] == ["eval"]
-    assert np.mean(np.where(f_flower >= 0, 1, -1) == yt) > 0.8376
+    assert "0" not in report["privacy"]
+    assert np.mean(np.where(f_flower >= 0, 1, -1) == yt) >= 0.843
 
 
 @pytest.mark.slow
@@ -278,11 +275,10 @@ def _free_port():
 def test_real_superlink_and_supernodes_on_loopback(tmp_path):
     """Deployment as the institutions would run it: a SuperLink, one SuperNode per party with its
     own node config (party 1 brings its own privacy budget), and `flwr run` over the network API.
-    Same decision values as the in-process engine (1e-9); the party's ledger spends its budget."""
+    The party draws its noise from OS entropy (no seed), so: its ledger spends exactly its budget,
+    the noise was drawn, and the accuracy is at the in-process engine's level."""
     import json
     import time
-
-    from flower_vfl.config.settings import privacy_from_config
 
     if shutil.which("flower-superlink") is None:
         pytest.skip("Flower's server binaries are not on PATH")
@@ -293,7 +289,7 @@ def test_real_superlink_and_supernodes_on_loopback(tmp_path):
                                       f'address = "127.0.0.1:{link}"\ninsecure = true\n')
     env = dict(os.environ, FLWR_HOME=str(home))
     data = str(ROOT.parent / "shared" / "data" / "a9a")
-    party1 = f"partition-id=1 data-dir='{data}' dp=true dp-epsilon=1.0 dp-lam=0.003 dp-seed=5"
+    party1 = f"partition-id=1 data-dir='{data}' dp=true dp-epsilon=1.0 dp-lam=0.003"
     logs = [open(tmp_path / f"{name}.log", "w") for name in ("superlink", "node0", "node1")]
     procs = [subprocess.Popen(["flower-superlink", "--insecure", "--port", str(link),
                                "--disable-runtime-dependency-installation"], env=env, cwd=tmp_path,
@@ -323,18 +319,18 @@ def test_real_superlink_and_supernodes_on_loopback(tmp_path):
         for f in logs:
             f.close()
     f_flower = np.load(out / "decision_test.npy")
-    node_cfg = dict(kv.split("=", 1) for kv in party1.split())
-    node_cfg = {k: (v.strip("'") if k == "data-dir" else json.loads(v)) for k, v in node_cfg.items()}
-    rc = {"dataset": "a9a", "num-parties": 2}
     blocks = [party_block("a9a", i, 2) for i in range(2)]
-    y, _ = labels("a9a")
-    m = VerticalADMM(lam=1e-4, max_rounds=3, tol=0,
-                     privacy=[privacy_from_config(0, rc), privacy_from_config(1, rc, node_cfg)])
-    m.fit([b[0] for b in blocks], y)
-    assert np.max(np.abs(m.decision_function([b[1] for b in blocks]) - f_flower)) <= 1e-9
-    party = json.loads((out / "report.json").read_text())["privacy"]["1"]
+    y, yt = labels("a9a")
+    plain = VerticalADMM(lam=1e-4, max_rounds=3, tol=0).fit([b[0] for b in blocks], y)
+    assert np.max(np.abs(plain.decision_function([b[1] for b in blocks]) - f_flower)) > 1e-3
+    report = json.loads((out / "report.json").read_text())
+    party = report["privacy"]["1"]
     assert party["totals"]["exact"] == pytest.approx(1.0, rel=1e-6)
     assert party["config"]["lam"] == 0.003
+    assert [e["kind"] for e in party["ledger"]["entries"]] == ["eval"]
+    assert len(report["rounds"]) == 3
+    # the in-process engine, 6 seeds at 3 rounds: 0.8320-0.8355 (non-private 0.8428)
+    assert np.mean(np.where(f_flower >= 0, 1, -1) == yt) >= 0.825
 
 
 def test_private_party_messages_under_the_warm_started_protocol():

@@ -17,6 +17,7 @@ def _args(batch):
                      "--code-eps", "1", "--eval-every", "1", "--batch", str(batch), "--dtype", "float64"])
 
 
+@pytest.mark.slow    # end to end: a spawned pool, Fashion-MNIST loaded per job; 108-187 s on 2 busy cores
 def test_pooled_batches_equal_one_job_per_setting():
     try:
         from flower_vfl.horizontal.data import fashion_mnist_split

@@ -9,7 +9,7 @@ coefficients within 1e-5 (max abs), as tests/test_core_exactness.py.
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_breast_cancer, load_wine
+from sklearn.datasets import load_wine
 from sklearn.preprocessing import StandardScaler
 
 from flower_vfl import VerticalADMM
@@ -17,13 +17,10 @@ from flower_vfl.core.accel import Anderson
 from flower_vfl.core.losses import MultinomialLoss
 from flower_vfl.core.penalties import Ball, get_penalty
 from flower_vfl.core.xsolve import XSolver, choose_method
-from reference import centralized, multinomial
+from reference import breast_cancer_blocks, centralized, multinomial
 
-X, _y = load_breast_cancer(return_X_y=True)
-X = StandardScaler().fit_transform(X)
-Y = np.where(_y == 1, 1.0, -1.0)
+X, Y, BLOCKS = breast_cancer_blocks()
 N = X.shape[0]
-BLOCKS = [X[:, :10], X[:, 10:20], X[:, 20:]]
 GROUPS = [(0, 10), (10, 20), (20, 30)]
 
 

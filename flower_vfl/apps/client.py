@@ -74,12 +74,21 @@ def make_client(context: Context) -> VerticalPartyClient:
         # The folder is the node config's data-dir only (the run config's is the label owner's)
         D, D_test = cached_party_block(source.dataset, party, num_parties, source.data_dir or None,
                                        nc.get("state-dir") or None)
+    from flower_vfl.clients.party_secagg import PartySecAgg
+    privacy = privacy_from_config(party, rc, nc)
+    loss = str(run_setting("loss", rc, nc))
+    if privacy is not None and loss == "multinomial":      # refused before any round (identify)
+        raise ConfigError(f"party {party} is private and releases one noisy score vector per round; the run "
+                          f"config's loss={loss!r} needs K score columns from every party, which its privacy "
+                          "calibration does not cover. Refused: use a binary loss (logistic) with this "
+                          "party private, or run it without dp")
+    secagg = PartySecAgg(party, nc, privacy is not None)     # node config secagg-* only (trusted)
     return VerticalPartyClient(party, D, D_test, penalty=str(run_setting("penalty", rc, nc)),
                                lam=float(run_setting("lam", rc, nc)), x_solver=str(run_setting("x-solver", rc, nc)),
-                               privacy=privacy_from_config(party, rc, nc), n_parties=num_parties,
+                               privacy=privacy, n_parties=num_parties,
                                state_dir=nc.get("state-dir") or None,
                                max_answers=int(nc.get("max-answers", 0)), source=source,
-                               rho_range=_rho_range(nc, party))
+                               rho_range=_rho_range(nc, party), secagg=secagg)
 
 
 def identify(msg: Message, context: Context) -> Message:
@@ -94,12 +103,17 @@ def evaluate(msg: Message, context: Context) -> Message:
     return make_client(context).evaluate(msg, context)
 
 
+def secagg_keys(msg: Message, context: Context) -> Message:
+    return make_client(context).secagg_keys(msg, context)
+
+
 # Flower calls every handler through reply_user_errors (flower_vfl.errors): a data or config
 # error is one line on this node and an error reply naming it, never a traceback (called
 # directly, as the tests do, the handlers raise)
 app.query("identify")(reply_user_errors(identify))
 app.train()(reply_user_errors(train))
 app.evaluate()(reply_user_errors(evaluate))
+app.query("secagg_keys")(reply_user_errors(secagg_keys))      # secure aggregation: the key advert
 # own data (flower_vfl.clients.psi_party): PSI alignment, the saved model, prediction
 app.query("psi_answer")(reply_user_errors(psi_party.psi_answer))
 app.query("psi_order")(reply_user_errors(psi_party.psi_order))

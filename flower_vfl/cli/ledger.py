@@ -97,18 +97,23 @@ def _print_others(others: dict):
 
 
 def cmd_ledger(args) -> int:
-    from flower_vfl.privacy.store import PartyStore, accept_reset, journal_check
+    from flower_vfl.privacy.store import PartyStore, _count_journals, accept_reset, journal_check
     path = _state_dir(args)
     check = journal_check(path)
     others = _others(path)
     if args.accept_reset:
-        if not (check["ledger_exists"] or check["journal_exists"]):
+        folder = Path(check["ledger_file"]).parent
+        if not (check["ledger_exists"] or check["journal_exists"] or _count_journals(folder)):
             print(f"flower-vfl ledger: nothing to reset at {path} (no ledger, no journal)", file=sys.stderr)
             return 2
         done = accept_reset(path)
-        print(f"flower-vfl ledger: reset accepted at {path}: the journal named {done['journaled']} release(s), "
-              f"the ledger holds {done['in_ledger']}; {done['missing']} are forgotten (their budget is spent "
-              f"again from now). The old journal is kept at {done['archived_journal']}")
+        if check["ledger_exists"] or check["journal_exists"]:
+            print(f"flower-vfl ledger: reset accepted at {path}: the journal named {done['journaled']} release(s), "
+                  f"the ledger holds {done['in_ledger']}; {done['missing']} are forgotten (their budget is spent "
+                  f"again from now). The old journal is kept at {done['archived_journal']}")
+        for old in done["archived_others"]:      # label-store / psi-log journals short of their file
+            print(f"flower-vfl ledger: reset accepted for {old.rsplit('.journal', 1)[0]}.sqlite: what it lost is "
+                  f"forgotten; the old journal is kept at {old}")
         return 0
     if not check["ledger_exists"]:
         if check["journal_exists"]:

@@ -133,11 +133,40 @@ class DPIADMMClient:
         context.state[STATE_META] = ConfigRecord({"json": json.dumps(meta)})
 
     def _params(self, cfg) -> DPIADMMParams:
+        from flower_vfl.privacy.boundary import InvalidMessage, _scalar
         pv = self.privacy
-        return DPIADMMParams(variant=str(cfg["variant"]), eps_bar=pv["eps_bar"], a=float(cfg["a"]),
-                             beta=float(cfg["beta"]), box=float(cfg["box"]), trust=str(cfg["trust"]),
-                             delta_bar=pv["delta_bar"], sensitivity=pv["sensitivity"],
-                             x_l1_max=pv["x_l1_max"]).validate()
+        who = f"agent {self.agent_id}"
+        for key in ("variant", "trust"):
+            if not isinstance(cfg.get(key) if hasattr(cfg, "get") else None, str):
+                raise InvalidMessage(f"{who}: config[{key!r}]={cfg.get(key)!r} must be a string", field=f"config.{key}")
+        try:      # a, beta, box: finite numbers in the protocol's ranges, then the math's own checks
+            return DPIADMMParams(variant=cfg["variant"], eps_bar=pv["eps_bar"], a=_scalar(cfg, "a", 0.0, 1e12, who),
+                                 beta=_scalar(cfg, "beta", -1.0, 1e12, who),
+                                 box=_scalar(cfg, "box", 0.0, 1e12, who), trust=cfg["trust"],
+                                 delta_bar=pv["delta_bar"], sensitivity=pv["sensitivity"],
+                                 x_l1_max=pv["x_l1_max"]).validate()
+        except ValueError as exc:
+            if isinstance(exc, InvalidMessage):
+                raise
+            raise InvalidMessage(f"{who}: the message's settings are refused: {exc}", field="config") from None
+
+    def _round(self, msg):
+        """(t, rho, I, P, w, final) from a train message, each typed and range-checked before use."""
+        from flower_vfl.privacy.boundary import InvalidMessage, _field, _scalar, parse_count, parse_flag
+        who = f"agent {self.agent_id}"
+        cfg = _field(msg.content, "config", "message")
+        t = parse_count(cfg, "t", who, default=None, lo=1, hi=10**6)
+        rho = _scalar(cfg, "rho", 0.0, 1e12, who)
+        n = len(self.y)
+        I = parse_count(cfg, "I", who, default=None, lo=n, hi=10**12, why=f" (at least this agent's {n} samples)")
+        P = parse_count(cfg, "P", who, default=None, lo=1, hi=10**5)
+        arr = _field(_field(msg.content, "arrays", "message"), "w", "arrays")
+        w = arr.numpy() if hasattr(arr, "numpy") else np.asarray(arr)
+        J = self.X.shape[1]
+        if w.shape != (J, self.K) or w.dtype.kind not in "fiu" or not np.all(np.isfinite(w)):
+            raise InvalidMessage(f"{who}: arrays['w'] has shape {w.shape} ({w.dtype}); expected finite ({J}, {self.K})",
+                                 field="arrays.w")
+        return cfg, t, rho, I, P, np.asarray(w, dtype=float), parse_flag(cfg, "final", who)
 
     def _draw(self, t, shape, variant, run_id):
         if self.seed is not None:                          # in-process experiments only
@@ -155,17 +184,10 @@ class DPIADMMClient:
 
     def train(self, msg: Message, context: Context) -> Message:
         """One agent step (eq. 8 / 9 / OutP) and the dual update (4c); replies with z_p^{t+1}."""
-        cfg = msg.content["config"]
-        t, rho, I, P = int(cfg["t"]), float(cfg["rho"]), int(cfg["I"]), int(cfg["P"])
-        w = msg.content["arrays"]["w"].numpy()
+        cfg, t, rho, I, P, w, final = self._round(msg)
         J = self.X.shape[1]
-        if w.shape != (J, self.K) or not np.all(np.isfinite(w)):
-            raise ValueError(f"agent {self.agent_id}: w has shape {w.shape}; expected finite ({J}, {self.K})")
-        if not (rho > 0 and math.isfinite(rho)) or I < len(self.y) or P < 1:
-            raise ValueError(f"agent {self.agent_id}: rho={rho!r}, I={I!r}, P={P!r}; need rho > 0, "
-                             f"I >= own sample count {len(self.y)}, P >= 1")
         p = self._params(cfg)
-        run, final = str(context.run_id), bool(cfg.get("final", False))
+        run = str(context.run_id)
         meta = self._meta(context)
         if p.private:
             done = self.ledger.answer(run, t, "train")

@@ -16,7 +16,8 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict, ArrayRecord, Array, MetricRecord
 import numpy as np
 
-from flower_vfl.privacy.boundary import InvalidMessage, Refused, parse_round
+from flower_vfl.privacy.boundary import MAX_OUTPUTS, InvalidMessage, Refused, parse_count, parse_flag, parse_round
+from flower_vfl.secagg.errors import SecAggError
 
 __all__ = ["PartyClient", "STATE_META"]
 
@@ -51,6 +52,9 @@ class PartyClient:
         ``partition-id`` only (direct use from Python; a ClientApp always passes one).
     rho_range : (float, float) or None
         The party's own bounds on the ρ it accepts (node config ``min-rho``/``max-rho``).
+    secagg : flower_vfl.clients.party_secagg.PartySecAgg or None
+        The party's secure-aggregation settings (node config ``secagg-*``); None: the defaults
+        (unpinned, honest-but-curious central node only) when a message asks for a masked reply.
     """
 
     #: True for a party that releases noisy values and keeps a ledger
@@ -58,7 +62,7 @@ class PartyClient:
 
     def __init__(self, party_id, D, D_test, penalty="l2", lam=1e-4, constraint=None, l1_ratio=0.5,
                  privacy=None, n_parties=2, state_dir=None, max_answers=0, x_solver="auto", source=None,
-                 rho_range=None):
+                 rho_range=None, secagg=None):
         self.party_id = int(party_id)
         self.x_solver = x_solver
         self.D, self.D_test = D, D_test
@@ -69,6 +73,7 @@ class PartyClient:
         self.max_answers = int(max_answers or 0)
         self.source = source
         self.rho_range = rho_range
+        self.secagg = secagg
         self.party = None
 
     # ------------------------------------------------------ what a subclass releases
@@ -119,6 +124,31 @@ class PartyClient:
                                  field="vectors.q")
         return k
 
+    # -------------------------------------------------------- secure aggregation
+    def _secagg(self, msg):
+        """The party's secure-aggregation settings when ``msg`` asks for a masked reply (None: a
+        plain one, refused under the node config's ``secagg-only``)."""
+        from flower_vfl.clients.party_secagg import PartySecAgg, secagg_fields
+        sa = self.secagg if self.secagg is not None else PartySecAgg(self.party_id, {}, self.private)
+        if secagg_fields(msg.content) is None:
+            if sa.only:
+                raise Refused(f"party {self.party_id} releases only under secure aggregation (node config "
+                              "secagg-only); this request asks for a plain release: refused (set secagg=true "
+                              "in the run config)", field="config.secagg.adverts")
+            return None
+        return sa
+
+    def _answer(self, msg, context, kind, rnd, compute):
+        sa = self._secagg(msg)
+        return compute() if sa is None else sa.masked_answer(msg.content, context, kind, rnd, compute)
+
+    def secagg_keys(self, msg: Message, context: Context) -> Message:
+        """This run's signed key advert (query.secagg_keys): the key drawn once per run."""
+        from flower_vfl.clients.party_secagg import PartySecAgg
+        sa = self.secagg if self.secagg is not None else PartySecAgg(self.party_id, {}, self.private)
+        info = {"party": self.party_id, "advert": sa.advert(context)}
+        return Message(RecordDict({"secagg": ConfigRecord(info)}), reply_to=msg)
+
     # -------------------------------------------------------------- handlers
     def identify(self, msg: Message, context: Context) -> Message:
         """Tell the central node which party this node is, the row counts to align, and (a
@@ -138,8 +168,11 @@ class PartyClient:
             inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
                                  needs_vectors=True, n_outputs=n_out, rho_range=self.rho_range)
             self.party = self._build(context, n_out)
-            s = self._train_release(inputs, meta, context)
+            s = self._answer(msg, context, "train", inputs.round,
+                             lambda: self._train_release(inputs, meta, context))
         except Refused as exc:
+            return self._refusal(msg, exc)
+        except SecAggError as exc:
             return self._refusal(msg, exc)
         meta["n_outputs"] = n_out
         self._after_train(context)
@@ -151,20 +184,29 @@ class PartyClient:
         meta = self._meta(context)
         try:
             cfg = msg.content["config"] if "config" in msg.content else {}
-            final = self.private and bool(cfg.get("final_update", False))
-            n_out = meta["n_outputs"] or int(cfg.get("n_outputs", 1))
+            asked_final = parse_flag(cfg, "final_update", self.party_id)
+            final = self.private and asked_final
+            n_out = meta["n_outputs"] or parse_count(   # the party's own limits (as train's vectors['q'])
+                cfg, "n_outputs", self.party_id, default=1, lo=1, hi=1 if self.private else MAX_OUTPUTS,
+                why=" (this party is private: one score column)" if self.private else "")
             inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
                                  needs_vectors=final, n_outputs=n_out, rho_range=self.rho_range)
             self.party = self._build(context, n_out)
-            s_test = self._eval_scores(inputs, final, context)
+            final_kind = "evaluate-final" if asked_final else "evaluate"
+            s_test = self._answer(msg, context, final_kind, inputs.round,
+                                  lambda: self._eval_scores(inputs, final, context))
         except Refused as exc:
+            return self._refusal(msg, exc)
+        except SecAggError as exc:
             return self._refusal(msg, exc)
         return self._reply(msg, {"s_test": s_test}, inputs.round)
 
     # ----------------------------------------------------------------- replies
     def _reply(self, msg, vectors, rnd):
         content = RecordDict({
-            "release": ArrayRecord({k: Array(np.asarray(v, dtype=float)) for k, v in vectors.items()}),
+            # a masked release (secure aggregation) stays uint64 in Z_2^64; a plain one is float64
+            "release": ArrayRecord({k: Array(v if isinstance(v, np.ndarray) and v.dtype == np.uint64
+                                             else np.asarray(v, dtype=float)) for k, v in vectors.items()}),
             "meta": MetricRecord({"party": self.party_id, "round": rnd}),
         })
         self._reply_extra(content, refusal=False)

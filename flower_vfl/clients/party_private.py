@@ -49,6 +49,12 @@ class PrivatePartyClient(PartyClient):
         super().__init__(*args, **kwargs)
         if self.privacy is None:
             raise ValueError(f"party {self.party_id}: a PrivatePartyClient needs privacy=PrivacyConfig(...)")
+        if str(self.penalty) != "l2":      # never trained silently with another penalty than asked
+            from flower_vfl.config.schema import ConfigError
+            raise ConfigError(f"party {self.party_id} is private and its x-update is L2-regularized (its "
+                              f"sensitivity bound needs the L2 term's strong convexity, docs/privacy.md); the run "
+                              f"config's penalty={self.penalty!r} is refused. Use penalty=l2, or run this party "
+                              "without dp")
 
     def _build(self, context: Context, n_outputs: int):
         from flower_vfl.privacy.party import PrivateParty

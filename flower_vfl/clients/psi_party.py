@@ -97,6 +97,39 @@ def own_blocks(context: Context):
 
 
 # ------------------------------------------------------------------------ PSI handlers
+def _psi_fields(msg: Message, context: Context, want: dict) -> dict:
+    """The ``psi`` record's fields, typed and range-checked before anything is read or counted
+    (the central node may send anything): ``want`` maps a field to 'split', 'bytes', 'str',
+    'fpr' or 'structure'. A bad field is refused naming it (a bare ``bytes(n)`` of an integer
+    would allocate n bytes, for one)."""
+    import math
+    import numbers
+    from flower_vfl.io.sources import SPLITS
+    from flower_vfl.privacy.boundary import InvalidMessage
+    who = f"party {_party_id(context)}"
+    if "psi" not in msg.content:
+        raise InvalidMessage(f"{who}: message record 'psi' is missing", field="psi")
+    cfg, out = msg.content["psi"], {}
+    defaults = {"fpr": 1e-9, "structure": "raw"}
+    for key, kind in want.items():
+        if key not in cfg and key not in defaults:
+            raise InvalidMessage(f"{who}: message field psi[{key!r}] is missing", field=f"psi.{key}")
+        v = cfg[key] if key in cfg else defaults[key]
+        ok = {"split": lambda: isinstance(v, str) and v in SPLITS,
+              "bytes": lambda: isinstance(v, bytes),
+              "str": lambda: isinstance(v, str) and len(v) <= 1024,
+              "fpr": lambda: isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+              and 0.0 < v < 1.0,
+              "structure": lambda: isinstance(v, str) and v in psi.DATA_STRUCTURES}[kind]()
+        if not ok:
+            allowed = {"split": f"one of {tuple(SPLITS)}", "bytes": "bytes", "str": "a string (<= 1024 chars)",
+                       "fpr": "a number in (0, 1)", "structure": f"one of {psi.DATA_STRUCTURES}"}[kind]
+            raise InvalidMessage(f"{who}: message field psi[{key!r}]={v!r:.60} is refused; expected {allowed}",
+                                 field=f"psi.{key}")
+        out[key] = v
+    return out
+
+
 def _psi_record(context: Context, split: str, table, kind: str, items) -> None:
     """Count ``items`` in the party's PSI log for this split's file, or refuse past its cap
     (``psi-max-asked`` × its own number of IDs, across all runs: :mod:`flower_vfl.io.psi_log`)."""
@@ -123,26 +156,30 @@ def _psi_record(context: Context, split: str, table, kind: str, items) -> None:
 def psi_answer(msg: Message, context: Context) -> Message:
     """Step 2 of the ECDH-PSI: (setup, response) for the label owner's request, once the
     request's blinded items are counted in the party's PSI log (refused past its cap)."""
-    cfg = msg.content["psi"]
-    split = str(cfg["split"])
+    cfg = _psi_fields(msg, context, {"split": "split", "request": "bytes", "fpr": "fpr", "structure": "structure"})
+    split = cfg["split"]
     table = _table(context, split)
-    request = bytes(cfg["request"])
+    request = cfg["request"]
     max_request = int(node_cfg(context).get("psi-max-request", 0) or 0)
     items = psi.request_items(request)
     if not (max_request and len(items) > max_request):       # else party_answer names that cap
         _psi_record(context, split, table, "request", items)
-    setup, response = psi.party_answer(table.ids, request, float(cfg.get("fpr", 1e-9)),
-                                       str(cfg.get("structure", "raw")), max_request)
+    setup, response = psi.party_answer(table.ids, request, float(cfg["fpr"]), cfg["structure"], max_request)
     return Message(RecordDict({"psi": ConfigRecord({"party": _party_id(context), "split": split,
                                                     "setup": setup, "response": response})}), reply_to=msg)
 
 
 def psi_order(msg: Message, context: Context) -> Message:
     """The agreed intersection (label owner's order): keep the matching row indices."""
-    cfg = msg.content["psi"]
-    split = str(cfg["split"])
-    order = psi.decode_ids(bytes(cfg["order"]))
-    if psi.ids_digest(order) != str(cfg["digest"]):
+    cfg = _psi_fields(msg, context, {"split": "split", "order": "bytes", "digest": "str"})
+    split = cfg["split"]
+    try:
+        order = psi.decode_ids(cfg["order"])
+    except (UnicodeDecodeError, ValueError):
+        order = None
+    if not isinstance(order, list) or not all(isinstance(i, str) for i in order):
+        raise DataError(f"party {_party_id(context)}: the agreed {split} order does not decode to a list of IDs")
+    if psi.ids_digest(order) != cfg["digest"]:
         raise DataError(f"party {_party_id(context)}: the agreed {split} order arrived corrupted (digest mismatch)")
     if len(set(order)) != len(order):
         raise DataError(f"party {_party_id(context)}: the agreed {split} order names {len(order) - len(set(order))} "

@@ -143,6 +143,20 @@ SCHEMA: dict[str, Key] = dict([
     _k("resume", str, "", "run", "a state folder of an earlier run: continue it from its last checkpoint"),
     _k("party-keys", str, "", "run", "JSON file mapping party -> SHA-256 fingerprint of the SuperNode "
                                      "auth public key allowed to serve it ('' = no binding)"),
+    # --- secure aggregation of the releases (docs/secagg.md)
+    _k("secagg", bool, False, "run", "secure aggregation: the parties mask their releases and the label owner "
+                                     "decodes only their sum (docs/secagg.md)"),
+    _k("secagg-name", str, "", "node", "secagg: the name this party's key is pinned under ('' = party<partition-id>)"),
+    _k("secagg-signing-key", str, "", "node", "secagg: this party's Ed25519 PEM key file (signs its key advert)"),
+    _k("secagg-pins", str, "", "node", "secagg: the other parties' Ed25519 public keys, name=<64 hex>, ... "
+                                       "('' = unpinned: honest-but-curious central node only)"),
+    _k("secagg-min-parties", int, 2, "node", "secagg: the fewest parties in a sum this party takes part in",
+       lo=2, hi=1000),
+    _k("secagg-require", str, "", "node", "secagg: comma-separated names that must be in every sum this party "
+                                          "takes part in"),
+    _k("secagg-bound", float, 1e4, "node", "secagg: the entry-wise bound on this party's releases (its "
+                                           "fixed-point range)", lo=0.0, lo_open=True, hi=1e12),
+    _k("secagg-only", bool, False, "node", "secagg: refuse to release anything unmasked"),
     # --- folders: the reader's own
     _k("data-dir", str, "", "both", "folder holding a9a and a9a.t (default ../shared/data/a9a); the "
                                     "label owner's labels (run config), a party's columns (node config)"),

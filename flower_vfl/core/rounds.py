@@ -27,11 +27,16 @@ from flower_vfl.core.accel import acceleration_name, make_accelerator
 from flower_vfl.core.central import residuals
 from flower_vfl.core.schedule import balance_rho, private_schedule
 
-__all__ = ["DEFAULT_MAX_ROUNDS", "DEFAULT_TOL", "DEFAULT_TOL_ABS", "RoundDriver", "RoundExchange", "sum_releases"]
+__all__ = ["DEFAULT_MAX_ROUNDS", "DEFAULT_TOL", "DEFAULT_TOL_ABS", "SUM", "RoundDriver", "RoundExchange",
+           "sum_releases"]
 
 DEFAULT_MAX_ROUNDS = 50
 DEFAULT_TOL = 0.0
 DEFAULT_TOL_ABS = 1e-9
+#: the key under which a :class:`RoundExchange` that reaches the parties through secure
+#: aggregation returns the round's sum sum_m s_m (it holds no party's own s_m; every party of
+#: the round is in the sum, so nothing is stale, and no per-party accelerator applies)
+SUM = -1
 
 
 class RoundExchange(Protocol):
@@ -156,9 +161,12 @@ class RoundDriver:
         then (if it goes on) residual balancing and the accelerator. True: the rule holds."""
         c, M = self.central, self.num_parties
         fresh, penalties = exchange.train(k, parties, self.qs)
-        self.last_s.update(fresh)
         self.penalties.update(penalties)
-        s_sum = sum_releases([self.last_s[m] for m in range(M) if m in self.last_s], c.z)
+        if SUM in fresh:                  # secure aggregation: the sum of every party of the round
+            s_sum, fresh = fresh[SUM], dict.fromkeys(parties)
+        else:
+            self.last_s.update(fresh)
+            s_sum = sum_releases([self.last_s[m] for m in range(M) if m in self.last_s], c.z)
         r, d = c.step(s_sum)
         row = {"round": k, "train_loss": c.loss.mean(s_sum + c.b, c.t)}
         if len(self.penalties) == M:

@@ -74,14 +74,29 @@ class PsiLog:
         The party's own state folder (node config ``state-dir``).
     """
 
-    def __init__(self, state_dir):
+    def __init__(self, state_dir, check: bool = True):
+        from flower_vfl.privacy.store import CountJournal, disk_errors
         folder = Path(state_dir)
-        folder.mkdir(parents=True, exist_ok=True)
+        with disk_errors(folder, "create the party's state-dir"):
+            folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / FILE
-        self._db = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        # a deleted or older psi-log.sqlite would forget what was asked: loud, as the ledger
+        self._journal = CountJournal(self.path, "asked", "party's PSI log")
+        if check:
+            self._journal.check_missing()
+        with disk_errors(self.path, "open the party's PSI log"):
+            self._db = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        if check:
+            try:
+                self._journal.check(self._db)
+            except BaseException:
+                self._db.close()
+                raise
+            if not self._journal.path.is_file():
+                self._journal.note(self._db)
         self._db.execute("BEGIN IMMEDIATE")
         try:
             row = self._db.execute("SELECT value FROM meta WHERE key='digest-key'").fetchone()
@@ -141,6 +156,7 @@ class PsiLog:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        self._journal.note(db)            # then its count in the journal, before the party answers
         if refused:
             what = ("encrypted IDs in PSI requests" if kind == "request" else "IDs in agreed orders")
             raise PsiBoundError(
@@ -169,7 +185,7 @@ def psi_log_rows(state_dir) -> list[dict]:
     """What ``flower-vfl ledger`` shows of a party's PSI log (empty when it has none)."""
     if not (Path(state_dir) / FILE).is_file():
         return []
-    log = PsiLog(state_dir)
+    log = PsiLog(state_dir, check=False)          # shown as it is, even when short of its journal
     try:
         return log.rows()
     finally:

@@ -21,8 +21,11 @@ import numpy as np
 
 from flower_vfl.errors import UserError
 
-__all__ = ["InvalidMessage", "Refused", "RoundInputs", "inputs_hash", "parse_round",
-           "PROTOCOL_RANGES"]
+__all__ = ["InvalidMessage", "Refused", "RoundInputs", "inputs_hash", "parse_count", "parse_flag", "parse_round",
+           "PROTOCOL_RANGES", "MAX_OUTPUTS"]
+
+#: the most score columns (classes K) a party builds an x-update for
+MAX_OUTPUTS = 1000
 
 #: scalars the protocol uses (docs/privacy.md, "Trust model"): rho > 0 finite; theta is the
 #: sharing damping 1/M .. 1; alpha is Boyd's over-relaxation in (0, 2)
@@ -58,6 +61,11 @@ class RoundInputs:
     final_update: bool
 
 
+def _who(party) -> str:
+    """'party 3' for a party index; a string (say 'agent 0') as given."""
+    return party if isinstance(party, str) else f"party {party}"
+
+
 def _field(record, key, where):
     try:
         return record[key]
@@ -68,11 +76,11 @@ def _field(record, key, where):
 def _scalar(cfg, key, lo, hi, party, *, open_hi=False):
     v = _field(cfg, key, "config")
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise InvalidMessage(f"party {party}: config[{key!r}]={v!r} is not a number", field=f"config.{key}")
+        raise InvalidMessage(f"{_who(party)}: config[{key!r}]={v!r} is not a number", field=f"config.{key}")
     v = float(v)
     ok = math.isfinite(v) and lo < v and (v < hi if open_hi else v <= hi)
     if not ok:
-        raise InvalidMessage(f"party {party}: config[{key!r}]={v!r} is outside the protocol's range "
+        raise InvalidMessage(f"{_who(party)}: config[{key!r}]={v!r} is outside the protocol's range "
                              f"({lo:g}, {hi:g}{')' if open_hi else ']'}); refused, nothing charged",
                              field=f"config.{key}")
     return v
@@ -98,6 +106,29 @@ def _vector(vectors, key, n_rows, n_outputs, party):
     return a
 
 
+def parse_flag(cfg, key, party) -> bool:
+    """``cfg[key]`` as a flag: absent is False; anything but a bool is refused (a string "false"
+    must not read as True)."""
+    v = cfg.get(key, False) if hasattr(cfg, "get") else False
+    if not isinstance(v, (bool, np.bool_)):
+        raise InvalidMessage(f"{_who(party)}: config[{key!r}]={v!r} is not a boolean; send true or false",
+                             field=f"config.{key}")
+    return bool(v)
+
+
+def parse_count(cfg, key, party, *, default: int | None, lo: int, hi: int, why: str = "") -> int:
+    """``cfg[key]`` as an integer in lo..hi (``default`` when absent; None: required); refused otherwise, naming
+    the key and the range (``why``: where the range comes from)."""
+    if default is None:                                   # required
+        v = _field(cfg, key, "config")
+    else:
+        v = cfg.get(key, default) if hasattr(cfg, "get") else default
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= int(v) <= hi:
+        raise InvalidMessage(f"{_who(party)}: config[{key!r}]={v!r} must be an integer in {lo}..{hi}"
+                             f"{why}; refused, nothing charged", field=f"config.{key}")
+    return int(v)
+
+
 def parse_round(content, *, n_rows: int, party, needs_vectors: bool, n_outputs: int = 1,
                 rho_range=None, max_round: int = 10**9) -> RoundInputs:
     """Validate a train/evaluate request; raise :class:`InvalidMessage` naming the field.
@@ -118,7 +149,7 @@ def parse_round(content, *, n_rows: int, party, needs_vectors: bool, n_outputs: 
                              "config's min-rho / max-rho); refused, nothing charged", field="config.rho")
     theta = _scalar(cfg, "theta", *PROTOCOL_RANGES["theta"], party)
     alpha = _scalar(cfg, "alpha", *PROTOCOL_RANGES["alpha"], party, open_hi=True)
-    final = bool(cfg.get("final_update", False)) if hasattr(cfg, "get") else False
+    final = parse_flag(cfg, "final_update", party)
     q = y = None
     if needs_vectors:
         vectors = _field(content, "vectors", "message")

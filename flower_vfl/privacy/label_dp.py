@@ -300,17 +300,31 @@ class LabelStore:
 
     FILE = "label-store.sqlite"
 
-    def __init__(self, state_dir=None):
+    def __init__(self, state_dir=None, check: bool = True):
+        from flower_vfl.privacy.store import CountJournal, default_state_dir, disk_errors
         if state_dir is None:
-            from flower_vfl.privacy.store import default_state_dir
             state_dir = default_state_dir()
         folder = Path(state_dir)
-        folder.mkdir(parents=True, exist_ok=True)
+        with disk_errors(folder, "create the label owner's state-dir"):
+            folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / self.FILE
-        self._db = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_STORE_SCHEMA)
+        # a deleted or older label-store.sqlite would draw the labels again: loud, as the ledger
+        self._journal = CountJournal(self.path, "draws", "label owner's label store")
+        if check:
+            self._journal.check_missing()
+        with disk_errors(self.path, "open the label store"):
+            self._db = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_STORE_SCHEMA)
+        if check:
+            try:
+                self._journal.check(self._db)
+            except BaseException:
+                self._db.close()
+                raise
+            if not self._journal.path.is_file():
+                self._journal.note(self._db)
 
     def close(self):
         self._db.close()
@@ -385,6 +399,8 @@ class LabelStore:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        if new:
+            self._journal.note(db)                               # its count in the journal, then used
         lo = 0 if 0 in vals else -1
         out = np.where(flip, np.where(y == 1, lo, 1), y).astype(y.dtype)
         return out, {"source": source.fingerprint[:16], "drawn": len(new), "reused": len(ids) - len(new)}
@@ -412,7 +428,7 @@ def label_ledger_rows(state_dir=None) -> list[dict]:
         state_dir = default_state_dir()
     if not (Path(state_dir) / LabelStore.FILE).is_file():
         return []
-    store = LabelStore(state_dir)
+    store = LabelStore(state_dir, check=False)     # shown as it is, even when short of its journal
     try:
         return store.rows()
     finally:

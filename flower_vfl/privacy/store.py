@@ -30,6 +30,7 @@ No Flower imports.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -43,8 +44,8 @@ import numpy as np
 
 from flower_vfl.errors import UserError
 
-__all__ = ["Answer", "LedgerMissing", "PartyStore", "StoreError", "accept_reset", "default_state_dir",
-           "journal_check", "pack_arrays", "unpack_arrays"]
+__all__ = ["Answer", "CountJournal", "LedgerMissing", "PartyStore", "StoreDiskError", "StoreError", "accept_reset",
+           "default_state_dir", "disk_errors", "journal_check", "pack_arrays", "unpack_arrays"]
 
 #: bumped when the tables change; a file of another version is refused, never silently reused
 SCHEMA_VERSION = 2
@@ -74,6 +75,28 @@ class StoreError(UserError, RuntimeError):
 
 class LedgerMissing(StoreError):
     """The journal names releases the ledger no longer holds (its file deleted or its WAL lost)."""
+
+
+class StoreDiskError(StoreError):
+    """The party's state folder cannot be written (read-only, full, or a file where a folder
+    should be): named with its path; nothing already committed is lost."""
+
+
+@contextlib.contextmanager
+def disk_errors(path, what: str, key: str = "state-dir"):
+    """Turn an OS or SQLite error on ``path`` into a :class:`StoreDiskError` naming the path, the
+    node-config ``key`` that chose it and the fix. SQLite rolls back a failed transaction and the
+    journal is appended only after a commit, so what was committed before stays valid."""
+    try:
+        yield
+    except (OSError, sqlite3.OperationalError) as exc:
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            raise                                   # another process holds the lock: not a disk error
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise StoreDiskError(
+            f"cannot {what} {path}: {reason}. Set the node-config key {key} to a writable folder with free "
+            "space on this party's disk (not a file), or free/remount this one; nothing already written there "
+            "is lost (every committed release stays in the ledger and its journal)") from exc
 
 
 #: the journal's first line: which file it vouches for
@@ -147,12 +170,112 @@ def accept_reset(path) -> dict:
     if journal.is_file():
         archived = journal.with_name(f"{journal.name}.reset-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
         journal.rename(archived)
-    store = PartyStore(before["ledger_file"], check=False)
-    try:
-        _append(journal, sorted(_ledger_lines(store._db)))
-    finally:
-        store.close()
-    return {**before, "archived_journal": None if archived is None else str(archived)}
+    if before["journal_exists"] or before["ledger_exists"] or not _count_journals(journal.parent):
+        store = PartyStore(before["ledger_file"], check=False)
+        try:
+            _append(journal, sorted(_ledger_lines(store._db)))
+        finally:
+            store.close()
+    others = _reset_count_journals(journal.parent)      # label-store.journal, psi-log.journal
+    return {**before, "archived_journal": None if archived is None else str(archived), "archived_others": others}
+
+
+def _count_journals(folder: Path) -> list:
+    return [p for p in folder.glob("*.journal") if p.name != "party.journal"] if folder.is_dir() else []
+
+
+class CountJournal:
+    """The loud check for the party's other SQLite files (``label-store.sqlite``, ``psi-log.sqlite``):
+    beside ``db_path``, ``<stem>.journal`` records how many rows ``table`` held after each commit
+    (appended and synced). Those rows only grow, so a file that holds fewer than its journal last
+    recorded (deleted, or replaced by an older copy) would silently start over: refused
+    (:class:`LedgerMissing`) until the operator runs ``flower-vfl ledger --state-dir D --accept-reset``.
+
+    Parameters
+    ----------
+    db_path : Path
+        The SQLite file.
+    table : str
+        The table whose rows are counted.
+    what : str
+        What the file holds, in words (for the refusal).
+    """
+
+    def __init__(self, db_path, table: str, what: str):
+        self.db_path, self.table, self.what = Path(db_path), str(table), what
+        self.path = _journal_path(self.db_path)
+
+    def last(self) -> int:
+        """The largest count the journal recorded (0: no journal)."""
+        if not self.path.is_file():
+            return 0
+        with open(self.path, encoding="utf-8") as fh:
+            return max([0] + [int(json.loads(line)[0]) for line in fh if line.startswith("[")])
+
+    def check_missing(self):
+        """Before the file is opened (opening would create it empty)."""
+        n = self.last()
+        if n and not self.db_path.is_file():
+            raise LedgerMissing(f"the {self.what} {self.db_path} is missing, but its journal {self.path} records "
+                                f"{n} row(s) there: this state folder was in use, and starting empty would forget "
+                                f"them. Refused. {_reset_hint(self.db_path.parent)}")
+
+    def check(self, db):
+        """After opening: refuse a file that holds fewer rows than the journal recorded."""
+        n, held = self.last(), self.count(db)
+        if held < n:
+            raise LedgerMissing(f"the {self.what} {self.db_path} holds {held} row(s) but its journal {self.path} "
+                                f"recorded {n}; the file was replaced or its write-ahead log lost, and going on "
+                                f"would forget what is gone. Refused. {_reset_hint(self.db_path.parent)}")
+
+    def count(self, db) -> int:
+        return int(db.execute(f"SELECT count(*) FROM {self.table}").fetchone()[0])
+
+    def note(self, db):
+        """After a commit: append the table's row count (synced)."""
+        with disk_errors(self.path, f"write the journal of the {self.what}"):
+            new = not self.path.is_file()
+            with open(self.path, "a", encoding="utf-8") as fh:
+                if new:
+                    fh.write(json.dumps({"flower-vfl-count-journal": 1, "table": self.table}) + "\n")
+                fh.write(json.dumps([self.count(db)]) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+
+def _reset_count_journals(folder: Path) -> list:
+    """accept_reset's part for the CountJournals in ``folder``: archive each and restart it at the
+    count its file holds now. Returns the archived journals."""
+    archived = []
+    for journal in sorted(folder.glob("*.journal")):
+        try:
+            with open(journal, encoding="utf-8") as fh:
+                head = json.loads(fh.readline() or "{}")
+        except (OSError, ValueError):
+            continue
+        table = head.get("table") if isinstance(head, dict) and "flower-vfl-count-journal" in head else None
+        if not (isinstance(table, str) and table.isidentifier()):
+            continue
+        db_path = journal.with_suffix(".sqlite")
+        cj = CountJournal(db_path, table, "file")
+        if db_path.is_file():
+            db = sqlite3.connect(str(db_path), timeout=30.0)
+            try:
+                ok = cj.count(db) >= cj.last()
+            finally:
+                db.close()
+            if ok:
+                continue
+        target = journal.with_name(f"{journal.name}.reset-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        journal.rename(target)
+        archived.append(str(target))
+        if db_path.is_file():
+            db = sqlite3.connect(str(db_path), timeout=30.0)
+            try:
+                cj.note(db)
+            finally:
+                db.close()
+    return archived
 
 
 def default_state_dir() -> Path:
@@ -215,11 +338,11 @@ class PartyStore:
         path = Path(path).expanduser()
         if path.suffix != ".sqlite":
             path = path / "party.sqlite"
-        try:
+        if path.parent.exists() and not path.parent.is_dir():
+            raise StoreDiskError(f"the party's state-dir {path.parent} is a file, not a folder. Set the node-config "
+                                 "key state-dir to a folder on this party's disk (it is created if missing)")
+        with disk_errors(path.parent, "create the party's state-dir"):
             path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OSError(f"cannot create the party's state-dir {path.parent}: {exc}; set the node-config "
-                          "key state-dir to a writable folder on this party's disk") from exc
         self.path = path
         self.journal = _journal_path(path)
         if check and self.journal.is_file() and not path.is_file():
@@ -228,6 +351,10 @@ class PartyStore:
                 f"the party's ledger {path} is missing, but its journal {self.journal} names {n} release(s) "
                 f"charged there: this state folder was in use, and starting from an empty ledger would "
                 f"hand the spent budget back. Refused. {_reset_hint(path.parent)}")
+        with disk_errors(path, "open the party's ledger"):
+            self._open(path, check)
+
+    def _open(self, path, check):
         self._db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")     # a commit is on disk before we go on
@@ -316,6 +443,13 @@ class PartyStore:
         written then. ``state`` (optional arrays) is stored as the run's party state in the
         same transaction. Returns the stored :class:`Answer`.
         """
+        with disk_errors(self.path, "charge a release in the party's ledger"):
+            return self._commit_release(source, run, round, kind, inputs_hash, unit=unit, mechanism=mechanism,
+                                        noise_multiplier=noise_multiplier, sigma=sigma, sensitivity=sensitivity,
+                                        payload=payload, check=check, state=state)
+
+    def _commit_release(self, source, run, round, kind, inputs_hash, *, unit, mechanism, noise_multiplier,
+                        sigma, sensitivity, payload, check, state) -> Answer:
         db = self._db
         db.execute("BEGIN IMMEDIATE")                  # the write lock: check-and-charge is atomic
         try:
@@ -333,7 +467,8 @@ class PartyStore:
                 db.execute("INSERT OR REPLACE INTO state VALUES (?,?,?,?)", (source, str(run), pack_arrays(state), now))
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
         if self.journal is not None:     # durable in the ledger, then in the journal, then released
             _append(self.journal, [_journal_line(source, run, round, kind)])
@@ -343,8 +478,9 @@ class PartyStore:
                       float(sigma), float(sensitivity), payload, now)
 
     def put_state(self, source, run, arrays: dict):
-        self._db.execute("INSERT OR REPLACE INTO state VALUES (?,?,?,?)",
-                         (source, str(run), pack_arrays(arrays), time.time()))
+        with disk_errors(self.path, "write the party's state to"):
+            self._db.execute("INSERT OR REPLACE INTO state VALUES (?,?,?,?)",
+                             (source, str(run), pack_arrays(arrays), time.time()))
 
     def get_state(self, source, run) -> dict | None:
         row = self._db.execute("SELECT payload FROM state WHERE source=? AND run=?", (source, str(run))).fetchone()
@@ -352,7 +488,8 @@ class PartyStore:
 
     def note_source(self, source, info: dict):
         """Remember what the source is and the budget last configured for it (``flower-vfl ledger``)."""
-        self._db.execute("INSERT OR REPLACE INTO sources VALUES (?,?)", (source, json.dumps(info, sort_keys=True)))
+        with disk_errors(self.path, "note the data source in"):
+            self._db.execute("INSERT OR REPLACE INTO sources VALUES (?,?)", (source, json.dumps(info, sort_keys=True)))
 
     def source_info(self, source) -> dict | None:
         row = self._db.execute("SELECT info FROM sources WHERE source=?", (source,)).fetchone()

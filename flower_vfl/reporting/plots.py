@@ -57,7 +57,9 @@ def _read_report(run_dir) -> dict:
 
 def privacy_curves(report: dict) -> dict[str, tuple[list[int], list[float]]]:
     """Per private party: (round of each release, total ε after it) from its ledger entries,
-    accounted by the ledger's method at its δ."""
+    accounted by the ledger's method at its δ. The label owner's label-DP ledger (one
+    randomized-response release before round 1) gives a flat line over the run, its ε answered
+    by dp-accounting from the ledger's flip probability."""
     from flower_vfl.privacy.accounting import epsilon_for_releases
 
     priv = report.get("privacy") or []
@@ -68,14 +70,40 @@ def privacy_curves(report: dict) -> dict[str, tuple[list[int], list[float]]]:
         entries = led.get("entries", [])
         if not entries:
             continue
+        if all("flip_probability" in e for e in entries):
+            out.update(_label_dp_curve(rep, entries, report))
+            continue
         cfg = rep.get("config", {})      # the ledger's own fields win; else the party's config
-        delta = float(led.get("delta", cfg.get("delta")))
+        who = f"party {rep.get('party_id', '?')}"
+        for i, e in enumerate(entries, 1):
+            if e.get("noise_multiplier") is None:
+                raise ValueError(f"{who}: ledger entry {i} has no noise_multiplier (nor a flip_probability): "
+                                 "its ε cannot be accounted; the report's privacy entry is not a ledger this "
+                                 "version wrote")
+        delta = led.get("delta", cfg.get("delta"))
+        if delta is None:
+            raise ValueError(f"{who}: neither its ledger nor its config gives δ; its ε cannot be accounted")
+        delta = float(delta)
         method = led.get("method", cfg.get("accountant", "exact"))
         zs = [float(e["noise_multiplier"]) for e in entries]
         eps = [epsilon_for_releases(zs[:k + 1], delta, method) for k in range(len(zs))]
-        label = f"party {rep.get('party_id', '?')} (budget ε={led.get('epsilon', cfg.get('epsilon'))}, {method})"
+        label = f"{who} (budget ε={led.get('epsilon', cfg.get('epsilon'))}, {method})"
         out[label] = ([0] + [int(e["round"]) for e in entries], [0.0] + eps)   # nothing spent before
     return out
+
+
+def _label_dp_curve(rep, entries, report):
+    """Randomized response with flip probability p is pure ε-label-DP, ε = log((1-p)/p); the ε
+    drawn is the PLD accountant's over that release (as the label owner's own report)."""
+    from flower_vfl.privacy.label_dp import label_epsilon_spent
+
+    delta = float((rep.get("totals") or {}).get("delta") or 0.0)
+    eps = [label_epsilon_spent(math.log((1 - p) / p), delta) for p in (float(e["flip_probability"]) for e in entries)]
+    total = sum(eps)                                        # one release in practice; pure ε adds up
+    rounds = [r.get("round") for r in report.get("rounds") or [] if isinstance(r.get("round"), (int, float))]
+    last = int(max(rounds, default=0))
+    return {f"{rep.get('party_id', 'label owner')} (label-DP, randomized response)":
+            ([0, last] if last else [0], [total, total] if last else [total])}
 
 
 def _label(run_dir, report):
@@ -106,8 +134,9 @@ def _draw(axes, cols, eps_curves, label, style, final=None, color=None):
                 ax.set_yscale("log")
             used.append(title)
     ax = axes[len(PANELS)]
-    for who, (rounds, eps) in eps_curves.items():
-        ax.step(rounds, eps, where="post", marker="o", color=color, label=f"{label} {who}")
+    for j, (who, (rounds, eps)) in enumerate(eps_curves.items()):   # one run, one colour: parties by style
+        ax.step(rounds, eps, where="post", marker="osD^v"[j % 5], ls=("-", "--", ":", "-.")[j % 4],
+                color=color, label=f"{label} {who}")
         used.append("privacy")
     return used
 

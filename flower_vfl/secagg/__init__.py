@@ -10,8 +10,8 @@ No Flower imports. Building blocks (docs/secagg.md gives the protocol and the th
 - :mod:`~flower_vfl.secagg.target`: a party's x-update target from the broadcast of the sum.
 """
 
-from flower_vfl.secagg.errors import (KeyRefused, MissingParties, OutOfRange, ReplayConflict, SecAggError,
-                                      SumMismatch)
+from flower_vfl.secagg.errors import (KeyRefused, MissingParties, OutOfRange, Rekey, ReplayConflict,
+                                      SecAggError, SumMismatch)
 from flower_vfl.secagg.keys import (Advert, KeyAgreement, Roster, load_signing_key, parse_pins, public_key_hex,
                                     signing_key_pem, verify_roster)
 from flower_vfl.secagg.masking import (MaskContext, ReplayStore, Session, broadcast_digest, secure_sum,
@@ -20,6 +20,6 @@ from flower_vfl.secagg.quantize import FixedPoint
 from flower_vfl.secagg.target import broadcast_residual, x_update_target
 
 __all__ = ["Advert", "FixedPoint", "KeyAgreement", "KeyRefused", "MaskContext", "MissingParties", "OutOfRange",
-           "ReplayConflict", "ReplayStore", "Roster", "SecAggError", "Session", "SumMismatch",
+           "Rekey", "ReplayConflict", "ReplayStore", "Roster", "SecAggError", "Session", "SumMismatch",
            "broadcast_digest", "broadcast_residual", "load_signing_key", "parse_pins", "public_key_hex",
            "secure_sum", "signing_key_pem", "unmask_sum", "verify_roster", "x_update_target"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flower_vfl.errors import UserError
 
-__all__ = ["SecAggError", "KeyRefused", "MissingParties", "OutOfRange", "SumMismatch", "ReplayConflict"]
+__all__ = ["SecAggError", "KeyRefused", "Rekey", "MissingParties", "OutOfRange", "SumMismatch", "ReplayConflict"]
 
 
 class SecAggError(UserError, RuntimeError):
@@ -17,6 +17,13 @@ class KeyRefused(SecAggError):
     """A key advert that fails authentication (signature, pin, run) or is malformed."""
 
     code = "secagg-key"
+
+
+class Rekey(KeyRefused):
+    """The party holds no key for this run (a restarted node): the central node must ask for
+    its advert again and relay a new roster, then retry the round."""
+
+    code = "secagg-rekey"
 
 
 class MissingParties(SecAggError):

@@ -32,7 +32,11 @@ from flower_vfl.secagg.errors import MissingParties, ReplayConflict, SecAggError
 from flower_vfl.secagg.keys import TAG, KeyAgreement, Roster, frame
 
 __all__ = ["broadcast_digest", "MaskContext", "Session", "prg_uint64", "unmask_sum", "secure_sum",
-           "ReplayStore"]
+           "ReplayStore", "ADVERTS", "PARTIES"]
+
+#: the message config keys of a request for a masked reply: the relayed roster (list of advert
+#: bytes) and the names of the parties of that sum (the Flower glue on both sides reads these)
+ADVERTS, PARTIES = "secagg.adverts", "secagg.parties"
 
 
 # ---------------------------------------------------------------- what the party received

@@ -30,7 +30,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flower_vfl.errors import UserError
 from flower_vfl.core.accel import make_accelerator
 from flower_vfl.core.central import CentralUpdate
-from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, RoundDriver
+from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, SUM, RoundDriver
 from flower_vfl.core.schedule import default_rho
 from flower_vfl.core.losses import get_loss
 from flower_vfl.privacy.label_dp import privatize_labels
@@ -41,6 +41,7 @@ from flower_vfl.strategies.checkpointing import ResumeRefused, replay_q
 from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, ReplyError, check_release,
                                             party_keys_from)
 from flower_vfl.strategies.vertical_rounds import FlowerRounds, check_penalty, read_identity
+from flower_vfl.secagg import SecAggError
 
 __all__ = ["VerticalADMMStrategy", "PartyRefused", "PartyFailed", "PartyLost", "ReplyError", "ResumeRefused",
            "DEFAULT_MAX_RELEASE"]
@@ -124,6 +125,11 @@ class VerticalADMMStrategy(Strategy):
     progress : callable(round, row) or None, default=None
         Called after every round with its history row (the ServerApp logs it and rewrites
         its report).
+    secagg : bool, default=False
+        Secure aggregation (run config ``secagg``; docs/secagg.md): the parties mask their
+        releases and this node decodes only their sum. Needs stragglers='wait', no resume, at
+        least 2 parties in every phase; Anderson acceleration is turned off (it needs each
+        party's release); a party back without its state cannot be re-synchronized (refused).
     """
 
     def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", rho="auto", alpha=1.0,
@@ -132,7 +138,7 @@ class VerticalADMMStrategy(Strategy):
                  stragglers="wait", max_staleness=5, state_dir=None, resume=None, party_keys=None,
                  acceleration="auto", penalty="l2", constraint=None, label_epsilon=None, label_seed=None,
                  label_source=None, label_store=None, max_release=DEFAULT_MAX_RELEASE, run_settings=None,
-                 progress=None):
+                 progress=None, secagg=False):
         check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
         if variant not in ("sharing", "paper"):
             raise ValueError(f"variant={variant!r}; choose 'sharing' or 'paper'")
@@ -165,6 +171,16 @@ class VerticalADMMStrategy(Strategy):
         if not self.max_release > 0:
             raise ValueError(f"max_release={max_release!r}; expected a bound > 0 on |s_m|")
         self.run_settings = dict(run_settings or {})
+        self.secagg = None
+        if secagg:
+            from flower_vfl.strategies.secagg_central import CentralSecAgg
+            if stragglers == "stale":
+                raise ValueError("secagg=true with stragglers='stale': a secure sum needs every party of the "
+                                 "round (a stale party's last release is not held); use stragglers='wait'")
+            if resume:
+                raise ValueError("secagg=true with resume: resuming needs the parties' last releases, which the "
+                                 "central node does not hold under secure aggregation; start a new run")
+            self.secagg = CentralSecAgg()
         self.failed_ = False
         make_accelerator(acceleration, self.central, [])          # checks the name
         #: 'anderson': core/accel.py, the engine's default; off with private parties or stragglers='stale'
@@ -225,6 +241,11 @@ class VerticalADMMStrategy(Strategy):
         if info["private"] or info["restored"]:
             self._resync.discard(party)
             return
+        if self.secagg is not None and not first:
+            raise ResumeRefused(f"party {party} came back without its state (a restarted SuperNode) and secagg=true: "
+                                "re-synchronizing it needs its own last release s_m, which the central node does "
+                                "not hold under secure aggregation; start a new run (a private party, whose "
+                                "iterate is in its state-dir, can rejoin)")
         self._stateless.add(party)
         if float(getattr(self.central, "alpha", 1.0)) != 1.0:
             log(WARNING, "party %s restarts from x = 0: re-synchronizing a stateless party needs alpha = 1", party)
@@ -242,8 +263,11 @@ class VerticalADMMStrategy(Strategy):
         return self.node_to_party
 
     # ------------------------------------------------------------ the 4 hooks
-    def _round_content(self, server_round, party=None, **extra) -> RecordDict:
+    def _round_content(self, server_round, party=None, parties=None, **extra) -> RecordDict:
         c = self.central
+        if self.secagg is not None:      # one message for every party: the roster and the sum's parties
+            extra.update(self.secagg.fields(self._active if parties is None else parties))
+            return self._content(server_round, c.q, c.y, c.rho, **extra)
         q = c.q if self._qs is None or party is None else self._qs[party]   # per party when accelerated
         if party in self._resync and party in self._last_s:
             # a restarted party that lost its state (s_m = 0): q - s_m/theta gives it the same
@@ -281,6 +305,17 @@ class VerticalADMMStrategy(Strategy):
         return [Message(build(p), dst_node_id=node_of[p], message_type="train")
                 for p in sorted(self._active) if p in node_of]
 
+    def _refused(self, rep, party) -> None:
+        """Keep a private party's report; a refusal stops the run (:class:`PartyRefused`)."""
+        records = rep.content.config_records
+        if "privacy" in records:
+            try:
+                self.privacy_[party] = json.loads(str(records["privacy"]["report"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ReplyError(f"party {party}: unreadable privacy report ({exc})") from None
+        if "refusal" in records:
+            raise PartyRefused(f"party {party} refused: {records['refusal'].get('reason', '')}")
+
     def _release(self, rep, party, key, shape, what) -> np.ndarray:
         """A reply's checked release; a refusal stops the run (:class:`PartyRefused`)."""
         records = rep.content.config_records
@@ -314,6 +349,15 @@ class VerticalADMMStrategy(Strategy):
         what = f"round {server_round} (train)"
         got = self._by_party(replies, what)
         shape = self.central.z.shape
+        if self.secagg is not None:
+            for p, rep in got.items():
+                self._refused(rep, p)
+            fresh = {SUM: self.secagg.total(got, self._active, "s", shape, what) if self._active
+                     else np.zeros(shape)}
+            self._stale = dict.fromkeys(self._active, 0)
+            self._fresh = fresh
+            self._penalties = {p: v for p, rep in got.items() if (v := check_penalty(rep, p, what)) is not None}
+            return None, MetricRecord({"releases": len(got), "stale": 0})
         fresh = {p: self._release(rep, p, "s", shape, what) for p, rep in got.items()}
         self._resync.difference_update(fresh)
         for p in self._active:
@@ -331,7 +375,14 @@ class VerticalADMMStrategy(Strategy):
         cfg = {"round": int(server_round), "rho": float(c.rho), "alpha": float(c.alpha),
                "theta": float(c.theta), "n_outputs": int(self.loss.n_outputs)}
         if final and party in self.private_parties:
-            return self._round_content(server_round, n_outputs=int(self.loss.n_outputs), final_update=True)
+            return self._round_content(server_round, parties=self._ask, n_outputs=int(self.loss.n_outputs),
+                                       final_update=True)
+        if self.secagg is not None:
+            if final and self.private_parties:
+                # one message for every party of the sum: the private parties' (q, y) too
+                return self._round_content(server_round, parties=self._ask, n_outputs=int(self.loss.n_outputs),
+                                           final_update=True)
+            cfg.update(self.secagg.fields(self._ask))
         return RecordDict({"config": ConfigRecord(cfg)})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -350,9 +401,17 @@ class VerticalADMMStrategy(Strategy):
         Asked of the non-private parties alone, the metrics are named ``*_nonprivate``."""
         what = f"round {server_round} ({'final ' if self._final else ''}evaluate)"
         shape = self.t_test.shape[:1] + self.central.z.shape[1:]
-        scores = {p: self._release(rep, p, "s_test", shape, what) for p, rep in self._by_party(replies, what).items()}
         suffix = "" if set(self._ask) == set(range(self.num_parties)) else "_nonprivate"
-        f = combine(scores, self.central.b, sorted(scores) if suffix else range(self.num_parties), "test scores")
+        if self.secagg is not None:
+            got = self._by_party(replies, what)
+            for p, rep in got.items():
+                self._refused(rep, p)
+            f = (self.secagg.total(got, self._ask, "s_test", shape, what) if self._ask else np.zeros(shape)) \
+                + self.central.b
+        else:
+            scores = {p: self._release(rep, p, "s_test", shape, what)
+                      for p, rep in self._by_party(replies, what).items()}
+            f = combine(scores, self.central.b, sorted(scores) if suffix else range(self.num_parties), "test scores")
         if not suffix:
             self.decision_test_ = f
         # test labels are clean: with label DP score them with the plain logistic loss (log-loss)
@@ -426,9 +485,23 @@ class VerticalADMMStrategy(Strategy):
         self._stale, self._qs = {}, None
         self.driver = RoundDriver(self.central, self.num_parties, max_rounds=self.max_rounds, tol=self.tol,
                                   tol_abs=self.tol_abs, adaptive_rho=self.adaptive_rho, eval_every=self.eval_every)
+        acceleration = self.acceleration
+        if self.secagg is not None and acceleration != "none":
+            log(WARNING, "secagg=true: acceleration=%s turned off (per-party Anderson needs each party's release, "
+                "which the central node does not see under secure aggregation)", acceleration)
+            acceleration = "none"
         self.driver.plan([m in self.private_parties for m in range(self.num_parties)],
-                         list(self.private_parties.values()), self.acceleration, self.penalty,
+                         list(self.private_parties.values()), acceleration, self.penalty,
                          self.constraint is not None, stale=self.stragglers == "stale")
+        if self.secagg is not None:
+            small = [sum(active) for _, active, _ in self.driver.phases if 0 < sum(active) < 2]
+            if small or self.num_parties < 2:
+                n = small[0] if small else self.num_parties
+                raise ValueError(f"secagg=true needs at least 2 parties in every sum; this run has a phase of {n} "
+                                 f"part{'y' if n == 1 else 'ies'} (private parties {sorted(self.private_parties)} "
+                                 "sit out the warm start): run with 2 or more non-private parties, every party "
+                                 "private, or secagg=false")
+            self.secagg.keys(self.exchange, self.num_parties)
         self.acceleration_ = self.driver.acceleration
         self.history_ = self.driver.history
         begin = (0, 0, 0, False)
@@ -441,7 +514,7 @@ class VerticalADMMStrategy(Strategy):
             self.driver.run(rounds, start=begin, t0=t0, on_round=self._on_round, on_warm_start=self._on_warm_start)
             if self.t_test is not None:
                 vertical_outcome.warn_if_dp_hurts(self)
-        except (PartyRefused, PartyLost, PartyFailed, ReplyError, ResumeRefused, PermissionError) as exc:
+        except (PartyRefused, PartyLost, PartyFailed, ReplyError, ResumeRefused, PermissionError, SecAggError) as exc:
             # no model: the run fails (a refusal too: the rounds done are kept, never reported as a success)
             self.stopped_reason_, self.failed_ = str(exc), True
             log(ERROR, "stopping after round %d (checkpoint: %s): %s", len(self.history_),

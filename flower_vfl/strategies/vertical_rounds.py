@@ -119,9 +119,29 @@ class FlowerRounds:
                 got.update(self._send([], what, rebuild, over))
         else:
             got = self._send(messages, what, rebuild, parties)
+            got = self._rekeyed(got, what, parties, rebuild)
         st._reply_party = {rep.metadata.reply_to_message_id: p for p, rep in got.items()}
         st.aggregate_train(k, [got[p] for p in sorted(got)])
         return st._fresh, st._penalties
+
+    def _rekeyed(self, got, what, parties, rebuild):
+        """Secure aggregation: a party that holds no key for this run (restarted) refuses with
+        ``secagg-rekey``; then every party is asked for its advert again (the others keep theirs),
+        the new roster is relayed and the whole request is sent again: never a sum with a hole."""
+        st = self.st
+        if st.secagg is None:
+            return got
+        from flower_vfl.strategies.secagg_central import REKEY
+        for _ in range(max(1, 2 * st.num_parties)):
+            rekey = sorted(p for p, rep in got.items() if "refusal" in rep.content.config_records
+                           and rep.content.config_records["refusal"].get("code") == REKEY)
+            if not rekey:
+                return got
+            log(WARNING, "parties %s hold no secure-aggregation key for this run (restarted): new key "
+                "adverts, then %s again for every party", rekey, what)
+            st.secagg.keys(st.exchange, st.num_parties)
+            got = st.exchange.send_messages([], what, rebuild, parties=parties)
+        raise ReplyError(f"{what}: parties kept losing their secure-aggregation keys; check their SuperNodes")
 
     def resync(self, parties) -> None:
         """Send every party of ``parties`` that came back without its state the last round it
@@ -163,7 +183,7 @@ class FlowerRounds:
         messages = list(st.configure_evaluate(k, ArrayRecord(), ConfigRecord(), self.grid))
         rebuild = lambda p, nid: Message(st._eval_content(k, p, final), dst_node_id=nid,  # noqa: E731
                                          message_type="evaluate")
-        got = self._send(messages, what, rebuild, parties)
+        got = self._rekeyed(self._send(messages, what, rebuild, parties), what, parties, rebuild)
         for _ in range(max(1, 2 * st.num_parties)):
             again = sorted(p for p in got if p in st._resync and p in st.replay_)
             if not again:

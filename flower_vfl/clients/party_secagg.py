@@ -1,0 +1,177 @@
+"""A party's side of secure aggregation in the Flower path (glue only: the crypto is
+:mod:`flower_vfl.secagg`, the protocol is docs/secagg.md).
+
+- ``query.secagg_keys``: the party answers with its signed key advert for this run. Its X25519
+  key is drawn once per run and kept in ``context.state`` (a re-sent query gets the same advert;
+  a restarted party draws a new one, so the central node must relay a new roster).
+- A train / evaluate message with ``config['secagg.adverts']`` (the relayed roster) and
+  ``config['secagg.parties']`` (the names summed in this message) gets a masked reply: the party
+  verifies the roster (pins, ``secagg-min-parties``, ``secagg-require``), encodes its release in
+  fixed point (a private party clips its noisy release to its bound, post-processing; a
+  non-private one refuses a value outside it) and masks it against the SHA-256 of the broadcast
+  it received (every array and config value). The masked answer is kept in ``context.state``
+  before it is sent: the same message again gets the same bytes; another broadcast for the same
+  round is refused.
+- Node config (trusted): ``secagg-name``, ``secagg-signing-key``, ``secagg-pins``,
+  ``secagg-min-parties``, ``secagg-require``, ``secagg-bound``, ``secagg-only`` (refuse to
+  release unmasked).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+
+from flower_vfl.privacy.boundary import Refused
+from flower_vfl.secagg import (KeyAgreement, KeyRefused, MaskContext, Rekey, ReplayConflict, ReplayStore, Roster,
+                               SecAggError, Session, broadcast_digest, load_signing_key, parse_pins)
+from flower_vfl.secagg.masking import ADVERTS, PARTIES
+
+__all__ = ["PartySecAgg", "ADVERTS", "PARTIES", "STATE_KEYS", "DEFAULT_BOUND", "secagg_fields"]
+
+STATE_KEYS = "vfl.secagg.keys"
+STATE_ANSWER = "vfl.secagg.answer."
+STATE_MASKED = "vfl.secagg.masked."
+STATE_SUMS = "vfl.secagg.sums"
+#: default entry-wise bound on a release (secagg-bound): 2^53 / (16 * 1e4) leaves a scale of 2^35
+DEFAULT_BOUND = 1e4
+
+
+def secagg_fields(content) -> tuple[list, list] | None:
+    """(adverts, names) of a message that asks for a masked reply, None for a plain one."""
+    cfg = content["config"] if "config" in content else {}
+    if ADVERTS not in cfg:
+        return None
+    adverts, names = cfg.get(ADVERTS), cfg.get(PARTIES)
+    if not isinstance(adverts, list) or not all(isinstance(a, bytes) for a in adverts):
+        raise KeyRefused(f"config[{ADVERTS!r}] must be a list of key adverts (bytes); refused")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not names:
+        raise KeyRefused(f"config[{PARTIES!r}] must be a non-empty list of party names; refused")
+    return adverts, names
+
+
+class PartySecAgg:
+    """The party's secure-aggregation settings from its node config (``nc``)."""
+
+    def __init__(self, party_id: int, nc: dict, private: bool):
+        self.name = str(nc.get("secagg-name") or f"party{int(party_id)}")
+        key_path = str(nc.get("secagg-signing-key") or "")
+        pins = str(nc.get("secagg-pins") or "")
+        self.signing_key = load_signing_key(key_path) if key_path else None
+        self.pins = parse_pins(pins) if pins else None
+        if self.pins is not None and self.signing_key is None:
+            raise KeyRefused(f"party {self.name!r}: node config secagg-pins is set but secagg-signing-key is not: "
+                             "the other parties pin this party's key too; give its Ed25519 PEM file")
+        self.min_parties = int(nc.get("secagg-min-parties", 2))
+        self.required = tuple(n.strip() for n in str(nc.get("secagg-require") or "").split(",") if n.strip())
+        self.bound = float(nc.get("secagg-bound", DEFAULT_BOUND))
+        self.only = bool(nc.get("secagg-only", False))
+        self.on_overflow = "clip" if private else "refuse"
+
+    def settings(self) -> tuple:
+        """What this party's node config set (public keys as hex): equal settings, equal objects."""
+        from flower_vfl.secagg import public_key_hex
+        return (self.name, None if self.signing_key is None else public_key_hex(self.signing_key),
+                None if self.pins is None else tuple(sorted((n, public_key_hex(k)) for n, k in self.pins.items())),
+                self.min_parties, self.required, self.bound, self.only, self.on_overflow)
+
+    def __eq__(self, other):
+        return isinstance(other, PartySecAgg) and self.settings() == other.settings()
+
+    def __hash__(self):
+        return hash(self.settings())
+
+    def __repr__(self):
+        return f"PartySecAgg{self.settings()!r}"
+
+    # ------------------------------------------------------------------ keys
+    def _agreement(self, context: Context, create: bool) -> KeyAgreement | None:
+        run = str(context.run_id)
+        st = context.state.get(STATE_KEYS) if STATE_KEYS in context.state else None
+        if st is not None and st["run"] == run and st["name"] == self.name and float(st["bound"]) == self.bound:
+            return KeyAgreement(self.name, run, self.bound, self.signing_key, dh_private=bytes(st["dh"]))
+        if not create:
+            return None
+        ka = KeyAgreement(self.name, run, self.bound, self.signing_key)
+        context.state[STATE_KEYS] = ConfigRecord({"run": run, "name": self.name, "bound": self.bound,
+                                                  "dh": ka.private_state()})
+        return ka
+
+    def advert(self, context: Context) -> bytes:
+        """This run's signed advert (the key drawn at the first query, kept in the state)."""
+        return self._agreement(context, create=True).advert.to_bytes()
+
+    def session(self, context: Context, adverts: list, names: list) -> Session:
+        """The session over the parties ``names`` of the relayed roster ``adverts``, verified."""
+        ka = self._agreement(context, create=False)
+        if ka is None:
+            raise Rekey(f"party {self.name!r} holds no secure-aggregation key for run {context.run_id} (a "
+                        "restarted node): the central node must ask for its advert again "
+                        "(query.secagg_keys) and relay a new roster; refused")
+        full = Session.establish(ka, adverts, self.pins, self.min_parties, self.required)
+        if list(names) == list(full.roster.names):
+            return full
+        unknown = sorted(set(names) - set(full.roster.names))
+        if unknown or len(set(names)) != len(names) or self.name not in names:
+            raise KeyRefused(f"party {self.name!r}: the parties summed ({list(names)}) must be distinct names of "
+                             f"the roster {list(full.roster.names)} including this party; refused")
+        sub = Roster([a for a in full.roster.adverts if a.name in names])
+        if len(sub) < max(2, self.min_parties):
+            raise KeyRefused(f"party {self.name!r}: a secure sum of {len(sub)} parties ({list(sub.names)}) is "
+                             f"below this party's minimum of {max(2, self.min_parties)} (node config "
+                             "secagg-min-parties); refused")
+        absent = sorted(set(self.required) - set(sub.names))
+        if absent:
+            raise KeyRefused(f"party {self.name!r}: the parties summed lack {absent}, which this party requires "
+                             "(node config secagg-require); refused")
+        return Session(self.name, sub, {n: s for n, s in full._seeds.items() if n in sub.names})
+
+    # ------------------------------------------------------------------ answers
+    def masked_answer(self, content, context: Context, kind: str, rnd: int, compute) -> np.ndarray:
+        """The masked reply to ``content`` (``compute()`` -> the float release, called only for a
+        new request); the stored answer for a replay, :class:`ReplayConflict` for another
+        broadcast of the same round."""
+        adverts, names = secagg_fields(content)
+        session = self.session(context, adverts, names)
+        arrays = {}
+        if "vectors" in content:
+            rec = content["vectors"]
+            arrays = {k: rec[k].numpy() for k in rec}
+        cfg = content["config"]
+        digest = broadcast_digest(arrays, {k: cfg[k] for k in cfg})
+        ctx = MaskContext(int(rnd), kind, digest)
+        store = ReplayStore(self._stored(context, kind))
+        prior = store.lookup(session.roster, ctx)
+        if prior is not None:
+            return prior
+        # each (round, kind) goes into sums over one set of names only, whatever the keys: the
+        # same answer in sums over {A, B, C} and {A, B} would give the central node C's release
+        sums = dict(context.state[STATE_SUMS]) if STATE_SUMS in context.state else {}
+        slot, over = f"{kind}/{int(rnd)}", ",".join(sorted(names))
+        if slot in sums and sums[slot] != over:
+            raise ReplayConflict(f"party {self.name!r}: round {int(rnd)} ({kind}) was already answered in a sum over "
+                                 f"[{sums[slot]}]; refused in a sum over [{over}] (the central node could subtract "
+                                 "the two sums)")
+        s = np.asarray(compute(), dtype=np.float64)
+        masked = session.release(s, ctx, self.on_overflow)
+        # written to the state before the reply leaves (one entry per kind: the last request)
+        sums[slot] = over
+        context.state[STATE_SUMS] = ConfigRecord(sums)
+        key = ReplayStore.key(session.roster, ctx)
+        context.state[STATE_ANSWER + kind] = ConfigRecord({"key": key, "digest": digest})
+        context.state[STATE_MASKED + kind] = ArrayRecord({"masked": Array(np.asarray(masked, dtype=np.uint64))})
+        return masked
+
+    @staticmethod
+    def _stored(context: Context, kind: str) -> dict:
+        if STATE_ANSWER + kind not in context.state or STATE_MASKED + kind not in context.state:
+            return {}
+        rec = context.state[STATE_ANSWER + kind]
+        return {str(rec["key"]): (bytes(rec["digest"]), context.state[STATE_MASKED + kind]["masked"].numpy())}
+
+
+def as_refusal(exc: SecAggError) -> Refused:
+    """A secure-aggregation refusal as the party's boundary refusal (its code kept)."""
+    r = Refused(str(exc))
+    r.code = getattr(exc, "code", "secagg")
+    return r

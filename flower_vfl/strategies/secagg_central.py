@@ -1,0 +1,91 @@
+"""The central node's side of secure aggregation (run config ``secagg=true``; docs/secagg.md).
+
+Once per run (and again when a party comes back without its key) the central node asks every
+party for its signed key advert (``query.secagg_keys``) and relays the whole set, the roster, in
+every train / evaluate message (``config['secagg.adverts']``, with ``config['secagg.parties']``
+naming the parties of that sum). The message is the same for every party. The replies are
+masked uint64 vectors; the central node adds them mod 2^64 and decodes the sum only
+(:func:`flower_vfl.secagg.secure_sum`): a party missing means no sum (the round is retried), masks
+that do not cancel (parties shown different messages or rosters) are refused. Glue only.
+"""
+
+from __future__ import annotations
+
+from logging import INFO
+
+import numpy as np
+from flwr.app import ConfigRecord, RecordDict
+from flwr.common.logger import log
+
+from flower_vfl.secagg import Advert, Roster, SecAggError, secure_sum
+from flower_vfl.secagg.masking import ADVERTS, PARTIES
+from flower_vfl.strategies.exchange import ReplyError
+
+__all__ = ["CentralSecAgg", "REKEY"]
+
+#: the refusal code of a party that holds no key for this run (restarted): re-key, retry the round
+REKEY = "secagg-rekey"
+
+
+class CentralSecAgg:
+    """The roster of this run and the sums of the masked replies."""
+
+    def __init__(self):
+        self.roster: Roster | None = None
+        self.name_of: dict[int, str] = {}
+        self.key_agreements = 0
+        self.advert_bytes = 0
+
+    def keys(self, exchange, num_parties: int) -> Roster:
+        """Ask every party for its advert; the roster (names unique, one run)."""
+        what = "the secure-aggregation key adverts"
+        got = exchange.send(lambda p, nid: RecordDict({"config": ConfigRecord({"want": "advert"})}),
+                            "query.secagg_keys", range(num_parties), what)
+        adverts, names = {}, {}
+        for p, rep in sorted(got.items()):
+            recs = rep.content.config_records
+            if "refusal" in recs:
+                raise ReplyError(f"party {p} refused {what}: {recs['refusal'].get('reason', '')}")
+            if "secagg" not in recs or not isinstance(recs["secagg"].get("advert"), bytes):
+                raise ReplyError(f"party {p} (node {rep.metadata.src_node_id}): the reply to {what} has no "
+                                 "'secagg' record with an 'advert' (bytes); is its ClientApp flower-vfl's?")
+            try:
+                adverts[p] = Advert.from_bytes(recs["secagg"]["advert"])
+            except SecAggError as exc:
+                raise ReplyError(f"party {p}: {exc}") from None
+            names.setdefault(adverts[p].name, []).append(p)
+        dup = {n: ps for n, ps in names.items() if len(ps) > 1}
+        if dup:
+            raise ReplyError(f"parties {sorted(dup.values())} advertise the same secagg name(s) {sorted(dup)}; give "
+                             "each party a distinct secagg-name in its node config")
+        self.roster = Roster(list(adverts.values()))
+        self.name_of = {p: a.name for p, a in adverts.items()}
+        self.key_agreements += 1
+        self.advert_bytes = sum(len(a.to_bytes()) for a in adverts.values())
+        log(INFO, "secure aggregation: roster of %d parties (%s), digest %s", len(self.roster),
+            ", ".join(f"{p}={n}" for p, n in sorted(self.name_of.items())), self.roster.digest.hex()[:16])
+        return self.roster
+
+    def fields(self, parties) -> dict:
+        """The config fields of a message for the sum over ``parties`` (the same for each)."""
+        return {ADVERTS: [a.to_bytes() for a in self.roster.adverts],
+                PARTIES: sorted(self.name_of[p] for p in parties)}
+
+    def sub(self, parties) -> Roster:
+        names = {self.name_of[p] for p in parties}
+        return Roster([a for a in self.roster.adverts if a.name in names])
+
+    def total(self, replies: dict, parties, key: str, shape, what: str) -> np.ndarray:
+        """sum_m release[key] over ``parties`` from their masked replies (party -> Message)."""
+        masked = {}
+        for p, rep in replies.items():
+            node = rep.metadata.src_node_id
+            rec = rep.content.array_records.get("release")
+            if rec is None or key not in rec:
+                raise ReplyError(f"party {p} (node {node}), {what}: no masked release[{key!r}]")
+            v = rec[key].numpy()
+            if v.dtype != np.uint64 or v.shape != tuple(shape):
+                raise ReplyError(f"party {p} (node {node}), {what}: masked release[{key!r}] of dtype {v.dtype} and "
+                                 f"shape {v.shape}; expected uint64 of shape {tuple(shape)} (secagg=true)")
+            masked[self.name_of[p]] = v
+        return secure_sum(masked, self.sub(parties))
