@@ -267,6 +267,10 @@ def test_a_deleted_psi_log_refuses_to_start_until_the_operator_accepts(tmp_path,
         f"--state-dir {state} --accept-reset`; otherwise restore the file from a backup first")
     assert not (state / "psi-log.sqlite").exists()
     capsys.readouterr()
+    assert cli.main(["ledger", "--state-dir", str(state)]) == 3          # the operator's view says so
+    assert capsys.readouterr().err.startswith(
+        f"flower-vfl ledger: {state / 'psi-log.sqlite'} holds 0 row(s) but its journal {state / 'psi-log.journal'} "
+        "recorded 70; the party refuses to use it. Restore the file, or accept the loss with --accept-reset")
     assert cli.main(["ledger", "--state-dir", str(state), "--accept-reset"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"flower-vfl ledger: reset accepted for {state / 'psi-log.sqlite'}: what it lost is "
@@ -334,3 +338,32 @@ def test_a_horizontal_agent_checks_every_round_field(change, text):
     got = str(exc.value)
     assert (got.startswith(text) if text.endswith(" ") else got == text), got
     assert "hz.agent" not in context.state
+
+
+# --------------------------------------------------------------- the horizontal ServerApp's out-dir
+def test_a_horizontal_out_dir_that_cannot_be_written_is_refused_before_any_round(tmp_path):
+    from flower_vfl.apps.horizontal import writable_out_dir
+    plain = tmp_path / "out"
+    plain.write_text("x")
+    with pytest.raises(ConfigError) as exc:
+        writable_out_dir(str(plain))
+    assert str(exc.value) == (f"out-dir {plain} is a file, not a folder; set the run-config key out-dir to a "
+                              "writable folder with free space (it is created if missing)")
+    with pytest.raises(ConfigError) as exc:
+        writable_out_dir(str(plain / "sub"))
+    assert str(exc.value) == (f"out-dir {plain / 'sub'} cannot be written (Not a directory); set the run-config key "
+                              "out-dir to a writable folder with free space (it is created if missing)")
+    writable_out_dir(str(tmp_path / "new" / "out"))
+    assert list((tmp_path / "new" / "out").iterdir()) == []              # the probe is gone
+
+
+def test_a_read_only_out_dir_is_refused(small_fs):
+    from flower_vfl.apps.horizontal import writable_out_dir
+    (small_fs / "kept.txt").write_text("earlier run")
+    _remount(small_fs, "ro")
+    with pytest.raises(ConfigError) as exc:
+        writable_out_dir(str(small_fs))
+    assert str(exc.value) == (f"out-dir {small_fs} cannot be written (Read-only file system); set the run-config "
+                              "key out-dir to a writable folder with free space (it is created if missing)")
+    assert (small_fs / "kept.txt").read_text() == "earlier run"
+    _remount(small_fs, "rw")

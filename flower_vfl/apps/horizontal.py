@@ -21,6 +21,7 @@ before any round. Each agent loads only its own partition (flwr-datasets partiti
 from __future__ import annotations
 
 import json
+import os
 from logging import INFO
 from pathlib import Path
 
@@ -83,8 +84,33 @@ def make_server_strategy(run_config) -> DPIADMMStrategy:
                            X_test=Xt, y_test=yt, eval_every=g["hz-eval-every"])
 
 
+def writable_out_dir(out: str):
+    """Make sure ``out-dir`` can take the run's files before any round (a read-only folder, a full
+    disk or a plain file there used to end the finished run in a raw OSError, its model unwritten)."""
+    from flower_vfl.config.schema import ConfigError
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out-dir {path} is a file, not a folder; {_OUT_FIX}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".flower-vfl-write-probe-{os.getpid()}"
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * 65536)          # room for at least a small file
+            fh.flush()
+            os.fsync(fh.fileno())
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"out-dir {path} cannot be written ({exc.strerror or exc}); {_OUT_FIX}") from None
+
+
+_OUT_FIX = "set the run-config key out-dir to a writable folder with free space (it is created if missing)"
+
+
 @server.main()
 def main(grid: Grid, context: Context) -> None:
+    out = parse_horizontal_run_config(context.run_config)["out-dir"]
+    if out:
+        writable_out_dir(out)                  # before any round: the run's output has somewhere to go
     st = make_server_strategy(context.run_config).start(
         grid, progress=lambda t, row: log(INFO, "round %d: %s", t, row) if "test_error" in row else None)
     for agent, rep in sorted(st.privacy_.items()):
@@ -93,11 +119,14 @@ def main(grid: Grid, context: Context) -> None:
             log(INFO, "agent %s: per-iteration eps_bar=%s (the paper's guarantee); this run's total over %d "
                 "iterations: PLD eps=%.4g at delta=%g, basic composition %.4g", agent, rep["eps_bar"],
                 tot["releases"], tot["epsilon_pld"], tot["delta"], tot["epsilon_basic"])
-    out = parse_horizontal_run_config(context.run_config)["out-dir"]
     if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
         import numpy as np
-        np.save(Path(out) / "w.npy", st.w)
-        (Path(out) / "report.json").write_text(json.dumps(
-            {"run_config": dict(context.run_config), "history": st.history_, "final": st.final_,
-             "privacy_per_agent": st.privacy_}, indent=1, default=str))
+        from flower_vfl.config.schema import ConfigError
+        try:
+            np.save(Path(out) / "w.npy", st.w)
+            (Path(out) / "report.json").write_text(json.dumps(
+                {"run_config": dict(context.run_config), "history": st.history_, "final": st.final_,
+                 "privacy_per_agent": st.privacy_}, indent=1, default=str))
+        except OSError as exc:           # the disk filled or went read-only during the run
+            raise ConfigError(f"out-dir {out}: the run finished but its files cannot be written "
+                              f"({exc.strerror or exc}); {_OUT_FIX}, then run again") from None

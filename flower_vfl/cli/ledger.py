@@ -115,6 +115,12 @@ def cmd_ledger(args) -> int:
             print(f"flower-vfl ledger: reset accepted for {old.rsplit('.journal', 1)[0]}.sqlite: what it lost is "
                   f"forgotten; the old journal is kept at {old}")
         return 0
+    from flower_vfl.privacy.store import count_journal_losses
+    losses = count_journal_losses(Path(check["ledger_file"]).parent)
+    for lost in losses:
+        print(f"flower-vfl ledger: {lost['file']} holds {lost['held']} row(s) but its journal {lost['journal']} "
+              f"recorded {lost['recorded']}; the party refuses to use it. Restore the file, or accept the loss with "
+              f"--accept-reset", file=sys.stderr)
     if not check["ledger_exists"]:
         if check["journal_exists"]:
             print(f"flower-vfl ledger: the ledger {check['ledger_file']} is MISSING, but its journal names "
@@ -127,7 +133,9 @@ def cmd_ledger(args) -> int:
             else:
                 print(f"party state {path} (no private release was made there)")
                 _print_others(others)
-            return 0
+            return 3 if losses else 0
+        if losses:
+            return 3
         print(f"flower-vfl ledger: no party store at {path} (no private release was ever made there); "
               "give the party's --state-dir", file=sys.stderr)
         return 2
@@ -135,7 +143,7 @@ def cmd_ledger(args) -> int:
     out = ledger_summary(store)
     if args.json:
         print(json.dumps({"sources": out, **others, "journal": check}, indent=2))
-        return 3 if check["missing"] else 0
+        return 3 if check["missing"] or losses else 0
     print(f"party store {store.path}")
     if check["missing"]:
         print(f"  LEDGER SHORTER THAN ITS JOURNAL: {check['missing']} of the {check['journaled']} journaled "
@@ -149,4 +157,4 @@ def cmd_ledger(args) -> int:
         for run, kinds in d["runs"].items():
             print(f"    run {run}: {kinds['train']} training, {kinds['eval']} model release(s)")
     _print_others(others)
-    return 3 if check["missing"] else 0
+    return 3 if check["missing"] or losses else 0

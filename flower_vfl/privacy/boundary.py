@@ -81,7 +81,7 @@ def _scalar(cfg, key, lo, hi, party, *, open_hi=False):
     ok = math.isfinite(v) and lo < v and (v < hi if open_hi else v <= hi)
     if not ok:
         raise InvalidMessage(f"{_who(party)}: config[{key!r}]={v!r} is outside the protocol's range "
-                             f"({lo:g}, {hi:g}{')' if open_hi else ']'}); refused, nothing charged",
+                             f"({lo:g}, {hi:g}{')' if open_hi else ']'}; refused, nothing charged",
                              field=f"config.{key}")
     return v
 

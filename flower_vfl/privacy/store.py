@@ -243,6 +243,35 @@ class CountJournal:
                 os.fsync(fh.fileno())
 
 
+def count_journal_losses(folder) -> list[dict]:
+    """Read-only: the CountJournals in ``folder`` whose file holds fewer rows than recorded (or is
+    missing): ``{"file", "journal", "recorded", "held"}`` each (``flower-vfl ledger``)."""
+    out = []
+    folder = Path(folder)
+    for journal in sorted(folder.glob("*.journal")) if folder.is_dir() else []:
+        try:
+            with open(journal, encoding="utf-8") as fh:
+                head = json.loads(fh.readline() or "{}")
+        except (OSError, ValueError):
+            continue
+        table = head.get("table") if isinstance(head, dict) and "flower-vfl-count-journal" in head else None
+        if not (isinstance(table, str) and table.isidentifier()):
+            continue
+        cj = CountJournal(journal.with_suffix(".sqlite"), table, "file")
+        held = 0
+        if cj.db_path.is_file():
+            db = sqlite3.connect(str(cj.db_path), timeout=30.0)
+            try:
+                held = cj.count(db)
+            except sqlite3.DatabaseError:
+                held = 0
+            finally:
+                db.close()
+        if held < cj.last():
+            out.append({"file": str(cj.db_path), "journal": str(journal), "recorded": cj.last(), "held": held})
+    return out
+
+
 def _reset_count_journals(folder: Path) -> list:
     """accept_reset's part for the CountJournals in ``folder``: archive each and restart it at the
     count its file holds now. Returns the archived journals."""
