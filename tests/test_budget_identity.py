@@ -15,19 +15,10 @@ from flower_vfl.apps import client as ca
 from flower_vfl.config.schema import ConfigError
 from flower_vfl.io import psi
 from flower_vfl.io.bundled import write_table
-from flower_vfl.io.data import party_block
 from flower_vfl.privacy import epsilon_for_releases, noise_multiplier_for
 from flower_vfl.privacy.store import PartyStore
 
-N = party_block("breast_cancer", 1, 2)[0].shape[0]
-RC = {"dataset": "breast_cancer", "num-parties": 2, "lam": 1e-2}
-DELTA = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _task_identity():
-    from flwr.supercore.task_identity import TaskIdentity
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 0, 0
+from _party_handlers import DELTA, N, RC, _task_identity  # noqa: F401  (_task_identity: autouse)
 
 
 def ctx(node_config, run_id, run_config=None):

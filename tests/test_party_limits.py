@@ -15,20 +15,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flower_vfl.apps import client as ca
 from flower_vfl.clients import party_private, psi_party
 from flower_vfl.config.schema import ConfigError
-from flower_vfl.io.data import party_block
 from flower_vfl.privacy import accounting
 from flower_vfl.privacy.boundary import InvalidMessage
 from flower_vfl.privacy.store import PartyStore, StoreDiskError, journal_check
 
-N = party_block("breast_cancer", 1, 2)[0].shape[0]
-RC = {"dataset": "breast_cancer", "num-parties": 2, "lam": 1e-2}
-DELTA = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _task_identity():
-    from flwr.supercore.task_identity import TaskIdentity
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 0, 0
+from _party_handlers import DELTA, N, RC, _task_identity  # noqa: F401  (_task_identity: autouse)
 
 
 def node(state, **kw):

@@ -33,7 +33,6 @@ import hashlib
 import hmac
 import math
 import os
-import sqlite3
 import time
 from pathlib import Path
 
@@ -75,28 +74,14 @@ class PsiLog:
     """
 
     def __init__(self, state_dir, check: bool = True):
-        from flower_vfl.privacy.store import CountJournal, disk_errors
+        from flower_vfl.privacy.store import CountJournal, disk_errors, open_journaled
         folder = Path(state_dir)
         with disk_errors(folder, "create the party's state-dir"):
             folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / FILE
         # a deleted or older psi-log.sqlite would forget what was asked: loud, as the ledger
         self._journal = CountJournal(self.path, "asked", "party's PSI log")
-        if check:
-            self._journal.check_missing()
-        with disk_errors(self.path, "open the party's PSI log"):
-            self._db = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
-        if check:
-            try:
-                self._journal.check(self._db)
-            except BaseException:
-                self._db.close()
-                raise
-            if not self._journal.path.is_file():
-                self._journal.note(self._db)
+        self._db = open_journaled(self.path, self._journal, _SCHEMA, "party's PSI log", check)
         self._db.execute("BEGIN IMMEDIATE")
         try:
             row = self._db.execute("SELECT value FROM meta WHERE key='digest-key'").fetchone()

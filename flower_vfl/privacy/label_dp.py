@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -301,7 +300,7 @@ class LabelStore:
     FILE = "label-store.sqlite"
 
     def __init__(self, state_dir=None, check: bool = True):
-        from flower_vfl.privacy.store import CountJournal, default_state_dir, disk_errors
+        from flower_vfl.privacy.store import CountJournal, default_state_dir, disk_errors, open_journaled
         if state_dir is None:
             state_dir = default_state_dir()
         folder = Path(state_dir)
@@ -310,21 +309,7 @@ class LabelStore:
         self.path = folder / self.FILE
         # a deleted or older label-store.sqlite would draw the labels again: loud, as the ledger
         self._journal = CountJournal(self.path, "draws", "label owner's label store")
-        if check:
-            self._journal.check_missing()
-        with disk_errors(self.path, "open the label store"):
-            self._db = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_STORE_SCHEMA)
-        if check:
-            try:
-                self._journal.check(self._db)
-            except BaseException:
-                self._db.close()
-                raise
-            if not self._journal.path.is_file():
-                self._journal.note(self._db)
+        self._db = open_journaled(self.path, self._journal, _STORE_SCHEMA, "label store", check)
 
     def close(self):
         self._db.close()

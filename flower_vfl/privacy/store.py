@@ -44,7 +44,7 @@ import numpy as np
 
 from flower_vfl.errors import UserError
 
-__all__ = ["Answer", "CountJournal", "LedgerMissing", "PartyStore", "StoreDiskError", "StoreError", "accept_reset",
+__all__ = ["Answer", "CountJournal", "open_journaled", "LedgerMissing", "PartyStore", "StoreDiskError", "StoreError", "accept_reset",
            "default_state_dir", "disk_errors", "journal_check", "pack_arrays", "unpack_arrays"]
 
 #: bumped when the tables change; a file of another version is refused, never silently reused
@@ -241,6 +241,28 @@ class CountJournal:
                 fh.write(json.dumps([self.count(db)]) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
+
+
+def open_journaled(path: Path, journal: "CountJournal", schema: str, what: str, check: bool = True):
+    """Open (create) the SQLite file ``path`` (WAL, ``synchronous=FULL``) with ``schema``, and with
+    ``check`` refuse it when ``journal`` says rows are gone (:class:`LedgerMissing`); a file
+    without a journal yet gets one. The label store and the PSI log open through this."""
+    if check:
+        journal.check_missing()
+    with disk_errors(path, f"open the {what}"):
+        db = sqlite3.connect(str(path), timeout=60.0, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(schema)
+    if check:
+        try:
+            journal.check(db)
+        except BaseException:
+            db.close()
+            raise
+        if not journal.path.is_file():
+            journal.note(db)
+    return db
 
 
 def count_journal_losses(folder) -> list[dict]:
