@@ -16,7 +16,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from flower_vfl.clients import psi_party
-from flower_vfl.clients.source import declared_source
+from flower_vfl.clients.source import declared_source, party_node_config  # noqa: F401  (re-exported)
 from flower_vfl.errors import install_log_filter, reply_user_errors
 from flower_vfl.clients.vertical_party import VerticalPartyClient
 from flower_vfl.config.settings import PRIVACY_KEYS, privacy_from_config, run_setting
@@ -25,20 +25,6 @@ from flower_vfl.io.party_cache import cached_party_block
 
 app = ClientApp()
 install_log_filter()     # our user-facing errors: one line, no traceback (flower_vfl.errors)
-
-
-def party_node_config(context: Context) -> dict:
-    """The node config, over the party's own file named by ``FLOWER_VFL_NODE_CONFIG`` (a JSON
-    object ``{"<partition-id>": {key: value}}``) when set: both live on the party's machine, so
-    both are trusted; the simulation engine gives nodes no node config of their own, and this
-    file is how ``flower-vfl simulate`` hands each simulated party its privacy settings."""
-    nc = dict(context.node_config)
-    path = os.environ.get("FLOWER_VFL_NODE_CONFIG")
-    if path and "partition-id" in nc:
-        with open(path) as fh:
-            extra = json.load(fh).get(str(int(nc["partition-id"])), {})
-        nc = {**extra, **nc}
-    return nc
 
 
 def _rho_range(nc: dict, party: int):
@@ -114,7 +100,9 @@ app.query("identify")(reply_user_errors(identify))
 app.train()(reply_user_errors(train))
 app.evaluate()(reply_user_errors(evaluate))
 app.query("secagg_keys")(reply_user_errors(secagg_keys))      # secure aggregation: the key advert
-# own data (flower_vfl.clients.psi_party): PSI alignment, the saved model, prediction
+# own data (flower_vfl.clients.psi_party): PSI alignment, the saved model, prediction; save_model
+# builds the party through make_client, handed over here (clients never import apps)
+psi_party.CLIENT_FACTORY = make_client
 app.query("psi_answer")(reply_user_errors(psi_party.psi_answer))
 app.query("psi_order")(reply_user_errors(psi_party.psi_order))
 app.query("save_model")(reply_user_errors(psi_party.save_model))

@@ -25,6 +25,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 
 from flower_vfl.io import model_files as model_io
 from flower_vfl.io import psi as psi
+from flower_vfl.clients.source import party_node_config
 from flower_vfl.config.schema import ConfigError
 from flower_vfl.core.scoring import party_scores
 from flower_vfl.io import DataError, Preprocessor, align_rows, read_party, source_from_config
@@ -36,12 +37,15 @@ STATE_ALIGN = "vfl.align."
 _TABLES: OrderedDict = OrderedDict()     # (source, mtime) -> PartyTable, while the process lives
 
 
+#: builds the party's client from its Context (set by flower_vfl.apps.client: make_client)
+CLIENT_FACTORY = None
+
+
 def node_cfg(context: Context) -> dict:
     """The party's data keys: its node config (over the party's own FLOWER_VFL_NODE_CONFIG file),
     and nothing else. The run config is the central node's: it never names this party's files,
     ID column, preprocessing or folders (docs/own-data.md, issue 20)."""
-    from flower_vfl.apps.client import party_node_config      # the node config + the party's own file
-    return party_node_config(context)
+    return party_node_config(context)      # the node config + the party's own file
 
 
 def uses_own_data(context: Context) -> bool:
@@ -204,9 +208,10 @@ def model_path(context: Context, party: int | None = None) -> Path:
 def save_model(msg: Message, context: Context) -> Message:
     """Write x_m (for a private party only its released x̃), preprocessing, columns and a
     fingerprint of the aligned training rows to the party's own disk; reply with an ack."""
-    from flower_vfl.apps.client import make_client
+    if CLIENT_FACTORY is None:
+        raise RuntimeError("psi_party.CLIENT_FACTORY is not set: import flower_vfl.apps.client (it sets it)")
     D, _, pre, ids = own_blocks(context)
-    client = make_client(context)
+    client = CLIENT_FACTORY(context)
     private = client.privacy is not None
     party = client._build(context, 1)
     if private:

@@ -34,6 +34,7 @@ own-data run) refuses to start. Glue only: no Flower imports, no data read.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,3 +160,17 @@ def agent_source(node_config, default_dir) -> DeclaredSource:
     about = {"kind": "bundled", "dataset": "fashion_mnist", "location": _resolved(data_dir or default_dir),
              "partition-id": int(nc["partition-id"])}
     return _source("bundled", about, dataset="fashion_mnist", data_dir=data_dir)
+
+
+def party_node_config(context) -> dict:
+    """The node config, over the party's own file named by ``FLOWER_VFL_NODE_CONFIG`` (a JSON
+    object ``{"<partition-id>": {key: value}}``) when set: both live on the party's machine, so
+    both are trusted; the simulation engine gives nodes no node config of their own, and this
+    file is how ``flower-vfl simulate`` hands each simulated party its privacy settings."""
+    nc = dict(context.node_config)
+    path = os.environ.get("FLOWER_VFL_NODE_CONFIG")
+    if path and "partition-id" in nc:
+        with open(path) as fh:
+            extra = json.load(fh).get(str(int(nc["partition-id"])), {})
+        nc = {**extra, **nc}
+    return nc
