@@ -12,6 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 from flower_vfl.config.settings import run_setting
 from flower_vfl.errors import install_log_filter
 from flower_vfl.config.schema import parse_run_config
+from flower_vfl.io.checkpoint import DiskError, atomic_write, disk_writes, writable_folder
 from flower_vfl.io.data import labels
 from flower_vfl.privacy.label_dp import label_source
 from flower_vfl.reporting.report import write_report
@@ -58,18 +59,33 @@ def make_strategy(run_config, y=None, y_test=None, ids=None) -> VerticalADMMStra
                                               "dataset": "" if get("labels-path") else str(get("dataset"))})
 
 
+def writable_folders(run_config) -> None:
+    """Before any message: ``out-dir`` and the label owner's ``state-dir`` (its checkpoint folder,
+    by default ``<out-dir>/state``) are writable folders (a plain file there or above it, a
+    read-only folder, a full disk: a :class:`DiskError` naming the key, the path and the fix)."""
+    out, state = str(run_setting("out-dir", run_config)), str(run_setting("state-dir", run_config))
+    if out:
+        writable_folder(out, "out-dir")
+    if state or out:
+        writable_folder(state or Path(out) / "state", "state-dir")
+
+
 def write_outputs(strategy: VerticalADMMStrategy, run_config, final: dict | None = None) -> None:
     """report.json and metrics.csv in out-dir (rewritten every round, and when a run fails, so
-    a failed run leaves what it did), decision_test.npy once there is one."""
+    a failed run leaves what it did), decision_test.npy once there is one. Each file is replaced
+    atomically: a disk that fills keeps the previous one and fails with a :class:`DiskError`."""
     out = str(run_setting("out-dir", run_config))
     if not out:
         return
     write_report(out, dict(run_config), strategy.history_, strategy.final_ if final is None else final,
                  extra={"engine": "flower", "privacy": strategy.privacy_,
                         "label_privacy": strategy.label_privacy_.report()
-                        if getattr(strategy, "label_privacy_", None) else "labels not protected: label-epsilon=0 (every party sees sign(y) = -label)"})
+                        if getattr(strategy, "label_privacy_", None) else "labels not protected: label-epsilon=0 (every party sees sign(y) = -label)"},
+                 key="out-dir")
     if hasattr(strategy, "decision_test_"):
-        np.save(Path(out) / "decision_test.npy", strategy.decision_test_)
+        path = Path(out) / "decision_test.npy"
+        with disk_writes(path, "out-dir", "test decisions"):
+            atomic_write(path, lambda fh: np.save(fh, strategy.decision_test_))
 
 
 def log_round(k: int, row: dict) -> None:
@@ -103,8 +119,11 @@ def log_final(strategy: VerticalADMMStrategy) -> None:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     parse_run_config(context.run_config)      # every key checked before anything is read or sent
+    predict = own_data.enabled(context.run_config) and str(context.run_config.get("mode", "train")) == "predict"
+    if not predict:                            # (predict reads its model from out-dir: it may be read-only)
+        writable_folders(context.run_config)   # the run's files have somewhere to go, before any round
     if own_data.enabled(context.run_config):   # the label owner's own files, PSI-aligned (docs/own-data.md)
-        if str(context.run_config.get("mode", "train")) == "predict":
+        if predict:
             own_data.predict(grid, context.run_config)
             return
         strategy = own_data.train(grid, context.run_config, make_strategy, progress=log_round)
@@ -121,9 +140,12 @@ def main(grid: Grid, context: Context) -> None:
             strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=int(cfg["max-rounds"]),
                            timeout=float(cfg["round-timeout"]))
         except Exception as exc:      # keep what was done, then fail the run (non-zero status)
-            write_outputs(strategy, context.run_config,
-                          dict(strategy.final_ or {"rounds": len(strategy.history_)}, failed=True,
-                               error=f"{type(exc).__name__}: {exc}"))
+            try:
+                write_outputs(strategy, context.run_config,
+                              dict(strategy.final_ or {"rounds": len(strategy.history_)}, failed=True,
+                                   error=f"{type(exc).__name__}: {exc}"))
+            except DiskError as disk:  # the disk that failed the run: the run's own error is the one to see
+                log(WARNING, "%s", disk)
             raise
     log_final(strategy)
     write_outputs(strategy, context.run_config)

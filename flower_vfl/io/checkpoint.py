@@ -9,16 +9,85 @@ resumed run continues with bitwise the same iterates.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CHECKPOINT", "save_checkpoint", "load_checkpoint"]
+from flower_vfl.errors import UserError
+
+__all__ = ["CHECKPOINT", "DiskError", "disk_writes", "save_checkpoint", "load_checkpoint", "writable_folder"]
 
 CHECKPOINT = "checkpoint.npz"
 FORMAT = 1
+
+
+class DiskError(UserError, OSError):
+    """A folder of the label owner's run (run-config ``out-dir`` or ``state-dir``) cannot be
+    written: read-only, full, or a file where a folder should be. Names the path, the key and the
+    fix; what was written before stays whole (every file is replaced atomically)."""
+
+
+def disk_fix(key: str) -> str:
+    return (f"set the run-config key {key} to a writable folder with free space on the label owner's disk "
+            "(not a file; it is created if missing), or free/remount this one")
+
+
+@contextlib.contextmanager
+def disk_writes(path, key: str, what: str):
+    """Turn an OSError while writing ``path`` into a :class:`DiskError` naming ``path``, the
+    run-config ``key`` that chose it and the fix (a :class:`DiskError` passes unchanged)."""
+    try:
+        yield
+    except DiskError:
+        raise
+    except OSError as exc:
+        raise DiskError(f"{key} {path}: cannot write the {what} ({exc.strerror or exc}); {disk_fix(key)}; "
+                        f"the previous {what}, if any, is intact") from exc
+
+
+def writable_folder(path, key: str) -> Path:
+    """Make sure the folder ``path`` (chosen by the run-config ``key``) can take the run's files
+    before any round: created if missing, a 64 KiB probe written, synced and removed. A plain file
+    there or above it, a read-only folder or a full disk: a :class:`DiskError`."""
+    path = Path(path).expanduser()
+    for p in (path, *path.parents):          # the nearest existing entry must be a folder
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                where = "" if p == path else f" (its parent {p} is a file)"
+                raise DiskError(f"{key} {path} is a file, not a folder{where}; {disk_fix(key)}")
+            break
+    probe = path / f".flower-vfl-write-probe-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * 65536)          # room for at least a small file
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise DiskError(f"{key} {path} cannot be written ({exc.strerror or exc}); {disk_fix(key)}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return path
+
+
+def atomic_write(path: Path, write) -> None:
+    """``write(fh)`` into a temporary file next to ``path``, fsync, rename over ``path``: a
+    failure (a full disk) leaves the previous ``path`` whole and no temporary file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -32,21 +101,18 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(folder, arrays: dict, header: dict) -> Path:
+def save_checkpoint(folder, arrays: dict, header: dict, key: str = "state-dir") -> Path:
     """Atomically replace ``folder/checkpoint.npz`` with ``arrays`` (name -> ndarray) and the
-    JSON-able ``header``. Returns the path."""
+    JSON-able ``header``. Returns the path. A disk error (read-only, full, a file where the folder
+    should be) is a :class:`DiskError` naming the path and ``key``; the previous checkpoint stays."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / CHECKPOINT
-    tmp = folder / f".{CHECKPOINT}.{os.getpid()}.tmp"
     payload = {f"a/{k}": np.asarray(v) for k, v in arrays.items()}
     payload["header"] = np.array(json.dumps(dict(header, format=FORMAT)))
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **payload)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(folder)
+    with disk_writes(path, key, "checkpoint"):
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda fh: np.savez(fh, **payload))
+        _fsync_dir(folder)
     return path
 
 

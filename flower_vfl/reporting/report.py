@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -28,26 +30,34 @@ def to_jsonable(obj):
 
 
 def write_report(out_dir, config: dict, history: list[dict], final: dict, extra: dict | None = None,
-                 plot: bool = True):
+                 plot: bool = True, key: str | None = None):
     """Write ``report.json`` (config, per-round metrics, final metrics, timing, extras),
     ``metrics.csv`` (one row per round) and, with ``plot``, ``run.png``
     (:func:`flower_vfl.reporting.plots.plot_run`; not while ``final`` says the run is still running).
+    Each file is replaced atomically (temporary file, fsync, rename): a full or read-only disk
+    leaves the previous one whole. With ``key`` (the run-config key that chose ``out_dir``) such
+    a failure is a :class:`flower_vfl.io.checkpoint.DiskError` naming the path and the key.
     Returns the report path."""
+    from flower_vfl.io.checkpoint import atomic_write, disk_writes
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     report = {"config": config, "rounds": history, "final": final}
     if extra:
         report.update(extra)
     path = out / "report.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(to_jsonable(report), indent=2))
-    tmp.replace(path)            # never leave a half-written report
+    text = json.dumps(to_jsonable(report), indent=2).encode()
     keys = sorted({k for row in history for k in row}, key=lambda k: (k != "round", k))
-    with open(out / "metrics.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys)
-        w.writeheader()
-        for row in history:
-            w.writerow({k: to_jsonable(row.get(k, "")) for k in keys})
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=keys)
+    w.writeheader()
+    for row in history:
+        w.writerow({k: to_jsonable(row.get(k, "")) for k in keys})
+    guard = (lambda p, what: disk_writes(p, key, what)) if key else (lambda p, what: contextlib.nullcontext())
+    with guard(out, "output folder"):
+        out.mkdir(parents=True, exist_ok=True)
+    with guard(path, "report"):
+        atomic_write(path, lambda fh: fh.write(text))        # never leave a half-written report
+    with guard(out / "metrics.csv", "metrics"):
+        atomic_write(out / "metrics.csv", lambda fh: fh.write(buf.getvalue().encode()))
     if history and plot and not (final or {}).get("running"):   # a live run rewrites per round: no PNG
         try:                     # the run's picture (flower_vfl/reporting/plots.py) must not cost its report
             from flower_vfl.reporting.plots import plot_run
