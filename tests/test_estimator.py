@@ -156,3 +156,34 @@ def test_sparse_blocks(bc):
     dense = VerticalADMM(lam=1e-3, max_rounds=20).fit(Xb, y)
     sparse = VerticalADMM(lam=1e-3, max_rounds=20).fit([sp.csr_matrix(b) for b in Xb], y)
     np.testing.assert_allclose(sparse.decision_function(Xt), dense.decision_function(Xt), atol=1e-8)
+
+
+def test_a_private_party_that_wrecks_the_model_warns_in_the_python_api(bc):
+    """Issue 22 item 4: breast cancer with party 1 private at the default dp settings
+    (epsilon=1, train_rounds=0, eval_rounds=1) scores 0.28-0.48 against 0.95 without it, and
+    fit() used to say nothing. It now warns with the Flower path's / CLI's message, from a bound
+    on the training loss computed from released values only (labels, the non-private scores,
+    the released x~'s noise std and b1): the same text whatever the noise draw. A tuned private
+    party (lam=0.1, epsilon=8: 0.937) and the non-private run stay silent."""
+    import re
+    import warnings
+
+    from flower_vfl.estimator.engine import PrivatePartyHurts
+    from flower_vfl.privacy import PrivacyConfig
+    Xb, Xt, y, yt = bc
+    msg = ("the private parties made the model worse: training loss expected at best from their released noise "
+           "80.66 with them vs 0.1027 for the non-private parties alone. Their noise outweighs their columns at "
+           "these settings: raise the private parties' PrivacyConfig lam, lower their train_rounds, or give them "
+           "a larger epsilon")
+    for seed in (0, 1):
+        with pytest.warns(PrivatePartyHurts, match="^" + re.escape(msg) + "$"):
+            m = VerticalADMM(lam=1e-4, privacy=[None, PrivacyConfig(epsilon=1.0, seed=seed)]).fit(Xb, y)
+        assert m.dp_warning_ == msg
+        assert m.score(Xt, yt) < 0.5 < 0.93 < np.mean(
+            (m.decision_function_nonprivate(Xt) > 0) == (yt == m.classes_[1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivatePartyHurts)
+        tuned = VerticalADMM(lam=1e-4, privacy=[None, PrivacyConfig(epsilon=8.0, lam=0.1, seed=0)]).fit(Xb, y)
+        plain = VerticalADMM(lam=1e-4).fit(Xb, y)
+    assert tuned.dp_warning_ is None and plain.dp_warning_ is None
+    assert tuned.score(Xt, yt) == pytest.approx(134 / 143) and plain.score(Xt, yt) == pytest.approx(136 / 143)

@@ -185,11 +185,10 @@ def cmd_fit(args):
     if getattr(model, "nonprivate_coef_", None) is not None and test is not None:
         ref = metric.mean(model.decision_function_nonprivate(test), t)
         final["test_loss_nonprivate"] = ref
-        if final["test_loss"] > ref:
-            final["dp_warning"] = (
-                f"the private parties made the model worse: test loss {final['test_loss']:.4g} with them vs "
-                f"{ref:.4g} for the non-private parties alone; raise --dp-lam, lower --dp-train-rounds or "
-                "give them a larger --dp-epsilon")
+        from flower_vfl.privacy.outcome import FIX_CLI, dp_hurts_message
+        msg = dp_hurts_message(final["test_loss"], ref, measured="test loss", fix=FIX_CLI)
+        if msg:
+            final["dp_warning"] = msg
             print("warning: " + final["dp_warning"], file=sys.stderr)
     privacy_report = model.privacy_report()
     if privacy_report:

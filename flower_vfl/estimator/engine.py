@@ -21,10 +21,11 @@ from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_
 from flower_vfl.core.rounds import sum_releases as _sum_releases  # noqa: F401  (tests)
 from flower_vfl.estimator.sklearn_api import BINARY_LOSSES, SklearnAPIMixin, check_target, decode_scores, encode_classes
 from flower_vfl.core.validation import check_blocks, check_params
+from flower_vfl.privacy.outcome import PrivatePartyHurts
 
 from flower_vfl.core.schedule import balance_rho, default_rho, private_schedule  # noqa: F401  (re-exported)
 
-__all__ = ["VerticalADMM", "default_rho", "make_constraint", "private_schedule"]
+__all__ = ["PrivatePartyHurts", "VerticalADMM", "default_rho", "make_constraint", "private_schedule"]
 
 
 class _InProcess:
@@ -275,7 +276,32 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
             self.converged_ = driver.converged
             if bar is not None:
                 bar.close()
+        self.dp_warning_ = self._warn_if_private_hurts(blocks, t, parties, private, central)
         return self
+
+    def _warn_if_private_hurts(self, blocks, t, parties, private, central):
+        """Warn (:class:`PrivatePartyHurts`) when the private parties' released noise alone,
+        whatever their columns, is expected to make the training loss worse than the non-private
+        parties' warm-start model: the check of the Flower path and ``flower-vfl fit``
+        (:func:`~flower_vfl.privacy.outcome.dp_hurts_message`), on training rows from released
+        values only (:func:`~flower_vfl.privacy.outcome.noise_loss_bound`): no test label, and no
+        private party's row or score."""
+        if getattr(self, "nonprivate_coef_", None) is None or not all(
+                p.x_released is not None for p, pr in zip(parties, private) if pr):
+            return None
+        from flower_vfl.privacy.outcome import FIX_API, dp_hurts_message, noise_loss_bound
+        b = central.b.copy() if np.ndim(central.b) else float(central.b)
+        f_public = sum((D @ p.x for D, p, pr in zip(blocks, parties, private) if not pr), np.zeros(t.shape[0])) + b
+        f_ref = sum((D @ x for D, x in zip(blocks, self.nonprivate_coef_) if x is not None),
+                    np.zeros(t.shape[0])) + self.nonprivate_intercept_
+        sigma = [p.z * p.sensitivity(p.update.rho_x, 1.0, "eval") for p, pr in zip(parties, private) if pr]
+        reach = [p.config.b1 for p, pr in zip(parties, private) if pr]
+        msg = dp_hurts_message(noise_loss_bound(self.loss_, f_public, t, sigma, reach), self.loss_.mean(f_ref, t),
+                               measured="training loss expected at best from their released noise", fix=FIX_API)
+        if msg:
+            import warnings
+            warnings.warn(msg, PrivatePartyHurts, stacklevel=3)
+        return msg
 
     def privacy_report(self):
         """Per private party: config, neighbouring relation, noise multiplier, ledger, totals;

@@ -11,6 +11,8 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp.strategy import Result
 
+from flower_vfl.privacy.outcome import FIX_NODE, dp_hurts_message
+
 __all__ = ["check_start", "flower_result", "protection", "warn_if_dp_hurts", "finish"]
 
 
@@ -72,12 +74,9 @@ def warn_if_dp_hurts(st) -> None:
     non-private parties alone (the warm start's reference)."""
     ref = getattr(st, "nonprivate_reference_", None)
     final = st.history_[-1].get("test_loss") if st.history_ else None
-    if ref and final is not None and final > ref["test_loss_nonprivate"]:
-        st.dp_warning_ = (
-            f"the private parties made the model worse: test loss {final:.4g} with them vs "
-            f"{ref['test_loss_nonprivate']:.4g} for the non-private parties alone. Their noise "
-            "outweighs their columns at these settings: raise the private parties' dp-lam (node "
-            "config), lower their dp-train-rounds, or give them a larger dp-epsilon")
+    msg = dp_hurts_message(final, ref["test_loss_nonprivate"], measured="test loss", fix=FIX_NODE) if ref else None
+    if msg:
+        st.dp_warning_ = msg
         log(WARNING, "%s", st.dp_warning_)
 
 
