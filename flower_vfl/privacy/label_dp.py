@@ -58,6 +58,18 @@ def check_label_epsilon(epsilon, name="label_epsilon"):
     return eps
 
 
+def _binary_labels(y) -> tuple[np.ndarray, set]:
+    """``(y, its values)`` for 1-D binary labels ({-1, +1} or {0, 1}), or a ValueError saying why not."""
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"y must be 1-D binary labels for randomized response; got shape {y.shape}")
+    vals = set(np.unique(y).tolist())
+    if not (vals <= {-1, 1} or vals <= {0, 1}):
+        raise ValueError(f"label_epsilon needs binary labels in {{-1, +1}} or {{0, 1}}; got values "
+                         f"{sorted(vals)[:10]}. Randomized response here is binary only")
+    return y, vals
+
+
 def flip_probability(epsilon: float) -> float:
     """p = 1 / (1 + e^ε): the probability that randomized response flips a binary label."""
     eps = check_label_epsilon(epsilon, "epsilon")
@@ -91,13 +103,7 @@ def randomized_response(y, epsilon, seed=None):
     ndarray (N,)
         The privatized labels.
     """
-    y = np.asarray(y)
-    if y.ndim != 1:
-        raise ValueError(f"y must be 1-D binary labels for randomized response; got shape {y.shape}")
-    vals = set(np.unique(y).tolist())
-    if not (vals <= {-1, 1} or vals <= {0, 1}):
-        raise ValueError(f"label_epsilon needs binary labels in {{-1, +1}} or {{0, 1}}; got values "
-                         f"{sorted(vals)[:10]}. Randomized response here is binary only")
+    y, vals = _binary_labels(y)
     p = flip_probability(epsilon)
     u = np.asarray(_generator(seed).random(y.shape[0]), dtype=float)
     flip = u < p                                    # independent of y: the only randomness
@@ -323,13 +329,7 @@ class LabelStore:
         party seeing both could vote), or an ID whose true label changed since its draw."""
         if not isinstance(source, LabelSource):
             raise ValueError(f"source={source!r}: give a LabelSource (flower_vfl.privacy.label_dp.label_source)")
-        y = np.asarray(y)
-        if y.ndim != 1:
-            raise ValueError(f"y must be 1-D binary labels for randomized response; got shape {y.shape}")
-        vals = set(np.unique(y).tolist())
-        if not (vals <= {-1, 1} or vals <= {0, 1}):
-            raise ValueError(f"label_epsilon needs binary labels in {{-1, +1}} or {{0, 1}}; got values "
-                             f"{sorted(vals)[:10]}. Randomized response here is binary only")
+        y, vals = _binary_labels(y)
         eps = check_label_epsilon(epsilon, "epsilon")
         if eps is None:
             raise ValueError(f"epsilon={epsilon!r}: the label store keeps finite-ε draws only")

@@ -265,19 +265,25 @@ def open_journaled(path: Path, journal: "CountJournal", schema: str, what: str, 
     return db
 
 
+def _journal_table(journal: Path):
+    """The table a CountJournal file counts (its header line), or None for any other file."""
+    try:
+        with open(journal, encoding="utf-8") as fh:
+            head = json.loads(fh.readline() or "{}")
+    except (OSError, ValueError):
+        return None
+    table = head.get("table") if isinstance(head, dict) and "flower-vfl-count-journal" in head else None
+    return table if isinstance(table, str) and table.isidentifier() else None
+
+
 def count_journal_losses(folder) -> list[dict]:
     """Read-only: the CountJournals in ``folder`` whose file holds fewer rows than recorded (or is
     missing): ``{"file", "journal", "recorded", "held"}`` each (``flower-vfl ledger``)."""
     out = []
     folder = Path(folder)
     for journal in sorted(folder.glob("*.journal")) if folder.is_dir() else []:
-        try:
-            with open(journal, encoding="utf-8") as fh:
-                head = json.loads(fh.readline() or "{}")
-        except (OSError, ValueError):
-            continue
-        table = head.get("table") if isinstance(head, dict) and "flower-vfl-count-journal" in head else None
-        if not (isinstance(table, str) and table.isidentifier()):
+        table = _journal_table(journal)
+        if table is None:
             continue
         cj = CountJournal(journal.with_suffix(".sqlite"), table, "file")
         held = 0
@@ -299,13 +305,8 @@ def _reset_count_journals(folder: Path) -> list:
     count its file holds now. Returns the archived journals."""
     archived = []
     for journal in sorted(folder.glob("*.journal")):
-        try:
-            with open(journal, encoding="utf-8") as fh:
-                head = json.loads(fh.readline() or "{}")
-        except (OSError, ValueError):
-            continue
-        table = head.get("table") if isinstance(head, dict) and "flower-vfl-count-journal" in head else None
-        if not (isinstance(table, str) and table.isidentifier()):
+        table = _journal_table(journal)
+        if table is None:
             continue
         db_path = journal.with_suffix(".sqlite")
         cj = CountJournal(db_path, table, "file")
