@@ -11,4 +11,11 @@ if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     echo "warning: no apt-get; Fashion-MNIST experiments need the IDX files (data_dir=...)" >&2
   fi
 fi
+# ip/tc (iproute2) for the separate-host test (tests/test_netns_hosts.py: network namespaces)
+if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq iproute2; } || echo "warning: iproute2 not installed; tests/test_netns_hosts.py skips" >&2
+  fi
+fi
 pip install -e ".[dev,opacus]" -c constraints.txt
