@@ -90,6 +90,8 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 
 def secagg_keys(msg: Message, context: Context) -> Message:
+    if psi_party.uses_own_data(context) and psi_party.STATE_ALIGN + "train" not in context.state:
+        return psi_party.secagg_keys(msg, context)      # the predict job: no training rows to build on
     return make_client(context).secagg_keys(msg, context)
 
 

@@ -8,7 +8,11 @@ handlers (``client_app.py``):
   ``context.state`` and every later message of the run uses it;
 * ``save_model``  (``query.save_model``): x_m, preprocessing, columns, fingerprint to the
   party's own disk (nothing of the model goes back);
-* ``predict``     (``query.predict``): D_m x_m on the aligned scoring rows from the saved model.
+* ``predict``     (``query.predict``): D_m x_m on the aligned scoring rows from the saved model;
+  masked under secure aggregation (run config ``secagg=true``; docs/secagg.md), when the
+  label owner learns only the sum of the parties' scores;
+* ``secagg_keys`` (``query.secagg_keys`` of a party on its own files): this run's signed key
+  advert, from the node config alone (the predict job aligns no training rows).
 
 Glue only: reading is :mod:`flower_vfl.io`, the protocol :mod:`flower_vfl.io.psi`, the file
 format :mod:`flower_vfl.io.model_files`.
@@ -30,10 +34,13 @@ from flower_vfl.config.schema import ConfigError
 from flower_vfl.core.scoring import party_scores
 from flower_vfl.io import DataError, Preprocessor, align_rows, read_party, source_from_config
 
-__all__ = ["psi_answer", "psi_order", "save_model", "predict", "own_blocks", "party_source", "model_path",
-           "uses_own_data"]
+__all__ = ["psi_answer", "psi_order", "save_model", "predict", "secagg_keys", "own_blocks", "party_source",
+           "model_path", "uses_own_data"]
 
 STATE_ALIGN = "vfl.align."
+STATE_ALIGN_DIGEST = "vfl.align_digest."     # + split: the digest of the agreed order (psi_order)
+#: the predict request's field naming the agreed scoring order (psi.ids_digest), under secagg
+ORDER_DIGEST = "order-digest"
 _TABLES: OrderedDict = OrderedDict()     # (source, mtime) -> PartyTable, while the process lives
 
 
@@ -193,6 +200,7 @@ def psi_order(msg: Message, context: Context) -> Message:
     _psi_record(context, split, table, "order", order)
     idx = align_rows(table.ids, order, where=f"party {_party_id(context)} ({table.path})")
     context.state[STATE_ALIGN + split] = ArrayRecord({"idx": Array(idx)})
+    context.state[STATE_ALIGN_DIGEST + split] = ConfigRecord({"digest": cfg["digest"]})
     return Message(RecordDict({"psi": ConfigRecord({"party": _party_id(context), "split": split,
                                                     "n_rows": int(idx.size), "digest": psi.ids_digest(order)})}),
                    reply_to=msg)
@@ -233,24 +241,69 @@ def save_model(msg: Message, context: Context) -> Message:
                    reply_to=msg)
 
 
+def _secagg(context: Context, private: bool):
+    from flower_vfl.clients.party_secagg import PartySecAgg
+    return PartySecAgg(_party_id(context), node_cfg(context), private)
+
+
+def secagg_keys(msg: Message, context: Context) -> Message:
+    """This run's signed key advert (query.secagg_keys) from the node config alone: the same
+    advert as :meth:`~flower_vfl.clients.party_base.PartyClient.secagg_keys` (the advert holds no
+    data), for a party whose run aligned no training rows (the predict job)."""
+    sa = _secagg(context, private=False)         # private only sets how a release is encoded
+    return Message(RecordDict({"secagg": ConfigRecord({"party": _party_id(context), "advert": sa.advert(context)})}),
+                   reply_to=msg)
+
+
 def predict(msg: Message, context: Context) -> Message:
-    """D_m x_m on the aligned scoring rows, from the model saved on this party's disk."""
+    """D_m x_m on the aligned scoring rows, from the model saved on this party's disk.
+
+    Under secure aggregation (the request carries the relayed roster, ``secagg.adverts``): the
+    reply is the scores masked against the SHA-256 of the request (round 0, kind ``predict``);
+    the request must name the scoring order this party aligned to (``order-digest``), so a
+    central node that showed parties different orders gets no sum. One masked answer per run:
+    the same request again gets the stored bytes, another request is refused
+    (:meth:`~flower_vfl.clients.party_secagg.PartySecAgg.masked_answer`). With the node config's
+    ``secagg-only``, a plain request is refused."""
+    from flower_vfl.clients.party_secagg import secagg_fields
+    from flower_vfl.privacy.boundary import Refused
     path = model_path(context)
     m = model_io.load_model(path)
     meta = m["meta"]
     if meta["kind"] != "party" or int(meta["party"]) != _party_id(context):
         raise model_io.ModelFileError(f"{path} is not party {_party_id(context)}'s model (it is "
                                       f"{meta['kind']} {meta.get('party')}); fix the node-config key model-dir")
+    sa = _secagg(context, private=bool(meta.get("private")))
+    masked = secagg_fields(msg.content) is not None
+    if not masked and sa.only:
+        raise Refused(f"party {_party_id(context)} releases only under secure aggregation (node config "
+                      "secagg-only); this predict request asks for plain scores: refused (set secagg=true in the "
+                      "run config)", field="config.secagg.adverts")
     table = _table(context, "score")
     idx = _aligned_idx(context, "score", table)
-    pre = Preprocessor.from_dict(meta["preprocessing"])
-    missing = [c for c in pre.columns_ if c not in table.columns]
-    if missing:
-        raise DataError(f"party {_party_id(context)}: the scoring file {table.path} lacks the model's column(s) "
-                        f"{missing[:5]}; export the same columns as for training (or fix the key columns)")
-    cols = [table.columns.index(c) for c in pre.columns_]        # the model's column order, by name
-    D = pre.transform(table.X[idx][:, cols], {c: v[idx] for c, v in table.categorical.items()})
-    # the evaluate handler's code (flower_vfl.core.scoring); a private party's x̃ is post-processed, free
-    s = party_scores(D, m["x"], private=bool(meta.get("private")))
+
+    def scores():
+        pre = Preprocessor.from_dict(meta["preprocessing"])
+        missing = [c for c in pre.columns_ if c not in table.columns]
+        if missing:
+            raise DataError(f"party {_party_id(context)}: the scoring file {table.path} lacks the model's column(s) "
+                            f"{missing[:5]}; export the same columns as for training (or fix the key columns)")
+        cols = [table.columns.index(c) for c in pre.columns_]        # the model's column order, by name
+        D = pre.transform(table.X[idx][:, cols], {c: v[idx] for c, v in table.categorical.items()})
+        # the evaluate handler's code (flower_vfl.core.scoring); a private party's x̃ is post-processed, free
+        return party_scores(D, m["x"], private=bool(meta.get("private")))
+
+    if masked:
+        cfg = msg.content["config"]
+        own = context.state[STATE_ALIGN_DIGEST + "score"]["digest"] if STATE_ALIGN_DIGEST + "score" in \
+            context.state else None
+        if cfg.get(ORDER_DIGEST) != own:
+            raise Refused(f"party {_party_id(context)}: the predict request's config[{ORDER_DIGEST!r}]="
+                          f"{str(cfg.get(ORDER_DIGEST))[:16]!r} is not the scoring order this party aligned to "
+                          f"({str(own)[:16]!r}); refused (a secure sum needs every party's scores on the same rows)",
+                          field=f"config.{ORDER_DIGEST}")
+        s = sa.masked_answer(msg.content, context, "predict", 0, scores)
+    else:
+        s = scores()
     return Message(RecordDict({"release": ArrayRecord({"s_score": Array(s)}),
                                "meta": ConfigRecord({"party": _party_id(context)})}), reply_to=msg)

@@ -123,6 +123,22 @@ def _encode_like(y, classes, loss_name, path="the held-out file"):
     return np.where(np.asarray(y) == classes[1], 1.0, -1.0)
 
 
+def _secagg_request(al, ids, num_parties: int, cfg: dict):
+    """Secure aggregation of the predict job (run config ``secagg=true``; docs/secagg.md): every
+    party's key advert, then ``cfg`` gains the roster, the parties summed and the digest of the
+    agreed scoring order (each party checks it against the order it aligned to)."""
+    from flower_vfl.io import psi
+    from flower_vfl.strategies.secagg_central import CentralSecAgg
+    if num_parties < 2:
+        raise ConfigError(f"secagg=true needs at least 2 parties in the sum; the predict job has num-parties="
+                          f"{num_parties}: set secagg=false or add a party")
+    secagg = CentralSecAgg()
+    secagg.keys(al.exchange, num_parties)
+    cfg["order-digest"] = psi.ids_digest([str(ids[i]) for i in al.order])
+    cfg.update(secagg.fields(range(num_parties)))
+    return secagg
+
+
 def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
     """Score the rows named by ``score-ids-path``: PSI against each party's scoring file, each
     party returns D_m x_m from its saved model, the label owner writes the predictions.
@@ -130,7 +146,8 @@ def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
     The same code as the evaluation rounds during training (:mod:`flower_vfl.core.scoring`): the
     party's handler calls :func:`~flower_vfl.core.scoring.party_scores`, the label owner checks each
     reply as a training-time release (:func:`~flower_vfl.strategies.exchange.check_release`) and
-    calls :func:`~flower_vfl.core.scoring.combine`."""
+    calls :func:`~flower_vfl.core.scoring.combine`. With ``secagg=true`` every party masks its
+    scores and the label owner decodes only their sum (:func:`_secagg_request`)."""
     num_parties = int(run_config.get("num-parties", 2))
     if not _get(run_config, "score-ids-path"):
         raise ConfigError("mode=predict needs the run-config key score-ids-path (a file with the IDs to score)")
@@ -140,12 +157,20 @@ def predict(grid: Grid, run_config, timeout: float = 600.0) -> dict:
     classes = None if meta["classes"] is None else np.asarray(meta["classes"])
     ids, _ = owner_labels(run_config, "score-ids-path", labels=False)
     al = _align(grid, ids, num_parties, "score", run_config, timeout)
-    content = RecordDict({"config": ConfigRecord({"split": "score"})})
+    cfg = {"split": "score"}
+    secagg = None
+    if bool(run_setting("secagg", run_config)):
+        secagg = _secagg_request(al, ids, num_parties, cfg)
+    content = RecordDict({"config": ConfigRecord(cfg)})          # the same message for every party
     shape = (int(al.order.size),) + np.shape(m["intercept"])
     replies = al.exchange.send(lambda p, nid: content, "query.predict", range(num_parties), "predict")
     bound = float(run_setting("max-release", run_config))
-    parts = {party: check_release(rep, party, "s_score", shape, "predict", bound=bound) for party, rep in replies.items()}
-    f = combine(parts, m["intercept"], range(num_parties), "scores for the predict job")
+    if secagg is None:
+        parts = {party: check_release(rep, party, "s_score", shape, "predict", bound=bound)
+                 for party, rep in replies.items()}
+        f = combine(parts, m["intercept"], range(num_parties), "scores for the predict job")
+    else:       # only the sum: a party missing or masks that do not cancel give no scores
+        f = secagg.total(replies, range(num_parties), "s_score", shape, "predict") + m["intercept"]
     labels, proba = decode_scores(f, loss, classes)
     scored = [ids[i] for i in al.order]
     out = Path(str(_get(run_config, "predictions-path") or owner_model_path(run_config).parent / "predictions.csv"))
