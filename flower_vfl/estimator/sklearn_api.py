@@ -3,7 +3,9 @@
 Class encoding (the user's own labels in ``classes_``, ``predict`` returning them), ``score``,
 ``save``/``load`` without the training data, and pickles that drop the parties' blocks.
 ``get_params``/``set_params``/``clone`` come from :class:`sklearn.base.BaseEstimator`.
-No Flower imports.
+:func:`column_blocks` / :func:`split_columns` turn one matrix X and a declaration of the
+parties' columns into the list of blocks (:class:`~flower_vfl.estimator.blocked.BlockedVerticalADMM`,
+the estimator scikit-learn's model selection can split by rows). No Flower imports.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import json
 
 import numpy as np
 
-__all__ = ["BINARY_LOSSES", "encode_classes", "decode_scores", "check_target", "SklearnAPIMixin"]
+__all__ = ["BINARY_LOSSES", "encode_classes", "decode_scores", "check_target", "SklearnAPIMixin",
+           "column_blocks", "split_columns"]
 
 from flower_vfl.core.scoring import BINARY_LOSSES, check_target, decode_scores, encode_classes  # noqa: F401
 from flower_vfl.core.scoring import released_scores
@@ -108,12 +111,68 @@ class SklearnAPIMixin:
         return est
 
 
+def column_blocks(blocks, n_features: int) -> list[np.ndarray]:
+    """The column indices of each party's block in a matrix of ``n_features`` columns.
+
+    ``blocks`` is either the blocks' widths in column order (``[66, 57]``: columns 0-65 and
+    66-122) or one column selection per block (``[range(0, 66), range(66, 123)]``, slices or
+    integer sequences). Every column belongs to exactly one block: a column left out or given
+    twice is an error naming it."""
+    if blocks is None:
+        raise ValueError("blocks=None: declare each party's columns of X, e.g. blocks=[66, 57] (widths in column "
+                         "order) or blocks=[range(0, 66), range(66, 123)]")
+    if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__") or len(blocks) == 0:
+        raise ValueError(f"blocks={blocks!r}: give a non-empty list, one entry per party (a width such as 66, "
+                         "or its columns such as range(0, 66))")
+    widths = [isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in blocks]
+    if all(widths):
+        sizes = [int(b) for b in blocks]
+        if min(sizes) < 1 or sum(sizes) != n_features:
+            raise ValueError(f"blocks={sizes} declares widths summing to {sum(sizes)}, but X has {n_features} "
+                             "columns; give one width >= 1 per party, summing to X's columns")
+        edges = np.cumsum([0] + sizes)
+        return [np.arange(a, b) for a, b in zip(edges[:-1], edges[1:])]
+    if any(widths):
+        raise ValueError(f"blocks={blocks!r} mixes widths and column selections; give only widths "
+                         "([66, 57]) or only selections ([range(0, 66), range(66, 123)])")
+    out, owner = [], {}
+    for m, b in enumerate(blocks):
+        idx = np.arange(n_features)[b] if isinstance(b, slice) else np.asarray(list(b))
+        if idx.size == 0 or idx.dtype.kind not in "iu":
+            raise ValueError(f"blocks[{m}]={b!r} selects no columns or not integer columns; give a range, "
+                             "a slice or a list of column numbers")
+        bad = idx[(idx < 0) | (idx >= n_features)]
+        if bad.size:
+            raise ValueError(f"blocks[{m}] selects column {int(bad[0])}, but X has columns 0..{n_features - 1}")
+        for j in idx.tolist():
+            if j in owner:
+                raise ValueError(f"column {j} is in blocks[{owner[j]}] and blocks[{m}]; a column belongs "
+                                 "to one party")
+            owner[j] = m
+        out.append(idx)
+    missing = sorted(set(range(n_features)) - set(owner))
+    if missing:
+        raise ValueError(f"column(s) {missing[:5]}{'...' if len(missing) > 5 else ''} of X are in no block; "
+                         "every column must belong to a party (drop unused columns from X first)")
+    return out
+
+
+def split_columns(X, blocks) -> list:
+    """X (an array, a DataFrame or a sparse matrix with one column per feature) split into the
+    parties' blocks declared by ``blocks`` (:func:`column_blocks`)."""
+    from sklearn.utils.validation import check_array
+    X = check_array(X, accept_sparse="csr", dtype="numeric")
+    return [X[:, idx] for idx in column_blocks(blocks, X.shape[1])]
+
+
 def estimator_meta(est) -> tuple[dict, dict]:
     """(arrays, meta) of a fitted estimator, written by :meth:`SklearnAPIMixin.save`."""
     params, text = {}, {}
     for k, v in est.get_params().items():
         if k == "label_seed":
             continue                 # the label owner's flip seed never leaves it (label_dp.py)
+        if k == "blocks" and v is not None and not all(isinstance(b, (int, np.integer)) for b in v):
+            v = [idx.tolist() for idx in column_blocks(v, sum(est.n_features_in_))]   # ranges: as columns
         try:
             json.dumps(v)
             params[k] = v

@@ -3,8 +3,9 @@
 A run directory holds ``metrics.csv`` (one row per round: ``objective``, ``train_loss``,
 ``test_loss``, ``test_accuracy``, ``primal_residual``, ``dual_residual``, ...; both engines
 write the same names, SGD runs write one row per epoch) and ``report.json`` (whose
-``privacy`` entry holds each private party's ledger). :func:`plot_run` draws the panels the
-run has data for; each private party's ε spent against rounds is recomputed from its ledger
+``privacy`` entry holds each private party's ledger). :func:`plot_run` draws only the panels
+the run has a series for (:func:`panels_with_data`: a metric evaluated once, at the end, is in
+the final-values text; no privacy panel without a private party); each private party's ε spent against rounds is recomputed from its ledger
 entries by the ledger's own accountant (:func:`flower_vfl.privacy.accounting.epsilon_for_releases`),
 never read from a constant. :func:`plot_runs` overlays several runs in one figure.
 
@@ -19,7 +20,7 @@ import math
 import textwrap
 from pathlib import Path
 
-__all__ = ["read_metrics", "privacy_curves", "plot_run", "plot_runs", "PANELS"]
+__all__ = ["read_metrics", "privacy_curves", "panels_with_data", "plot_run", "plot_runs", "PANELS"]
 
 #: (title, columns, log-scale y)
 PANELS = [
@@ -112,33 +113,58 @@ def _label(run_dir, report):
         f"{name} ({algo}, {report.get('engine', '?')})"
 
 
-def _draw(axes, cols, eps_curves, label, style, final=None, color=None):
+def _series(cols, final=None) -> dict[str, list[tuple[float, float]]]:
+    """Per metric column, the (round, value) points of the run (NaN rounds dropped); the final
+    evaluation fills the last round when the rows lack it."""
     x = cols.get("round", list(range(1, 1 + len(next(iter(cols.values()), [])))))
-    used = []
     final = final or {}
-    for key in ("test_loss", "test_accuracy"):   # the final evaluation, when the rows lack it
-        ys = cols.get(key, [math.nan] * len(x))
-        if x and isinstance(final.get(key), (int, float)) and math.isnan(ys[-1]):
-            cols = dict(cols, **{key: ys[:-1] + [float(final[key])]})
-    for ax, (title, keys, logy) in zip(axes, PANELS):
+    out = {}
+    for _, keys, logy in PANELS:
         for key in keys:
-            ys = cols.get(key)
-            if ys is None or all(math.isnan(v) for v in ys):
-                continue
+            ys = list(cols.get(key) or [])
+            if key in ("test_loss", "test_accuracy") and x and isinstance(final.get(key), (int, float)) \
+                    and (not ys or math.isnan(ys[-1])):
+                ys = (ys or [math.nan] * len(x))[:-1] + [float(final[key])]
             pts = [(a, b) for a, b in zip(x, ys) if not math.isnan(b) and (not logy or b > 0)]
+            if pts:
+                out[key] = pts
+    return out
+
+
+def panels_with_data(runs) -> list[str]:
+    """The panels worth drawing for ``runs`` ((run_dir, cols, report, label) each): a metric
+    panel when some run has a series in it (two points or more: a run evaluated only at its end
+    has its test metrics in the final-values text, not as a lone dot), the privacy panel when
+    some run has a private party."""
+    names = []
+    for title, keys, _ in PANELS:
+        if any(len(_series(cols, report.get("final")).get(k, ())) > 1 for _, cols, report, _ in runs for k in keys):
+            names.append(title)
+    if any(privacy_curves(report) for _, _, report, _ in runs):
+        names.append("privacy")
+    return names
+
+
+def _draw(axes, cols, eps_curves, label, style, final=None, color=None):
+    """One run's lines on the panels of ``axes`` (a dict title -> Axes)."""
+    series = _series(cols, final)
+    for title, keys, logy in PANELS:
+        ax = axes.get(title)
+        if ax is None:
+            continue
+        for key in keys:
+            pts = series.get(key)
             if not pts:
                 continue
             ax.plot(*zip(*pts), style.get(key, "-"), marker="." if len(pts) < 40 else None, color=color,
                     label=f"{label}{'' if len(keys) == 1 else ' ' + key}")
             if logy:
                 ax.set_yscale("log")
-            used.append(title)
-    ax = axes[len(PANELS)]
+    ax = axes.get("privacy")
     for j, (who, (rounds, eps)) in enumerate(eps_curves.items()):   # one run, one colour: parties by style
-        ax.step(rounds, eps, where="post", marker="osD^v"[j % 5], ls=("-", "--", ":", "-.")[j % 4],
-                color=color, label=f"{label} {who}")
-        used.append("privacy")
-    return used
+        if ax is not None:
+            ax.step(rounds, eps, where="post", marker="osD^v"[j % 5], ls=("-", "--", ":", "-.")[j % 4],
+                    color=color, label=f"{label} {who}")
 
 
 def _figure(runs, title):
@@ -146,26 +172,31 @@ def _figure(runs, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
-    axes = axes.ravel()
-    used = set()
+    names = panels_with_data(runs)
+    ncols = max(1, min(3, len(names)))
+    nrows = max(1, -(-len(names) // ncols))
+    spare = len(names) % ncols != 0 or not names         # a free cell for the final values
+    fig = plt.figure(figsize=(5 * ncols + (5 if not names else 0), 4.25 * nrows + (0 if spare else 1.4)))
+    gs = fig.add_gridspec(nrows + (0 if spare else 1), ncols,
+                          height_ratios=[1] * nrows + ([] if spare else [0.3]))
+    axes = {name: fig.add_subplot(gs[i // ncols, i % ncols]) for i, name in enumerate(names)}
+    text_ax = fig.add_subplot(gs[len(names) // ncols, len(names) % ncols] if spare else gs[nrows, :])
     style = {"train_loss": "--", "dual_residual": "--"}
     for i, (run_dir, cols, report, label) in enumerate(runs):   # one colour per run, one line style per column
-        used |= set(_draw(axes, cols, privacy_curves(report), label, style, report.get("final"), f"C{i % 10}"))
-    names = [p[0] for p in PANELS] + ["privacy"]
-    for ax, name in zip(axes, names):
+        _draw(axes, cols, privacy_curves(report), label, style, report.get("final"), f"C{i % 10}")
+    for name, ax in axes.items():
         ax.set_title(name if name != "privacy" else "ε spent (each private party's ledger)")
         ax.set_xlabel("round (ADMM) / epoch (SGD)")
         ax.grid(alpha=0.3)
-        if name in used:
-            ax.legend(fontsize=7)
+        if name == "privacy":                           # room above the curves for the legend
+            ax.set_ylim(0, 1.5 * max(ax.get_ylim()[1], 1e-9))
+            ax.legend(fontsize=7, loc="upper left")
         else:
-            ax.text(0.5, 0.5, "no data in this run" if name != "privacy" else "no private party",
-                    ha="center", va="center", transform=ax.transAxes, color="gray")
-    for ax, (panel, keys, logy) in zip(axes, PANELS):
-        if not logy and panel != "test accuracy":
-            _cut_spikes(ax, [r[1] for r in runs], keys)
-    _final_table(axes[-1], runs)
+            ax.legend(fontsize=7)
+    for panel, keys, logy in PANELS:
+        if panel in axes and not logy and panel != "test accuracy":
+            _cut_spikes(axes[panel], [r[1] for r in runs], keys)
+    _final_table(text_ax, runs)
     fig.suptitle(title)
     fig.tight_layout()
     return fig, plt
@@ -195,7 +226,10 @@ def _final_table(ax, runs):
         bits = [f"{k}={fin[k]:.4g}" for k in ("objective", "test_loss", "test_accuracy")
                 if isinstance(fin.get(k), (int, float))]
         n = fin.get("rounds", fin.get("round", len(cols.get("round", []))))
-        lines += textwrap.wrap(f"{label}: {n} rounds/epochs" + (", " + ", ".join(bits) if bits else ""),
+        once = any(k.startswith("test_") for k in bits) and \
+            sum(not math.isnan(v) for v in cols.get("test_loss", [])) < 2
+        lines += textwrap.wrap(f"{label}: {n} rounds/epochs" + (", " + ", ".join(bits) if bits else "")
+                               + (" (test metrics: evaluated once, after training)" if once else ""),
                                width=62, subsequent_indent="    ")
     ax.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=8, family="monospace",
             transform=ax.transAxes)
