@@ -106,6 +106,20 @@ class FixedPoint:
             raise ValueError(f"on_overflow={on_overflow!r}: use 'refuse' or 'clip'")
         return np.rint(x * self.scale).astype(np.int64).view(np.uint64)
 
+    def encode_integer(self, r, bits: int) -> np.ndarray:
+        """An integer release ``r`` at scale 2^bits (distributed noise, :mod:`flower_vfl.privacy.distributed`)
+        as the roster's code: r * 2^(k - bits) in Z_{2^64}, exact (bits <= k). Nothing is clipped or
+        refused by value: the noisy integer wraps mod 2^64, so the central node's sum is a
+        post-processing of the integer sum; a value far outside the declared bound makes
+        :meth:`decode_sum` refuse the sum (a lost round, never a changed release)."""
+        if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 0 <= bits <= self.k:
+            raise OutOfRange(f"bits={bits!r}: the integer release's scale 2^bits must be at most the roster's "
+                             f"fixed-point scale 2^{self.k}")
+        r = np.asarray(r)
+        if r.dtype != np.int64:
+            raise OutOfRange(f"encode_integer(): expected an int64 release, got {r.dtype}")
+        return r.view(np.uint64) * np.uint64(2 ** (self.k - int(bits)))
+
     def decode_sum(self, total: np.ndarray, check: bool = True) -> np.ndarray:
         """The float64 sum from the modular integer sum (uint64). ``check``: refuse entries
         outside the range the bounds allow (:class:`SumMismatch`: the masks did not cancel)."""
