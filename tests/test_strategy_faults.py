@@ -3,7 +3,9 @@ ServerApp crash (checkpoint + resume) and node keys bound to parties, all in pro
 
 A FaultyGrid wraps the in-process LocalGrid: it can rewrite a reply, drop a message (the party
 never sees it), answer for a dead node the way the SuperLink does (an error reply), and start a
-"restarted SuperNode" (a new node id, the same node config, the party's state as it kept it).
+"restarted SuperNode" (a new node id, the same node config, the party's state as it kept it), or
+one restarted with its registered key (the same node id, a new session: the SuperLink's
+``NodeInfo.last_activated_at`` changes, ``context.state`` is empty).
 """
 
 import copy
@@ -34,12 +36,33 @@ class FaultyGrid(LocalGrid):
     def __init__(self, node_configs, rc, fault=None, keys=None):
         super().__init__(HANDLERS, node_configs, rc)
         self.fault, self.keys, self.dead = fault, keys or {}, set()
+        self.sessions = dict.fromkeys(self.contexts, 1)    # node id -> activation count
+        self.back: dict[int, int] = {}                      # node id -> node listings until it is back
 
     def get_node_ids(self):
+        for n in list(self.back):
+            self.back[n] -= 1
+            if self.back[n] <= 0:
+                del self.back[n]
+                self.dead.discard(n)
         return [n for n in self.contexts if n not in self.dead]
 
     def get_nodes(self):
-        return [NodeInfo(node_id=n, public_key=self.keys.get(n, b"")) for n in self.get_node_ids()]
+        return [NodeInfo(node_id=n, public_key=self.keys.get(n, b""),
+                         last_activated_at=f"2026-01-01T00:00:{self.sessions.get(n, 1):02d}")
+                for n in self.get_node_ids()]
+
+    def restart_same_id(self, nid, offline_for=0):
+        """SuperNode ``nid`` restarts with its registered key: the same node id, a new session, an
+        empty ``context.state``; offline (the SuperLink answers NODE_UNAVAILABLE) for the next
+        ``offline_for`` node listings first."""
+        ctx = self.contexts[nid]
+        self.contexts[nid] = Context(run_id=1, node_id=nid, node_config=dict(ctx.node_config), state=RecordDict(),
+                                     run_config=dict(ctx.run_config))
+        self.sessions[nid] = self.sessions.get(nid, 1) + 1
+        if offline_for:
+            self.dead.add(nid)
+            self.back[nid] = offline_for
 
     def restart(self, old, new, keep_state=False):
         """The SuperNode ``old`` comes back as ``new``: with an empty ``context.state`` (what a
@@ -49,6 +72,7 @@ class FaultyGrid(LocalGrid):
         self.contexts[new] = Context(run_id=1, node_id=new, node_config=dict(ctx.node_config),
                                      state=copy.deepcopy(ctx.state) if keep_state else RecordDict(),
                                      run_config=dict(ctx.run_config))
+        self.sessions[new] = 1
 
     def send_and_receive(self, messages, *, timeout=None):
         out = []
@@ -313,3 +337,61 @@ def test_two_nodes_claiming_one_index_are_refused_by_name():
     with pytest.raises(ConfigError):
         claim(seen, "agent", 3, 101, ConfigError)
     assert seen == {3: 100}
+
+
+# ------------------------------------------------------------ a SuperNode restarted with its registered key
+KEYS = {100: b"PEM-of-node-100", 101: b"PEM-of-node-101"}
+
+
+def test_node_restarted_with_its_key_after_the_superlink_saw_it_gone_rejoins_bitwise(tmp_path, clean):
+    """Issue 23.3, 'late': node 101 dies in round 5 (the SuperLink answers NODE_UNAVAILABLE) and
+    its SuperNode comes back with its registered key: the SAME node id, a new session, an empty
+    context.state. The exchange asks it again (its activation time changed; it was on the ignore
+    list), checks its key-bound claim with party-keys, re-synchronizes it: the clean run bitwise."""
+    def fault(msg, grid):
+        if round_of(msg) == 5 and msg.metadata.dst_node_id == 101 and grid.sessions[101] == 1:
+            grid.restart_same_id(101, offline_for=3)
+            return "dead"
+        return None
+
+    st = run(FaultyGrid(nodes(), RC, fault, keys=KEYS), **{"party-wait": 10.0,
+                                                          "party-keys": _keys(tmp_path, {0: KEYS[100], 1: KEYS[101]})})
+    assert st.node_to_party == {100: 0, 101: 1}
+    assert np.array_equal(st.decision_test_, clean.decision_test_)
+    assert np.array_equal(st.central.z, clean.central.z) and np.array_equal(st.central.y, clean.central.y)
+    assert [r["primal_residual"] for r in st.history_] == [r["primal_residual"] for r in clean.history_]
+
+
+def test_node_restarted_with_its_key_before_the_superlink_noticed_rejoins_bitwise(clean):
+    """'Early': the old session took round 5's message and died; the SuperNode is back with the
+    same node id before the SuperLink said anything (so no error reply ever comes). The exchange
+    sees the new session, stops waiting, re-identifies and re-synchronizes it: bitwise."""
+    def fault(msg, grid):
+        if round_of(msg) == 5 and msg.metadata.dst_node_id == 101 and grid.sessions[101] == 1:
+            grid.restart_same_id(101)
+            return "drop"
+        return None
+
+    st = run(FaultyGrid(nodes(), RC, fault), **{"party-wait": 5.0})
+    assert st.node_to_party == {100: 0, 101: 1}
+    assert np.array_equal(st.decision_test_, clean.decision_test_)
+    assert [r["primal_residual"] for r in st.history_] == [r["primal_residual"] for r in clean.history_]
+
+
+def test_restarted_session_that_answered_its_old_message_is_refused_then_resume_is_bitwise(clean, tmp_path):
+    """The new session pulled round 5's message (sent to the old one) and answered it from an
+    empty state: that reply is never used, and the party, whose state is now not the run's, is
+    refused by name when it identifies (no silent wrong model); resuming gives the clean run."""
+    def fault(msg, grid):
+        if round_of(msg) == 5 and msg.metadata.dst_node_id == 101 and grid.sessions[101] == 1:
+            grid.restart_same_id(101)
+        return None
+
+    state = tmp_path / "state"
+    st = sa.make_strategy({**RC, "party-wait": 5.0, "state-dir": str(state)})
+    with pytest.raises(ValueError, match=r"party 1 restarted and answered a message sent to its previous session "
+                                         r"from an empty state .* Resume from the checkpoint"):
+        st.start(FaultyGrid(nodes(), RC, fault))
+    assert st.failed_ and load_checkpoint(state)[1]["round"] == 4
+    resumed = run(FaultyGrid(nodes(), RC), resume=str(state))
+    assert np.array_equal(resumed.decision_test_, clean.decision_test_)

@@ -55,9 +55,19 @@ LOST_CODES = {ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE
               ErrorCode.CLIENT_APP_CRASHED}
 
 POLL_S = 1.0
-#: pull intervals: from 20 ms, growing x1.5 up to 0.25 s (Flower 1.41's HTTP grid sleeps 3 s
-#: between pulls in its own send_and_receive, up to 3 s of idle time per exchange)
-PULL_FIRST_S, PULL_MAX_S = 0.02, 0.25
+#: how often a wait for replies asks the SuperLink whether the nodes asked restarted (seconds)
+RESTART_CHECK_S = 2.0
+#: the most times one request is sent again to a party whose node was lost and came back
+MAX_LOSSES = 5
+#: pull intervals from a remote grid (a request to the SuperLink each): from 10 ms, growing x1.5
+#: up to 0.1 s (Flower 1.42's HTTP grid sleeps 3 s between pulls in its own send_and_receive)
+PULL_FIRST_S, PULL_MAX_S = 0.01, 0.1
+#: from Flower's in-memory grid (simulation: a pull is a look-up in the same process's state):
+#: every 2-10 ms, so a round's replies are seen before the simulation's next 0.1 s delivery tick
+#: (Flower's own InMemoryGrid.send_and_receive pulls every 0.1 s)
+PULL_FIRST_LOCAL_S, PULL_MAX_LOCAL_S = 0.002, 0.01
+#: benchmarks only: a file that each exchange appends one JSON line of timings to
+TIMING_ENV = "FLOWER_VFL_TIMING"
 
 
 class ReplyError(UserError, RuntimeError):
@@ -77,29 +87,48 @@ def message_key(msg: Message) -> str:
     return msg.metadata.message_id or msg.object_id
 
 
-def send_and_receive(grid, messages, timeout) -> list:
+def send_and_receive(grid, messages, timeout, stop=None) -> list:
     """Push ``messages`` and pull their replies until all came or ``timeout`` s passed, polling
-    from 20 ms up to every 0.25 s. A Grid without push/pull (the in-process LocalGrid) is
-    asked through its own ``send_and_receive``."""
+    a remote grid from 10 ms up to every 0.1 s, Flower's in-memory grid (simulation) every 2-10 ms.
+    A Grid without push/pull (the in-process LocalGrid) is asked through its own
+    ``send_and_receive``. ``stop(ids)``: stop waiting early when it returns True for the ids
+    still unanswered (the exchange's check that their nodes restarted)."""
     messages = list(messages)
     if not messages:
         return []
     if os.environ.get("FLOWER_VFL_GRID_PULL") == "flower":      # Flower's own loop (benchmarks)
         return list(grid.send_and_receive(messages, timeout=timeout))
+    t0 = time.time()
     try:
         ids = {i for i in grid.push_messages(messages) if i}
     except NotImplementedError:
         return list(grid.send_and_receive(messages, timeout=timeout))
-    end, wait, out = time.monotonic() + timeout, PULL_FIRST_S, []
+    t_pushed = time.time()
+    local = type(grid).__name__ == "InMemoryGrid"
+    wait, cap = (PULL_FIRST_LOCAL_S, PULL_MAX_LOCAL_S) if local else (PULL_FIRST_S, PULL_MAX_S)
+    end, out, pulls, n = time.monotonic() + timeout, [], 0, len(ids)
     while ids:
         got = list(grid.pull_messages(ids))
+        pulls += 1
         out += got
         ids -= {m.metadata.reply_to_message_id for m in got}
-        if not ids or time.monotonic() >= end:
+        if not ids or time.monotonic() >= end or (stop is not None and stop(ids)):
             break
         time.sleep(wait)
-        wait = min(wait * 1.5, PULL_MAX_S)
+        wait = min(wait * 1.5, cap)
+    if os.environ.get(TIMING_ENV):
+        _timing_line({"who": "server", "t_push": t0, "t_pushed": t_pushed, "t_done": time.time(),
+                      "messages": n, "replies": len(out), "pulls": pulls})
     return out
+
+
+def _timing_line(rec: dict) -> None:
+    """Append ``rec`` as one JSON line to the file named by ``$FLOWER_VFL_TIMING`` (benchmarks)."""
+    try:
+        with open(os.environ[TIMING_ENV], "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+    except OSError:
+        pass
 
 
 def check_release(rep: Message, party: int, key: str, shape: tuple, what: str,
@@ -217,7 +246,15 @@ class Exchange:
         self.party_keys = dict(party_keys or {})
         self.claim_error, self.on_join = claim_error, on_join
         self.node_to_party: dict[int, int] = {}
-        self._ignored: set[int] = set()      # nodes never to ask again (gone, or not needed)
+        self._ignored: set[int] = set()      # nodes not to ask again (gone, or not needed) ...
+        #: ... unless the SuperLink activated them again since: node id -> its activation time
+        #: (``NodeInfo.last_activated_at``) when this exchange identified or ignored it. A
+        #: SuperNode restarted with its registered key keeps its node id; only this tells the
+        #: new session (empty ``context.state``) from the old one
+        self._session: dict[int, str] = {}
+        #: while ``on_join`` runs for a rejoin: True when the node kept its node id (a SuperNode
+        #: restarted with its registered key), so its ``context.state`` began empty in this session
+        self.same_id_restart = False
         self._query = None                   # (message_type, content, read, what) of identify
         self._sent: dict[str, int] = {}      # message id -> party, of the last exchange
 
@@ -233,6 +270,37 @@ class Exchange:
                     for n in self.grid.get_nodes()}
         except Exception as exc:          # pragma: no cover - a Grid without node info
             raise RuntimeError(f"party-keys is set but the SuperLink gives no node keys: {exc}") from None
+
+    def _sessions(self) -> dict[int, str]:
+        """node id -> activation time of its current session, for the nodes online now
+        ('' where the Grid does not say: the in-process grid, Flower's default ``get_nodes``)."""
+        return {int(n.node_id): str(getattr(n, "last_activated_at", "") or "") for n in self.grid.get_nodes()}
+
+    def _restarted(self, nodes) -> set[int]:
+        """Those of ``nodes`` that are online in another session than the one this exchange
+        knew: restarted with the same registered key (hence the same node id). Empty when the
+        Grid gives no activation times."""
+        if not any(self._session.get(n) for n in nodes):
+            return set()
+        now = self._sessions()
+        return {n for n in nodes if self._session.get(n) and now.get(n, self._session[n]) != self._session[n]}
+
+    def _stop_if_restarted(self, requests: dict[int, Message]):
+        """For :func:`send_and_receive`: stop waiting when every request still unanswered went to
+        a node that restarted meanwhile (checked every :data:`RESTART_CHECK_S` s): a SuperNode
+        killed after it took its message and restarted with its registered key (the same node id)
+        never answers it, and the SuperLink, which sees the node online again, never says so."""
+        if not any(self._session.get(m.metadata.dst_node_id) for m in requests.values()):
+            return None
+        last = [time.monotonic()]
+
+        def stop(ids) -> bool:
+            if time.monotonic() - last[0] < RESTART_CHECK_S:
+                return False
+            last[0] = time.monotonic()
+            nodes = {m.metadata.dst_node_id for m in requests.values() if message_key(m) in ids}
+            return bool(nodes) and nodes <= self._restarted(nodes)
+        return stop
 
     def _check_key(self, nid: int, index: int) -> None:
         if not self.party_keys:
@@ -305,6 +373,8 @@ class Exchange:
                 f"SuperNodes answered. Start one SuperNode per {self.role} (simulation: --federation-config "
                 f"\"num-supernodes={self.num_parties}\") or set {self.count_key}={len(asked)}")
         self.node_to_party = mapping
+        now = self._sessions()
+        self._session = {n: now.get(n, "") for n in mapping}
         log(INFO, "%s: %s", self.roles, ", ".join(f"{p} -> node {n}" for n, p in sorted(mapping.items(),
                                                                                           key=lambda t: t[1])))
         return infos
@@ -316,8 +386,16 @@ class Exchange:
         missing = set(missing)
         while missing and self._query is not None:
             known = set(self.node_to_party) | self._ignored
-            new = [n for n in self.grid.get_node_ids() if n not in known]
+            online = self._sessions()
+            # a node not seen yet, or an ignored one the SuperLink activated again since (a
+            # SuperNode restarted with its registered key keeps its node id: its key-bound
+            # claim at identify, checked against party-keys, says which party it serves)
+            new = [n for n, when in online.items() if n not in known
+                   or (n in self._ignored and when and self._session.get(n, when) != when)]
             if new:
+                reactivated = set(new) & self._ignored
+                self._ignored.difference_update(new)
+                self._session.update({n: online[n] for n in new})
                 for nid, (index, info) in self._ask(new, min(self.timeout, max(wait, 1.0))).items():
                     if index not in missing:
                         log(WARNING, "node %s claims %s %s, which is not missing; ignored", nid, self.role, index)
@@ -330,7 +408,11 @@ class Exchange:
                         self._ignored.add(n)
                     self.node_to_party[nid] = index
                     if self.on_join is not None:
-                        self.on_join(index, info, False)
+                        self.same_id_restart = nid in reactivated
+                        try:
+                            self.on_join(index, info, False)
+                        finally:
+                            self.same_id_restart = False
                     missing.discard(index)
                     log(INFO, "%s %s is back on node %s (was %s)", self.role, index, nid, old)
                 self._ignored.update(n for n in new if n not in self.node_to_party)
@@ -348,15 +430,26 @@ class Exchange:
         gone (the SuperLink said so) rather than silent. Raises :class:`PartyFailed` for an error
         reply of the party's own handler and :class:`ReplyError` for a duplicate reply or a reply
         from another node than the one asked."""
-        replies = send_and_receive(self.grid, list(requests.values()), self.timeout) if requests else []
+        replies = send_and_receive(self.grid, list(requests.values()), self.timeout,
+                                   self._stop_if_restarted(requests)) if requests else []
         by_id = {message_key(m): p for p, m in requests.items()}
         self._sent.update(by_id)
         ok, lost, gone = {}, {}, set()
+        asked = {requests[p].metadata.dst_node_id: p for p in requests}
+        # a node whose SuperNode restarted (same key, same node id) since it was identified: what
+        # it answered may come from an empty state; it is identified again, then asked again
+        restarted = self._restarted(asked)
+        for node in sorted(restarted):
+            lost[asked[node]] = (f"node {node} restarted (its SuperNode came back with the same key: a new session "
+                                 "since it was identified); its reply, if any, is not used")
+            gone.add(asked[node])
         for rep in replies:
             party = by_id.get(rep.metadata.reply_to_message_id)
             if party is None:
                 continue                      # a late reply to an earlier request: never used
             node = requests[party].metadata.dst_node_id
+            if node in restarted:
+                continue
             if party in ok or party in lost:
                 raise ReplyError(f"{self.role} {party} (node {node}): a second reply to the {what} request; one "
                                  f"reply per {self.role} is accepted")
@@ -403,9 +496,15 @@ class Exchange:
                 raise ValueError(f"a message for node {nid}, which serves no {self.role}")
             first[self.node_to_party[nid]] = msg
 
+        used = set()
+
         def make(p, nid):
-            if p in first and first[p].metadata.dst_node_id == nid:
-                return first.pop(p)
+            # the ready message only once: a party asked again (its node restarted, possibly with
+            # the same node id) gets a message built for it now
+            if p in first and p not in used and first[p].metadata.dst_node_id == nid:
+                used.add(p)
+                return first[p]
+            used.add(p)
             if rebuild is not None:
                 return rebuild(p, nid)
             old = first.get(p)
@@ -420,6 +519,7 @@ class Exchange:
         if stale_ok and unserved:        # a restarted node may be back: take it without waiting
             self.rejoin(unserved, 0.0)
         self._sent = {}
+        losses: dict[int, int] = {}
         while pending:
             node_of = self.node_of()
             requests = {p: make(p, node_of[p]) for p in sorted(pending) if p in node_of}
@@ -435,6 +535,12 @@ class Exchange:
                     self._ignored.add(n)
             if stale_ok:
                 return got, lost
+            for p in lost:
+                losses[p] = losses.get(p, 0) + 1
+            again = sorted(p for p in lost if losses[p] > MAX_LOSSES)
+            if again:      # a node that fails on this very request every time: never an endless loop
+                raise PartyLost("; ".join(f"{self.role} {p} was lost {losses[p]} times on {what} (last: {lost[p]}): its "
+                                          "SuperNode keeps failing on this request; see its log" for p in again))
             if self.party_wait > 0:
                 log(INFO, "waiting up to party-wait=%g s for %s %s to come back", self.party_wait, self.roles,
                     sorted(lost))

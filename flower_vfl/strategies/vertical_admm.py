@@ -238,6 +238,18 @@ class VerticalADMMStrategy(Strategy):
             self.private_parties[party] = info["train_rounds"]
         if first:
             self.party_data[party] = info["data"]
+        elif info["data"] != self.party_data.get(party, info["data"]):
+            raise ResumeRefused(f"party {party} came back with other data than it declared at identify: "
+                                f"{info['data']!r} now, {self.party_data[party]!r} before; give it its original data")
+        if not first and not info["private"] and info["restored"] and self.exchange.same_id_restart:
+            # a SuperNode restarted with its registered key starts with an empty context.state: a
+            # state now means it answered a message of its previous session before it was identified
+            # again, from x_m = 0 (the central node never used that reply); that iterate is not the run's
+            raise ResumeRefused(
+                f"party {party} restarted and answered a message sent to its previous session from an empty state "
+                "before it was identified again (its SuperNode came back within the SuperLink's heartbeat window "
+                "and pulled it): its state is not the run's. Resume from the checkpoint (resume='<state-dir>'): "
+                "a new run re-synchronizes every party")
         if info["private"] or info["restored"]:
             self._resync.discard(party)
             return
