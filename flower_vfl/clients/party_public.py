@@ -57,10 +57,14 @@ class PublicPartyClient(PartyClient):
     private = False
 
     def _build(self, context: Context, n_outputs: int):
+        # centred x-update (core/xsolve.py) when the label owner fits the intercept that absorbs
+        # the constants; a wrong flag only slows or biases the central node's own model
+        center = bool(context.run_config.get("fit-intercept", True))
         party = PartyUpdate(self.D, get_penalty(self.penalty, self.l1_ratio), self.lam,
-                            make_constraint(self.constraint), n_outputs=n_outputs, x_solver=self.x_solver)
+                            make_constraint(self.constraint), n_outputs=n_outputs, x_solver=self.x_solver,
+                            center=center)
         key = (_fingerprint(self.D), str(self.penalty), float(self.l1_ratio), float(self.lam), repr(self.constraint),
-               str(self.x_solver))
+               str(self.x_solver), center)
         if key in _SOLVERS:
             party.solver = _SOLVERS[key]       # same block and parameters: reuse its factorization
             _SOLVERS.move_to_end(key)

@@ -32,7 +32,7 @@ class PartyUpdate:
     """
 
     def __init__(self, D, penalty, lam, constraint=None, n_outputs=1, inner_tol=1e-12,
-                 v_clip=None, x_solver="auto"):
+                 v_clip=None, x_solver="auto", center=False):
         self.D = D
         #: entry-wise bound on the x-update target, enforced here on the party side so that
         #: whatever the central node sends, the sensitivity bound of the release holds
@@ -45,7 +45,8 @@ class PartyUpdate:
         # (only for a block wider than tall, where the d-vectors are the memory: with d <= N,
         # CG chosen for very large N, the 2 mat-vecs over N rows would cost more than they save)
         self.solver = XSolver(D, penalty, lam, constraint=constraint, inner_tol=inner_tol,
-                              method=x_solver, low_memory=self.d > self.n)
+                              method=x_solver, low_memory=self.d > self.n,
+                              center=center and v_clip is None)   # centred: see XSolver; never private
         shape_x = (self.d,) if n_outputs == 1 else (self.d, n_outputs)
         shape_s = (self.n,) if n_outputs == 1 else (self.n, n_outputs)
         self.x = np.zeros(shape_x)

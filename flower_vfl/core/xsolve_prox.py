@@ -199,9 +199,9 @@ def fista_on_D(solver, v, rho, x0, tol):
     x = np.zeros(shape) if x0 is None else np.array(x0, dtype=float).reshape(shape)
     if solver.constraint is not None:
         x = solver.constraint.project(x)
-    DT = getattr(solver, "DT", D.T)
-    scale = max(1.0, float(np.linalg.norm(rho * (DT @ v))))
-    return _fista(lambda w: rho * (DT @ (D @ w - v)), lambda u, t: _prox(solver, u, t), x,
+    scale = max(1.0, float(np.linalg.norm(rho * solver._rhs(v))))
+    # centred (solver.center_): Dc^T P (D w - v) = D^T u - mu 1^T u, u = D w - v; ||Dc|| <= ||D||
+    return _fista(lambda w: rho * solver._rhs(D @ w - v), lambda u, t: _prox(solver, u, t), x,
                   1.0 / solver._L, tol, scale, solver.inner_max_iter)
 
 

@@ -215,7 +215,8 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         for m, (D, cfg) in enumerate(zip(blocks, privacy)):
             if cfg is None:
                 parties.append(PartyUpdate(D, penalty, self.lam, constraint, n_outputs=loss.n_outputs,
-                                           x_solver=getattr(self, "x_solver", "auto")))
+                                           x_solver=getattr(self, "x_solver", "auto"),
+                                           center=bool(self.fit_intercept)))
                 continue
             from flower_vfl.privacy.party import PrivateParty
             if penalty.name != "l2" or loss.n_outputs != 1:
