@@ -213,3 +213,53 @@ def _eval_content():
 def _re(text):
     import re
     return re.escape(text)
+
+
+class _PullGrid:
+    """A grid with push/pull whose replies come on the ``ready``-th pull."""
+
+    def __init__(self, ready):
+        self.ready, self.pulls = ready, 0
+
+    def push_messages(self, messages):
+        return [f"id{i}" for i in range(len(list(messages)))]
+
+    def pull_messages(self, ids):
+        self.pulls += 1
+        if self.pulls < self.ready:
+            return []
+        from types import SimpleNamespace
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in sorted(ids)]
+
+
+class InMemoryGrid(_PullGrid):
+    """Named as Flower's simulation grid (the schedule is chosen by the class name)."""
+
+
+@pytest.mark.parametrize("grid_cls, first, cap", [
+    (_PullGrid, "PULL_FIRST_S", "PULL_MAX_S"), (InMemoryGrid, "PULL_FIRST_LOCAL_S", "PULL_MAX_LOCAL_S")])
+def test_send_and_receive_pull_schedule(grid_cls, first, cap, monkeypatch, tmp_path):
+    """Pulls from ``first`` seconds apart, x1.5, capped; Flower's simulation grid (a look-up in
+    its own process) is pulled every 2-10 ms, a remote one every 10-100 ms. With
+    $FLOWER_VFL_TIMING one JSON line of stamps per exchange is appended."""
+    import json
+
+    from flower_vfl.strategies import exchange
+
+    first, cap = getattr(exchange, first), getattr(exchange, cap)
+    slept = []
+    monkeypatch.setattr(exchange.time, "sleep", slept.append)
+    monkeypatch.setenv("FLOWER_VFL_TIMING", str(tmp_path / "t.jsonl"))
+    grid = grid_cls(ready=10)
+    msgs = ["message to node 1", "message to node 2"]           # the grid only counts them
+    replies = exchange.send_and_receive(grid, msgs, timeout=60)
+    assert len(replies) == 2 and grid.pulls == 10
+    want, w = [], first
+    for _ in range(9):
+        want.append(w)
+        w = min(w * 1.5, cap)
+    assert slept == pytest.approx(want) and max(slept) == cap
+    line, = (tmp_path / "t.jsonl").read_text().splitlines()
+    rec = json.loads(line)
+    assert (rec["who"], rec["messages"], rec["replies"], rec["pulls"]) == ("server", 2, 2, 10)
+    assert rec["t_push"] <= rec["t_pushed"] <= rec["t_done"]

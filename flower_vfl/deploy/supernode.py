@@ -1,23 +1,26 @@
-"""``flower-vfl-supernode``: Flower's ``flower-supernode`` with a shorter idle poll (flwr 1.41/1.42).
+"""``flower-vfl-supernode``: Flower's ``flower-supernode`` with shorter polling waits (flwr 1.41/1.42).
 
 Flower's SuperNode loop (``flwr/supernode/start_client_internal.py``) pulls the SuperLink for a
-message and, when there is none, sleeps a hard-coded **3 s** (no flag, no environment variable).
-In a round of vertical ADMM every party replies and then waits for the next round's message, so
-every round pays most of that sleep: on loopback, a9a with 2 parties, ~3.7 s per round with the
-warm executor against ~1.8 s when the sleep is 0.5 s (docs/benchmarks.md, "Latency of a round on
-real SuperNodes").
+message and, when there is none, sleeps a hard-coded **3 s** (no flag, no environment variable);
+while a ClientApp works it looks for the reply every 0.5 s. In a round of vertical ADMM every
+party replies and then waits for the next round's message, so every round pays most of those
+sleeps (docs/benchmarks.md, "Latency of a round on real SuperNodes").
 
 This runs Flower's own ``flower-supernode`` entry point, unchanged in every argument and
-behaviour, except that the sleeps *inside that one module* are capped at ``--idle-poll`` seconds
-(the 3 s idle sleep; the module's 0.5 s waits for a ClientApp's reply are capped only if the poll
-is shorter). An idle SuperNode then asks the SuperLink for a message ``1/idle-poll`` times a
-second instead of once every 3 s — one small gRPC request.
+behaviour, except for the sleeps *inside that one module*:
+
+- ``--idle-poll`` (default 0.5 s): the idle sleep of a node that has been idle for a while;
+- ``--hot-poll`` (default 0.02 s; 0: off): the idle sleep for 2 s after the node sent a reply (the
+  next round's message is near), and 10 ms between its looks for the ClientApp's reply (a look-up
+  in the node's own state);
+- a pulled object the SuperLink does not have yet is asked for again after 10 ms, doubling up to
+  0.5 s (Flower: 1 s, up to 10 s), as in every forked ClientApp of the warm executor.
 
     flower-vfl-supernode --idle-poll 0.5 --superlink link.example.org:9092 \\
         --root-certificates ca.crt --node-config "partition-id=1 data-path='...'"
 
-The patch checks that Flower's loop still has the sleep it replaces; if a Flower release changes
-it, the SuperNode runs as Flower ships it and says so in one warning line.
+Each patch checks the Flower release (1.41.x, 1.42.x) and that Flower's loop still has what it
+replaces; otherwise the SuperNode runs as Flower ships it and says so in one warning line.
 """
 
 from __future__ import annotations
@@ -29,87 +32,174 @@ import sys
 import time
 import warnings
 
-__all__ = ["IDLE_POLL_S", "cap_idle_sleep", "main"]
+__all__ = ["IDLE_POLL_S", "HOT_POLL_S", "cap_idle_sleep", "main"]
 
 #: default idle poll of ``flower-vfl-supernode`` and of ``flower-vfl deploy-local`` (seconds)
 IDLE_POLL_S = 0.5
 #: the range accepted for ``--idle-poll`` (below 0.05 s an idle node is ~20 requests a second;
 #: above 3 s is slower than Flower's own loop)
 IDLE_POLL_RANGE = (0.05, 3.0)
-#: what the patch replaces, read in flwr 1.41.0's start_client_internal.py
-FLOWER_IDLE_SLEEP = "time.sleep(3)"
+#: after the node sent a reply it pulls every ``--hot-poll`` seconds (default) for
+#: :data:`HOT_WINDOW_S` seconds: the next round's message usually comes within a fraction of a
+#: second; then every ``--idle-poll``. 0 turns it off (every idle pull ``--idle-poll`` apart).
+HOT_POLL_S, HOT_WINDOW_S = 0.02, 2.0
+HOT_POLL_RANGE = (0.01, 0.5)
+#: the node's waits for its ClientApp's reply (a look-up in the node's own state, no network;
+#: Flower: every 0.5 s) when the hot poll is on
+REPLY_POLL_S = 0.01
+#: what the patch replaces, read in flwr 1.41.0 and 1.42.0's start_client_internal.py
+FLOWER_IDLE_SLEEP, FLOWER_REPLY_SLEEP = "time.sleep(3)", "time.sleep(0.5)"
+#: the Flower releases whose SuperNode loop this was read in; any other runs unpatched
+PATCHED_FLWR = ("1.41.", "1.42.")
 
 
 class _CappedTime:
-    """The ``time`` module as seen by Flower's SuperNode loop module: ``sleep`` capped."""
+    """The ``time`` module as seen by Flower's SuperNode loop module: ``sleep`` shortened.
 
-    def __init__(self, cap: float):
-        self.cap = cap
+    Flower's loop sleeps 3 s when a pull found no message, and 0.5 s between its looks for the
+    ClientApp's reply. Here the idle sleep is ``hot`` within ``window`` seconds after the node's
+    last reply (:meth:`active`), else ``cap``; the shorter waits are ``reply`` (``hot=0``: every
+    sleep capped at ``cap``, the previous behaviour)."""
+
+    def __init__(self, cap: float, hot: float = 0.0):
+        self.cap, self.hot, self.window, self.reply = cap, hot, HOT_WINDOW_S, REPLY_POLL_S
+        self.last = -math.inf
 
     def __getattr__(self, name):
         return getattr(time, name)
 
+    def active(self) -> None:
+        self.last = time.monotonic()
+
     def sleep(self, seconds):
-        time.sleep(min(seconds, self.cap))
+        if not self.hot:
+            s = self.cap
+        elif seconds >= 3:                                       # the idle sleep
+            s = self.hot if time.monotonic() - self.last < self.window else self.cap
+        else:                                                    # waits for the ClientApp's reply
+            s = self.reply
+        time.sleep(min(seconds, s))
 
 
-def check_idle_poll(value) -> float:
-    """``--idle-poll`` as a float in :data:`IDLE_POLL_RANGE`, else a ValueError naming it."""
+def check_idle_poll(value, name="--idle-poll", allowed=IDLE_POLL_RANGE, default=IDLE_POLL_S,
+                    zero=False) -> float:
+    """``value`` as a float in ``allowed`` (or 0 when ``zero``), else a ValueError naming it."""
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"--idle-poll={value!r} is not a number; give seconds between "
-                         f"{IDLE_POLL_RANGE[0]} and {IDLE_POLL_RANGE[1]} (default {IDLE_POLL_S})") from None
-    if not (math.isfinite(v) and IDLE_POLL_RANGE[0] <= v <= IDLE_POLL_RANGE[1]):
-        raise ValueError(f"--idle-poll={value!r} is out of range; give seconds between "
-                         f"{IDLE_POLL_RANGE[0]} and {IDLE_POLL_RANGE[1]} (default {IDLE_POLL_S})")
+        raise ValueError(f"{name}={value!r} is not a number; give seconds between "
+                         f"{allowed[0]} and {allowed[1]}{' or 0' if zero else ''} (default {default})") from None
+    if not (math.isfinite(v) and (allowed[0] <= v <= allowed[1] or (zero and v == 0))):
+        raise ValueError(f"{name}={value!r} is out of range; give seconds between "
+                         f"{allowed[0]} and {allowed[1]}{' or 0' if zero else ''} (default {default})")
     return v
 
 
-def cap_idle_sleep(idle_poll: float = IDLE_POLL_S) -> bool:
-    """Cap the sleeps of Flower's SuperNode loop module at ``idle_poll`` seconds, in this process.
+def cap_idle_sleep(idle_poll: float = IDLE_POLL_S, hot_poll: float = 0.0) -> bool:
+    """Shorten the sleeps of Flower's SuperNode loop module, in this process: the idle sleep to
+    ``idle_poll`` seconds, or to ``hot_poll`` within :data:`HOT_WINDOW_S` after a reply was
+    sent (``hot_poll=0``: every sleep capped at ``idle_poll``).
 
-    Returns False (and warns) without patching when Flower's loop no longer has the hard-coded
-    idle sleep this replaces.
+    Returns False (and warns) without patching when this Flower release is not one the loop was
+    read in (:data:`PATCHED_FLWR`) or its loop no longer has the sleeps this replaces.
     """
     idle_poll = check_idle_poll(idle_poll)
+    hot_poll = check_idle_poll(hot_poll, "--hot-poll", HOT_POLL_RANGE, HOT_POLL_S, zero=True)
+    import flwr
     import flwr.supernode.start_client_internal as sci
 
     current = getattr(sci, "time", None)
     if isinstance(current, _CappedTime):            # already patched in this process
-        current.cap = idle_poll
+        current.cap, current.hot = idle_poll, hot_poll
         return True
-    if current is not time or FLOWER_IDLE_SLEEP not in inspect.getsource(sci):
-        warnings.warn("flower-vfl-supernode: this Flower release's SuperNode loop has no "
-                      f"'{FLOWER_IDLE_SLEEP}'; running it unpatched (Flower's own idle poll)", stacklevel=2)
+    version = getattr(flwr, "__version__", "?")
+    source = inspect.getsource(sci)
+    missing = [s for s in (FLOWER_IDLE_SLEEP, FLOWER_REPLY_SLEEP) if s not in source]
+    if not callable(getattr(sci, "_push_messages", None)):
+        missing.append("_push_messages")
+    if current is not time or missing or not version.startswith(PATCHED_FLWR):
+        why = f"flwr {version} is not one of {', '.join(v + 'x' for v in PATCHED_FLWR)}" \
+            if not version.startswith(PATCHED_FLWR) else f"its SuperNode loop has no {', '.join(missing)}"
+        warnings.warn(f"flower-vfl-supernode: {why}; running Flower's SuperNode unpatched "
+                      "(Flower's own 3 s idle poll)", stacklevel=2)
         return False
-    sci.time = _CappedTime(idle_poll)
+    proxy = _CappedTime(idle_poll, hot_poll)
+    push = sci._push_messages
+
+    def _push_messages(*args, **kwargs):            # Flower's, then: a reply went out -> hot
+        try:
+            return push(*args, **kwargs)
+        finally:
+            proxy.active()
+
+    sci.time = proxy
+    sci._push_messages = _push_messages
     return True
 
 
-def _split_args(argv: list[str]) -> tuple[float, list[str]]:
-    """(--idle-poll, the rest for flower-supernode, in order)."""
+#: a pulled object that is not there yet is asked for again after OBJECT_RETRY_S, doubling up to
+#: OBJECT_RETRY_CAP_S (Flower: after 1 s, up to 10 s). A node creates a message's task before it
+#: has pulled the message's objects, so a ClientApp started at once asks too early and, with
+#: Flower's backoff, waits a whole second; the same race between a pushed message and its objects
+#: on the SuperLink.
+OBJECT_RETRY_S, OBJECT_RETRY_CAP_S = 0.01, 0.5
+
+
+def fast_object_retries(first: float = OBJECT_RETRY_S, cap: float = OBJECT_RETRY_CAP_S) -> bool:
+    """Shorten Flower's retry backoff for objects not yet available (``pull_objects`` and
+    ``pull_and_inflate_object_from_tree`` in ``flwr.supercore.inflatable.inflatable_utils``), in
+    this process. Returns False (and warns) without patching on a Flower release this was not
+    read in or whose functions lack those keyword defaults."""
+    import flwr
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    version = getattr(flwr, "__version__", "?")
+    fns = [getattr(iu, n, None) for n in ("pull_objects", "pull_and_inflate_object_from_tree")]
+    ok = version.startswith(PATCHED_FLWR) and all(
+        callable(f) and {"initial_backoff", "backoff_cap"} <= set(f.__kwdefaults__ or {}) for f in fns)
+    if not ok:
+        warnings.warn(f"flower-vfl: flwr {version}'s object pulls are not the ones this was read in "
+                      f"({', '.join(v + 'x' for v in PATCHED_FLWR)}); Flower's own retry backoff (1 s) is kept",
+                      stacklevel=2)
+        return False
+    for f in fns:
+        f.__kwdefaults__["initial_backoff"] = first
+        f.__kwdefaults__["backoff_cap"] = cap
+    return True
+
+
+def _split_args(argv: list[str]) -> tuple[float, float, list[str]]:
+    """(--idle-poll, --hot-poll, the rest for flower-supernode, in order)."""
     ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     ap.add_argument("--idle-poll", default=IDLE_POLL_S)
+    ap.add_argument("--hot-poll", default=HOT_POLL_S)
     try:
         ns, rest = ap.parse_known_args(argv)
-    except argparse.ArgumentError:
-        raise ValueError(f"--idle-poll needs a value in seconds (default {IDLE_POLL_S})") from None
-    return check_idle_poll(ns.idle_poll), rest
+    except argparse.ArgumentError as exc:
+        flag = "--hot-poll" if "hot" in str(exc) else "--idle-poll"
+        default = HOT_POLL_S if flag == "--hot-poll" else IDLE_POLL_S
+        raise ValueError(f"{flag} needs a value in seconds (default {default})") from None
+    return (check_idle_poll(ns.idle_poll),
+            check_idle_poll(ns.hot_poll, "--hot-poll", HOT_POLL_RANGE, HOT_POLL_S, zero=True), rest)
 
 
 def main(argv: list[str] | None = None) -> int | None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "-h" in argv or "--help" in argv:
-        print(f"flower-vfl-supernode [--idle-poll SECONDS] <flower-supernode arguments>\n\n"
+        print(f"flower-vfl-supernode [--idle-poll SECONDS] [--hot-poll SECONDS] <flower-supernode arguments>\n\n"
               f"  --idle-poll  seconds an idle SuperNode waits between pulls (default {IDLE_POLL_S}; "
-              f"Flower's own: 3)\n\nflower-supernode's arguments follow:\n")
+              f"Flower's own: 3)\n"
+              f"  --hot-poll   seconds between pulls for {HOT_WINDOW_S:g} s after the node sent a reply, and "
+              f"between its looks for the ClientApp's reply {REPLY_POLL_S:g} s (default {HOT_POLL_S}; "
+              f"0: off)\n\nflower-supernode's arguments follow:\n")
     try:
-        idle, rest = _split_args(argv)
+        idle, hot, rest = _split_args(argv)
     except ValueError as exc:
         print(f"flower-vfl-supernode: {exc}", file=sys.stderr)
         return 2
-    cap_idle_sleep(idle)
+    cap_idle_sleep(idle, hot)
+    if hot:
+        fast_object_retries()
     from flwr.supernode.cli import flower_supernode
 
     sys.argv = ["flower-supernode", *rest]

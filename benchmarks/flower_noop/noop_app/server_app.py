@@ -34,10 +34,27 @@ def _content(mode, n, k, busy):
                                                                "y": Array(rng.standard_normal(n))})})
 
 
-def _round_trip(grid, nodes, mode, n, k, busy):
+def _send_and_receive(grid, msgs, pull):
+    """Flower's ``grid.send_and_receive`` (``pull`` = (0, 0)), or push and pull from ``pull[0]`` s,
+    growing x1.5 up to ``pull[1]`` s (the schedule flower-vfl's central node uses)."""
+    if not pull[1]:
+        return list(grid.send_and_receive(msgs, timeout=600))
+    ids, out, wait = set(grid.push_messages(msgs)), [], pull[0]
+    end = time.monotonic() + 600
+    while ids and time.monotonic() < end:
+        got = list(grid.pull_messages(ids))
+        out += got
+        ids -= {m.metadata.reply_to_message_id for m in got}
+        if ids:
+            time.sleep(wait)
+            wait = min(wait * 1.5, pull[1])
+    return out
+
+
+def _round_trip(grid, nodes, mode, n, k, busy, pull=(0.0, 0.0)):
     msgs = [Message(_content(mode, n, k, busy), dst_node_id=nid, message_type="train") for nid in nodes]
     t_push = time.time()
-    replies = list(grid.send_and_receive(msgs, timeout=600))
+    replies = _send_and_receive(grid, msgs, pull)
     t_back = time.time()
     if len(replies) != len(nodes) or any(r.has_error() for r in replies):
         raise RuntimeError(f"{mode}: {len(replies)}/{len(nodes)} replies, "
@@ -55,6 +72,7 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     repeats, warmup, n = int(rc["repeats"]), int(rc["warmup"]), int(rc["n"])
     busy = float(rc["busy-s"])
+    pull = (float(rc.get("pull-first", 0.0)), float(rc.get("pull-max", 0.0)))
     modes = [m.strip() for m in str(rc["modes"]).split(",") if m.strip()]
     deadline = time.time() + 120          # the SuperNodes may register after the ServerApp starts
     while len(nodes := sorted(grid.get_node_ids())) < int(rc["num-nodes"]):
@@ -63,16 +81,16 @@ def main(grid: Grid, context: Context) -> None:
         time.sleep(0.1)
     for k in range(warmup):
         for mode in modes:
-            _round_trip(grid, nodes, mode, n, 10**6 + k, busy)
+            _round_trip(grid, nodes, mode, n, 10**6 + k, busy, pull)
     times = {m: [] for m in modes}
     for k in range(repeats):
         for mode in modes:
-            times[mode].append(_round_trip(grid, nodes, mode, n, k, busy))
+            times[mode].append(_round_trip(grid, nodes, mode, n, k, busy, pull))
     summary = {m: {part: {"mean": float(np.mean([t[part] for t in v])),
                           "median": float(np.median([t[part] for t in v]))}
                    for part in ("total", "delivery", "handling", "return")}
                for m, v in times.items()}
-    out = {"nodes": len(nodes), "n": n, "repeats": repeats, "warmup": warmup, "busy_s": busy,
+    out = {"nodes": len(nodes), "n": n, "pull": list(pull), "repeats": repeats, "warmup": warmup, "busy_s": busy,
            "bytes_to_each_node": {"tiny": 0, "payload": 16 * n, "payload-state": 16 * n, "payload-busy": 16 * n},
            "bytes_from_each_node": {"tiny": 0, "payload": 8 * n, "payload-state": 8 * n, "payload-busy": 8 * n},
            "summary_s": summary, "round_trips_s": times}

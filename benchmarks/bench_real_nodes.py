@@ -1,0 +1,219 @@
+"""Seconds per ADMM round on real Flower nodes vs Flower's own empty-app round trip, same deployment.
+
+One deployment (``flower_vfl.deploy.local.deploy_local``: a SuperLink and 2 SuperNodes on
+loopback, TLS with a generated CA, SuperNode keys registered and bound to parties, the warm
+executor, ``flower-vfl-supernode``) serves, one after the other, ``--pairs`` times:
+
+1. our job: a9a, paper split, 2 parties, ``--rounds`` ADMM rounds (``tol`` 0: every round);
+   s/round = median of the differences of ``elapsed_s`` in report.json over rounds 2..R (start-up,
+   identify and round 1 excluded);
+2. Flower's round trip with ``benchmarks/flower_noop`` on the same SuperLink and SuperNodes: one
+   message to each node and wait for both replies (``--repeats`` per mode; modes ``tiny`` and
+   ``payload``: our round's bytes), pulled by the schedule our central node uses
+   (``pull-first``/``pull-max`` = ``flower_vfl.strategies.exchange.PULL_FIRST_S``/``PULL_MAX_S``), and
+   with ``--flower-pull`` also by Flower's own ``grid.send_and_receive``.
+
+The split of our round comes from ``$FLOWER_VFL_TIMING`` (set here): the central node's exchange
+(``send_and_receive``) and each forked ClientApp (``warm_exec``) append wall-clock stamps; per round
+(median over rounds 2..R):
+
+- central compute: the ServerApp between two exchanges (z/y-update, objective, checks);
+- party compute: the ClientApp's handler (``ClientApp.__call__``), the slower party;
+- party process: the forked ClientApp before and after its handler (pull the message and the FAB
+  from its SuperNode, import the app from the FAB, push the reply and its context);
+- delivery: push -> the ClientApp forked (the SuperNode's pull poll, its pull of the message over
+  TLS, the SuperExec's task poll);
+- return: the ClientApp ended -> the central node has both replies (the SuperNode's reply poll,
+  its push over TLS, the central node's pull poll).
+
+Delivery and return are Flower transport plus polling waits; the empty app's round trip is the
+same two without our compute.
+
+    python -W ignore benchmarks/bench_real_nodes.py --data-dir ../shared/data/a9a --rounds 20 --pairs 2
+
+``PYTHONPATH=/work/ref python benchmarks/bench_real_nodes.py --app-dir /work/ref ...`` measures
+another tree (no split there if it lacks the timing stamps). Every process is started in its own
+session and stopped by its process group at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+NOOP_APP = Path(__file__).resolve().parent / "flower_noop"
+TIMING_ENV = "FLOWER_VFL_TIMING"
+
+
+def _med(v):
+    return float(statistics.median(v)) if v else float("nan")
+
+
+def _lines(path: Path, since: float) -> list[dict]:
+    if not path.exists():
+        return []
+    out = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [r for r in out if r.get("t_push", r.get("t_fork", 0)) >= since]
+
+
+def split_rounds(timing: list[dict], rounds: int) -> dict:
+    """Per-round split (medians over the training rounds 2..R) from the timing stamps of one job."""
+    server = sorted((r for r in timing if r["who"] == "server"), key=lambda r: r["t_push"])
+    party = [r for r in timing if r["who"] == "party"]
+    if not server or not party:
+        return {}
+    # the job's exchanges: identify ..., then one per round (train), then the evaluation(s); the
+    # training rounds are the run of `rounds` exchanges with 2 messages after the identify one(s)
+    ex = [r for r in server if r["messages"] == 2]
+    if len(ex) < rounds + 1:
+        return {}
+    train = ex[-(rounds + 1):-1] if len(ex) > rounds + 1 else ex[:rounds]
+    rows = []
+    for k in range(1, len(train)):           # round 1 excluded
+        e = train[k]
+        kids = [p for p in party if e["t_push"] <= p["t_fork"] <= e["t_done"] and "t_call0" in p]
+        if len(kids) != 2:
+            continue
+        last = max(kids, key=lambda p: p["t_exit"])
+        nxt = train[k + 1]["t_push"] if k + 1 < len(train) else None
+        rows.append({
+            "exchange": e["t_done"] - e["t_push"],
+            "central_compute": (nxt - e["t_done"]) if nxt else float("nan"),
+            "party_compute": max(p["t_call1"] - p["t_call0"] for p in kids),
+            "party_process": (last["t_call0"] - last["t_fork"]) + (last["t_exit"] - last["t_call1"]),
+            "delivery": last["t_fork"] - e["t_push"],
+            "return": e["t_done"] - last["t_exit"],
+            "server_pulls": e["pulls"],
+        })
+    if not rows:
+        return {}
+    keys = rows[0].keys()
+    return {k: _med([r[k] for r in rows if not np.isnan(r[k])]) for k in keys} | {"rounds_split": len(rows)}
+
+
+def run_job(procs, workdir: Path, env: dict, conn: str, app: Path, run_config: str, log: Path) -> dict:
+    from flower_vfl.deploy.local import exit_code, submit, wait_run
+
+    t0 = time.monotonic()
+    run_id = submit(app, conn, run_config, env)
+    rec = wait_run(run_id, conn, env, log, timeout=1800, poll=0.5)
+    return {"run_id": run_id, "exit_code": exit_code(rec), "wall_s": time.monotonic() - t0, "status": rec.get("status")}
+
+
+def _node_config_str(items: dict) -> str:
+    from flower_vfl.deploy.local import _node_config
+    return _node_config(items)
+
+
+def main(argv=None):
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "a9a"))
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--pairs", type=int, default=2, help="(our job, empty app) pairs on the one deployment")
+    ap.add_argument("--repeats", type=int, default=20, help="empty-app round trips per mode per job")
+    ap.add_argument("--idle-poll", type=float, default=0.5)
+    ap.add_argument("--flower-pull", action="store_true", help="also the empty app with Flower's send_and_receive")
+    ap.add_argument("--app-dir", default=str(ROOT), help="the flower-vfl tree whose app is submitted")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_real_nodes.json"))
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args(argv)
+
+    from flower_vfl.deploy.local import Processes, deploy_local, _flwr_json  # noqa: F401
+    try:
+        from flower_vfl.strategies.exchange import PULL_FIRST_S, PULL_MAX_S
+    except ImportError:
+        PULL_FIRST_S, PULL_MAX_S = 0.02, 0.25
+    data_dir = str(Path(args.data_dir).resolve())
+    work = Path(tempfile.mkdtemp(prefix="bench_real_nodes_"))
+    timing = work / "timing.jsonl"
+    os.environ[TIMING_ENV] = str(timing)
+    procs = Processes(work / "logs")
+    nodes = {m: {"state-dir": str(work / f"party{m}-state"), "data-dir": data_dir} for m in range(2)}
+    rc = {"dataset": "a9a", "num-parties": 2, "max-rounds": args.rounds, "tol": 0.0, "data-dir": data_dir}
+    ours, noop, loads = [], [], []
+    t_start = time.time()
+    try:
+        # the deployment, with our first job
+        t0 = time.time()
+        res = deploy_local(work, 2, {**rc, "out-dir": str(work / "ours_0")}, node_configs=nodes,
+                           app_dir=args.app_dir, tls=True, auth=True, processes=procs, timeout=1800,
+                           isolation="warm", idle_poll=args.idle_poll)
+        env = dict(os.environ, FLWR_HOME=str(work / "flwr_home"), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        party_keys = str(work / "party-keys.json")
+        jobs = [("ours", 0, {"exit_code": res["exit_code"], "wall_s": None, "t0": t0})]
+        for i in range(args.pairs):
+            if i:
+                t0 = time.time()
+                out = str(work / f"ours_{i}")
+                r = run_job(procs, work, env, "loopback", Path(args.app_dir),
+                            _node_config_str({**rc, "out-dir": out, "party-keys": party_keys}), work / f"ours_{i}.log")
+                jobs.append(("ours", i, {**r, "t0": t0}))
+            name, k, r = jobs[-1]
+            rep = json.loads((work / f"ours_{i}" / "report.json").read_text())
+            el = [x["elapsed_s"] for x in rep["rounds"]]
+            split = split_rounds(_lines(timing, r["t0"]), args.rounds)
+            ours.append({"s_per_round": _med(np.diff(el[1:]).tolist()) if len(el) > 2 else float("nan"),
+                         "rounds": len(el), "exit_code": r["exit_code"], "job_wall_s": r["wall_s"],
+                         "round1_end_s": el[0], "split_s": split})
+            loads.append(os.getloadavg()[0])
+            print(f"pair {i + 1} ours: {ours[-1]['s_per_round']:.3f} s/round over {len(el)} rounds "
+                  f"(exit {r['exit_code']}; load {loads[-1]:.1f}); split {json.dumps({k: round(v, 3) for k, v in split.items()})}",
+                  flush=True)
+            pulls = [("ours", PULL_FIRST_S, PULL_MAX_S)] + ([("flower", 0.0, 0.0)] if args.flower_pull else [])
+            for label, pf, pm in pulls:
+                f = work / f"noop_{i}_{label}.json"
+                r = run_job(procs, work, env, "loopback", NOOP_APP,
+                            _node_config_str({"modes": "tiny,payload,payload-state", "repeats": args.repeats,
+                                              "warmup": 2, "num-nodes": 2, "pull-first": pf, "pull-max": pm,
+                                              "out-file": str(f)}), work / f"noop_{i}_{label}.log")
+                if not f.exists():
+                    raise RuntimeError(f"the empty app wrote no results (exit {r['exit_code']}); see {work}/logs")
+                s = json.loads(f.read_text())
+                noop.append({"pair": i, "pull": label, "job_wall_s": r["wall_s"],
+                             "round_trip_s": {m: {"median": v["total"]["median"], "mean": v["total"]["mean"]}
+                                              for m, v in s["summary_s"].items()},
+                             "parts_median_s": {m: {p: v[p]["median"] for p in ("delivery", "handling", "return")}
+                                                for m, v in s["summary_s"].items()}})
+                loads.append(os.getloadavg()[0])
+                print(f"pair {i + 1} empty app ({label} pull): "
+                      + ", ".join(f"{m} {v['median']:.3f}" for m, v in noop[-1]["round_trip_s"].items())
+                      + f" s median (load {loads[-1]:.1f})", flush=True)
+    finally:
+        procs.stop_all()
+        if not args.keep:
+            import shutil
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept {work}")
+    ours_s = [o["s_per_round"] for o in ours]
+    mine = [n for n in noop if n["pull"] == "ours"]
+    ratios = {m: [o / n["round_trip_s"][m]["median"] for o, n in zip(ours_s, mine)] for m in mine[0]["round_trip_s"]}
+    result = {
+        "benchmark": "real nodes on loopback (TLS, registered keys, warm executor): s/round vs the empty app",
+        "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(), *(argv or sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": time.time() - t_start,
+        "config": {**rc, "idle_poll": args.idle_poll, "pull_first_s": PULL_FIRST_S, "pull_max_s": PULL_MAX_S,
+                   "app_dir": args.app_dir},
+        "ours": ours, "empty_app": noop, "ratio_ours_over_empty_app_median": ratios, "loadavg_1min": loads,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print("s/round:", [round(x, 3) for x in ours_s], "ratio to the empty app (same pull):",
+          {m: [round(x, 2) for x in v] for m, v in ratios.items()})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
