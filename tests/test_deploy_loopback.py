@@ -211,26 +211,23 @@ def test_superlink_and_server_app_killed_then_resumed(tmp_path):
     assert any_alive(lb.procs.started) == []
 
 
-def test_simulate_exits_non_zero_when_the_server_app_fails(tmp_path, monkeypatch):
+def test_simulate_exits_non_zero_when_the_server_app_fails(tmp_path, monkeypatch, capsys):
     """`flwr run --stream` would exit 0 here; `flower-vfl simulate` reads the run's status from
-    Flower: the ServerApp cannot find the a9a labels, the run is finished:failed, exit 1."""
-    from flower_vfl.cli import commands as cli
-    from flower_vfl.deploy.local import managed_superlink_pids
+    Flower: the ServerApp cannot find the a9a labels, the run is finished:failed, exit 1, and the
+    error the log shows is printed (not only Flower's status). The job's own SuperLink is
+    stopped (its registry record gone, no process of its group left)."""
+    from flower_vfl.cli import main
+    from flower_vfl.deploy import local
 
-    home = tmp_path / "flwr_home"
-    home.mkdir()
-    (home / "config.toml").write_text('[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
-    monkeypatch.setenv("FLWR_HOME", str(home))
-    monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", str(free_port()))
-    monkeypatch.setenv("FLWR_LOCAL_CONTROL_API_PORT", str(free_port()))
-    monkeypatch.chdir(ROOT)
-    procs = Processes(tmp_path / "logs")
-    try:
-        code = cli.main(["simulate", "--dataset", "a9a", "--data-dir", str(tmp_path / "nowhere"),
-                         "--max-rounds", "1"])
-    finally:
-        for pid in managed_superlink_pids(home):
-            procs.adopt(pid)
-        procs.stop_all()
+    monkeypatch.setenv("FLOWER_VFL_RUNTIME_DIR", str(tmp_path / "registry"))
+    started = []
+    real = local.record_superlink
+    monkeypatch.setattr(local, "record_superlink", lambda proc, *a, **k: started.append(proc.pid) or real(proc, *a, **k))
+    code = main(["simulate", "--dataset", "a9a", "--data-dir", str(tmp_path / "nowhere"), "--max-rounds", "1"])
+    err = capsys.readouterr().err
     assert code == 1
-    assert managed_superlink_pids(home) == []
+    assert "flower-vfl: error: run " in err and " finished:failed\n" in err
+    assert (f"  error: FileNotFoundError: a9a data file not found: {tmp_path / 'nowhere' / 'a9a'}. Set the node-config "
+            "/ run-config key data-dir to the folder holding a9a and a9a.t\n") in err
+    assert len(started) == 1 and any_alive(started) == []
+    assert local.recorded_superlinks() == []

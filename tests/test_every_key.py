@@ -213,6 +213,19 @@ def test_fit_on_files_honours_dp_test_files_and_every_model_flag(tmp_path, bc_fi
 
 
 # ------------------------------------------------------------------ Flower commands: what is passed on
+class _NoSuperLink:
+    """simulate's own SuperLink (flower_vfl.deploy.local.simulation_superlink), not started."""
+
+    def __init__(self, workdir, env_extra=None, command="simulate"):
+        self.env, self.connection = dict(__import__("os").environ, **(env_extra or {})), None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
 class Recorder:
     """Flower replaced: what simulate/predict/deploy-local hand it."""
 
@@ -234,6 +247,7 @@ class Recorder:
         monkeypatch.setattr("flower_vfl.deploy.local.submit", submit)
         monkeypatch.setattr("flower_vfl.deploy.local.wait_run", lambda *a, **k: {"status": "finished:completed"})
         monkeypatch.setattr("flower_vfl.deploy.local.deploy_local", deploy_local)
+        monkeypatch.setattr("flower_vfl.deploy.local.simulation_superlink", _NoSuperLink)   # no real SuperLink
 
     def run(self, *argv):
         assert cli.main(list(argv)) == 0

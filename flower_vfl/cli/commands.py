@@ -267,6 +267,10 @@ def print_privacy_summary(reports):
         print("    ε spent: " + ", ".join(f"{k}={v:.4g}" for k, v in tot.items()))
 
 
+#: tries of a simulate job whose Ray node did not start (flower_vfl.deploy.local.ray_did_not_start)
+SIMULATE_ATTEMPTS = 3
+
+
 def cmd_simulate(args):
     rc = _run_config(args)
     if rc.get("mode") == "predict" and not getattr(args, "party", None):
@@ -281,31 +285,50 @@ def cmd_simulate(args):
     items = []
     for k, v in rc.items():
         items.append(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}")
-    env = dict(os.environ, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    # The simulated parties' own settings, as their node configs (flower_vfl.apps.client reads the
-    # file at every message). One stable path, rewritten every time: a local SuperLink started
-    # by an earlier run keeps that run's environment, so a fresh temporary path would go stale.
+    # Flower's simulation engine on a SuperLink of this job's own (flower_vfl.deploy.local.simulation_superlink:
+    # a free port, its own FLWR_HOME, no runtime dependency installation, stopped when the job ends), in a
+    # private folder of this job: the simulated parties' node configs (flower_vfl.apps.client reads the file
+    # named by FLOWER_VFL_NODE_CONFIG at every message), the SuperLink's and the run's logs. Flower's shared
+    # local SuperLink would keep the environment of the run that started it, on fixed ports.
+    import shutil
+    import tempfile
     from pathlib import Path
-    path = Path(os.environ.get("FLOWER_VFL_NODE_CONFIG") or Path.home() / ".flower-vfl" / "simulate-node-config.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
+
+    from flower_vfl.cli.app import app_dir
+    from flower_vfl.deploy import local
+    workdir = Path(tempfile.mkdtemp(prefix="flower-vfl-simulate-"))
+    path = workdir / "node-config.json"
     own = any(len(cfg) > 1 for cfg in nodes.values())       # folders, privacy settings or own-data files
     path.write_text(json.dumps({str(m): cfg for m, cfg in nodes.items()} if own else {}))
-    env["FLOWER_VFL_NODE_CONFIG"] = str(path)
     if own:
         print(f"the simulated parties' node configs: {path} (FLOWER_VFL_NODE_CONFIG)")
-    # `flwr run --stream` exits 0 even when the ServerApp failed: submit, stream the log, then
-    # read the run's status from Flower (flower_vfl.deploy.local) and exit non-zero unless it completed.
+    # `flwr run --stream` exits 0 even when the ServerApp failed: submit, stream the log, then read the
+    # run's status from Flower and exit non-zero unless it completed, naming the error the log shows.
     # The Flower app is the one shipped in the package (flower_vfl.cli.app): any working folder
-    from flower_vfl.cli.app import app_dir
-    from flower_vfl.deploy.local import exit_code, submit, wait_run
     run_config = " ".join(items).replace('"', "'")
     app = app_dir()
     print(f"flwr run {app} --federation-config num-supernodes={num_parties} --run-config \"{run_config}\"")
-    run_id = submit(app, None, run_config, env, federation_config=f"num-supernodes={num_parties}")
-    record = wait_run(run_id, None, env)
+    for attempt in range(1, SIMULATE_ATTEMPTS + 1):
+        with local.simulation_superlink(workdir, {"FLOWER_VFL_NODE_CONFIG": str(path)}) as link:
+            run_id = local.submit(app, link.connection, run_config, link.env,
+                                  federation_config=f"num-supernodes={num_parties}")
+            record = local.wait_run(run_id, link.connection, link.env, workdir / "logs" / "run.log", echo=sys.stdout)
+        record.setdefault("run-id", run_id)
+        if not (local.exit_code(record) and local.ray_did_not_start(record)) or attempt == SIMULATE_ATTEMPTS:
+            break
+        # Ray (Flower's simulation engine) gives its node a fixed 30 s to start; on a loaded machine it may
+        # not, before any ClientApp ran (so no party released anything): start the job again
+        print(f"run {run_id}: Ray's node did not start within its 30 s (load {os.getloadavg()[0]:.1f}); "
+              f"starting the job again (attempt {attempt + 1} of {SIMULATE_ATTEMPTS})", file=sys.stderr)
+    code = local.exit_code(record)
     print(f"run {run_id}: {record.get('status')}"
           + (f" ({record['status-details']})" if record.get("status-details", "N/A") != "N/A" else ""))
-    return exit_code(record)
+    if code:
+        print("flower-vfl: error: " + local.failure_message(record) + f"\n  (this job's folder, kept: {workdir})",
+              file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return code
 
 
 def cmd_deploy_local(args):
@@ -325,6 +348,51 @@ def cmd_deploy_local(args):
           + (f" ({rec['status-details']})" if rec.get("status-details", "N/A") != "N/A" else ""))
     print(f"report: {res['out_dir']}/report.json; logs: {res['logs']}")
     return res["exit_code"]
+
+
+def cmd_superlink(args):
+    """``flower-vfl superlink list|stop``: the SuperLinks this package started (``simulate``,
+    ``deploy-local``), from the per-user registry (flower_vfl.deploy.local.superlink_registry);
+    ``stop`` signals a recorded process group only, never a process found by its name."""
+    from flower_vfl.deploy import local
+    running = local.recorded_superlinks()
+    if args.action == "list":
+        if not running:
+            print(f"no SuperLink started by flower-vfl is running (registry: {local.superlink_registry()})")
+        for r in running:
+            print(f"pid {r['pid']}  port {r['port']}  {r['command']}  since {r['started_at']}  FLWR_HOME {r['flwr_home']}"
+                  f"  log {r['log']}")
+        shared = _shared_local_superlink()
+        if shared:
+            print(f"also: Flower's shared local SuperLink answers on {shared} (started by a `flwr run` with a "
+                  "':local:' connection, not by flower-vfl, which has no record of its PID and does not stop it; "
+                  "it keeps the settings of the run that started it)")
+        return 0
+    if not args.pid and not args.all:
+        raise ConfigError("flower-vfl superlink stop needs the PID `flower-vfl superlink list` shows, or --all")
+    targets = running if args.all else [r for r in running if int(r["pid"]) in args.pid]
+    missing = [] if args.all else sorted(set(args.pid) - {int(r["pid"]) for r in running})
+    if missing:
+        raise ConfigError(f"no running SuperLink started by flower-vfl has pid {', '.join(map(str, missing))} "
+                          f"(`flower-vfl superlink list` shows them; registry {local.superlink_registry()})")
+    for r in targets:
+        local.stop_recorded_superlink(int(r["pid"]))
+        print(f"stopped SuperLink pid {r['pid']} (port {r['port']}, {r['command']})")
+    if not targets:
+        print("no SuperLink started by flower-vfl is running")
+    return 0
+
+
+def _shared_local_superlink() -> str:
+    """The address of Flower's shared local SuperLink when one answers (FLWR_LOCAL_SUPERLINK_HTTP_API_PORT,
+    default 39091), else ''."""
+    import urllib.request
+    addr = f"127.0.0.1:{os.environ.get('FLWR_LOCAL_SUPERLINK_HTTP_API_PORT', '39091')}"
+    try:
+        with urllib.request.urlopen(f"http://{addr}/health", timeout=1) as res:
+            return addr if res.status == 200 else ""
+    except OSError:
+        return ""
 
 
 def cmd_epsilon(args):
@@ -390,6 +458,11 @@ def main(argv=None):
                         "0 = Flower's flower-supernode as shipped, which sleeps 3 s)")
     p.set_defaults(fn=cmd_deploy_local)
     __import__("flower_vfl.cli.ledger", fromlist=["add_parser"]).add_parser(sub)   # flower_vfl/cli/ledger.py
+    p = sub.add_parser("superlink", help="list or stop the SuperLinks flower-vfl started (simulate, deploy-local)")
+    p.add_argument("action", choices=["list", "stop"])
+    p.add_argument("pid", nargs="*", type=int, help="stop: the PIDs `flower-vfl superlink list` shows")
+    p.add_argument("--all", action="store_true", help="stop: every SuperLink flower-vfl started that still runs")
+    p.set_defaults(fn=cmd_superlink)
     p = sub.add_parser("epsilon", help="ε of T Gaussian releases by every accountant")
     p.add_argument("--noise-multiplier", type=float, required=True)
     p.add_argument("--rounds", type=int, required=True)

@@ -5,7 +5,22 @@ ServerApp failed), collect the report, and stop every process started here by it
 
     flower-vfl deploy-local --num-parties 2 --dataset a9a --max-rounds 3 --out-dir runs/deploy
 
-Used by ``flower-vfl simulate`` (the run's status) and by the loopback tests.
+``flower-vfl simulate`` runs Flower's simulation engine on a SuperLink of its own
+(:func:`simulation_superlink`: a free port, its own FLWR_HOME, runtime dependency installation
+off), never on the shared local SuperLink ``flwr run`` starts on fixed ports. Every SuperLink
+started here is recorded in a per-user registry (:func:`superlink_registry`) while it runs, so
+``flower-vfl superlink list`` / ``stop`` find it by its recorded PID and process group.
+
+Why not Flower's own local SuperLink (Flower 1.41/1.42, ``flwr/simulation/app.py``): it
+installs the app's dependencies for each run (``uv sync`` into
+``$FLWR_HOME/runtime-envs/<run>``, ~100 packages, ~600 MB for this app) and registers the
+deletion of that folder as an exit handler *after* the handler that reports the run's status.
+Exit handlers run last-registered-first under a 5 s force-exit timer
+(``FORCE_EXIT_TIMEOUT_SECONDS``), so the status is pushed only after the folder is deleted;
+under load the deletion takes longer (10 s measured at load 17), the process is killed first,
+the SuperLink never hears the run's end and marks it ``finished:failed`` "No heartbeat
+received from the task" 60 s after the last heartbeat (``HEARTBEAT_PATIENCE`` x 30 s),
+whether the run completed or failed with a real error.
 """
 
 from __future__ import annotations
@@ -22,7 +37,8 @@ import time
 from pathlib import Path
 
 __all__ = ["Processes", "any_alive", "free_port", "make_pki", "write_connection", "submit", "run_status", "wait_run",
-           "exit_code", "managed_superlink_pids", "deploy_local"]
+           "exit_code", "run_error", "failure_message", "ray_did_not_start", "managed_superlink_pids", "simulation_superlink",
+           "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local"]
 
 FINISHED = "finished:"
 #: seconds between the SuperExec's task polls on the loopback SuperNodes (Flower's default: 1.0)
@@ -133,6 +149,131 @@ def managed_superlink_pids(flwr_home) -> list[int]:
     return pids
 
 
+def superlink_registry() -> Path:
+    """The per-user folder where every SuperLink this package starts is recorded while it runs
+    (``$FLOWER_VFL_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/flower-vfl``, else
+    ``~/.cache/flower-vfl/superlinks``)."""
+    env = os.environ.get("FLOWER_VFL_RUNTIME_DIR")
+    if env:
+        base = Path(env)
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        base = Path(os.environ["XDG_RUNTIME_DIR"]) / "flower-vfl"
+    else:
+        base = Path.home() / ".cache" / "flower-vfl" / "superlinks"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def _proc_start(pid) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22): with
+    the PID it names one process, never a later one that reuses the PID."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def record_superlink(proc, port, flwr_home, command, log=None) -> Path:
+    """Record a SuperLink started here (its PID = its process group, its port, FLWR_HOME, the
+    command that started it) in :func:`superlink_registry`; returns the record's path."""
+    rec = {"pid": proc.pid, "pgid": proc.pid, "start": _proc_start(proc.pid), "port": int(port),
+           "flwr_home": str(flwr_home), "command": command, "log": str(log) if log else None,
+           "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
+           "owner_pid": os.getpid()}
+    path = superlink_registry() / f"superlink-{proc.pid}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec))
+    os.replace(tmp, path)
+    return path
+
+
+def recorded_superlinks(prune: bool = True) -> list[dict]:
+    """The SuperLinks recorded in :func:`superlink_registry` that still run (same PID and the
+    same start time); records of stopped ones are removed (``prune``)."""
+    out = []
+    for path in sorted(superlink_registry().glob("superlink-*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if rec.get("start") and _proc_start(rec["pid"]) == rec["start"] and _alive(rec["pid"]):
+            out.append(dict(rec, record=str(path)))
+        elif prune:
+            path.unlink(missing_ok=True)
+    return out
+
+
+def stop_recorded_superlink(pid: int, timeout: float = 20.0) -> dict:
+    """Stop one recorded SuperLink by its recorded process group (SIGTERM, then SIGKILL); only
+    a PID the registry holds, with its recorded start time. Returns its record; raises
+    ``LookupError`` when no running SuperLink is recorded under ``pid``."""
+    for rec in recorded_superlinks():
+        if int(rec["pid"]) == int(pid):
+            _stop_group(int(rec["pgid"]), signal.SIGTERM, timeout)
+            Path(rec["record"]).unlink(missing_ok=True)
+            return rec
+    raise LookupError(pid)
+
+
+def _wait_http_health(port, proc, log, timeout=60.0):
+    """Until the SuperLink answers ``GET /health`` on ``port`` (what ``flwr`` itself probes)."""
+    import urllib.request
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as res:
+                if res.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"flower-superlink did not answer on port {port} within {timeout:g} s; see {log}")
+
+
+class simulation_superlink:
+    """A SuperLink of its own for one ``flower-vfl simulate`` job, as a context manager.
+
+    ``flwr run`` on a ``:local:`` connection shares one detached SuperLink per machine on fixed
+    ports (39091/39093), started with the environment and settings of whichever run came first,
+    and (unless that run set ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``) installs the
+    app's dependencies for each run, which loses the run's status under load (module doc).
+    Here: ``flower-superlink --simulation`` on a free loopback port, its own FLWR_HOME under
+    ``workdir``, runtime dependency installation off by flag, the environment this job sets
+    (``env_extra``), recorded in :func:`superlink_registry`, and stopped by its process group
+    when the block ends. ``self.connection`` and ``self.env`` are for ``flwr``."""
+
+    def __init__(self, workdir, env_extra=None, command="simulate"):
+        self.workdir = Path(workdir)
+        self.env_extra, self.command = dict(env_extra or {}), command
+        self.procs = Processes(self.workdir / "logs")
+        self.record = None
+
+    def __enter__(self):
+        home = self.workdir / "flwr_home"
+        self.port = free_port()
+        self.env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+                        **self.env_extra)
+        self.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), self.env.get("PATH", "")])
+        self.connection = write_connection(home, "flower-vfl-simulation", f"127.0.0.1:{self.port}")
+        cmd = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess", "--host", "127.0.0.1",
+               "--port", self.port, "--disable-runtime-dependency-installation"]
+        try:
+            proc = self.procs.start("superlink", cmd, self.env, self.workdir)
+            self.record = record_superlink(proc, self.port, home, self.command, self.procs.log_dir / "superlink.log")
+            _wait_http_health(self.port, proc, self.procs.log_dir / "superlink.log")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.procs.stop_all()
+        if self.record is not None:
+            Path(self.record).unlink(missing_ok=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -231,13 +372,42 @@ def run_status(run_id, connection, env) -> dict:
     return runs[0]
 
 
-def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0) -> dict:
-    """Stream the run's log (to ``log_path`` or stdout) until Flower says it finished; returns
-    the final record. ``exit_code(record)`` is the honest status."""
-    out = open(log_path, "ab") if log_path else None
+_ANSI = __import__("re").compile(r"\x1b\[[0-9;]*m")
+
+
+def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0, echo=None, on_line=None) -> dict:
+    """Stream the run's log until Flower says it finished; returns the final record, with the
+    log's lines (ANSI colours removed) under ``"log_lines"`` and its file under ``"log_path"``.
+    ``exit_code(record)`` is the honest status; :func:`failure_message` the real error.
+
+    Each line goes to ``log_path`` (appended) and to ``echo`` (a text stream; default: stdout
+    when there is no ``log_path``), and ``on_line(line)`` is called with it (progress)."""
+    import threading
+    if echo is None and log_path is None:
+        echo = sys.stdout
+    out = open(log_path, "a", encoding="utf-8", errors="replace") if log_path else None
+    lines: list[str] = []
     streamer = subprocess.Popen(["flwr", "log", str(run_id), *([connection] if connection else []), "--stream"],
-                                env=env,
-                                stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                text=True, errors="replace")
+
+    def pump():
+        for raw in streamer.stdout:
+            line = _ANSI.sub("", raw.rstrip("\n"))
+            lines.append(line)
+            if out:
+                out.write(line + "\n")
+                out.flush()
+            if echo is not None:
+                echo.write(raw if raw.endswith("\n") else raw + "\n")
+                echo.flush()
+            if on_line is not None:
+                try:
+                    on_line(line)
+                except Exception:       # a progress display never stops the run's bookkeeping
+                    pass
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -253,8 +423,77 @@ def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0) -
     finally:
         if streamer.poll() is None:
             _stop_group(streamer.pid, signal.SIGTERM, 5.0, streamer)
+        reader.join(timeout=5)
         if out:
             out.close()
+        if "rec" in locals():
+            rec["log_lines"] = lines
+            rec["log_path"] = str(log_path) if log_path else None
+
+
+#: a traceback's closing line, ``Name: message`` (``flwr log`` prints them unindented)
+_EXC_LINE = __import__("re").compile(r"^([A-Za-z_][\w.]*): (\S.*)$")
+#: a one-line error of flower_vfl.errors on a Flower log line (apps' CleanUserErrors filter)
+_RAISED = __import__("re").compile(r"raised an exception: (\S.*)$")
+
+
+def run_error(lines) -> list[str]:
+    """The errors a run's log names, in order, without repeats: the closing line of each
+    traceback (``RuntimeError: ...``; the first is usually the root cause, since Python prints
+    a chain cause-first) and the one-line ``... raised an exception: <Type>: <message>``
+    records. Empty when the log names none."""
+    found, prev = [], ""
+    for line in lines:
+        text = line.rstrip()
+        m = _RAISED.search(text)
+        if m and ":" in m.group(1):
+            found.append(m.group(1))
+        elif _EXC_LINE.match(text) and (prev.startswith("    ") or prev.startswith("  File ")) \
+                and not text.startswith(("Traceback", "During handling")):
+            found.append(text)
+        if text.strip():
+            prev = text
+    return list(dict.fromkeys(found))
+
+
+NO_HEARTBEAT = "No heartbeat received from the task"
+#: Ray's error when its node does not register within its fixed 30 s (``ray/_private/node.py``)
+RAY_NODE_TIMEOUT = "The current node timed out during startup"
+
+
+def ray_did_not_start(record: dict) -> bool:
+    """Whether the run failed because Ray's node did not start (a loaded machine), before any
+    ClientApp ran: no round took place, nothing was released, the job may be run again."""
+    lines = record.get("log_lines", [])
+    return any(RAY_NODE_TIMEOUT in e for e in run_error(lines)) and not any(
+        "round 1:" in ln or " -> node " in ln for ln in lines)
+
+
+def failure_message(record: dict, lines=None) -> str:
+    """What went wrong with a run that did not complete: the error its log names (the root
+    cause first, then the last one when they differ), Flower's status and details, and what a
+    lost heartbeat means; the log file when there is one."""
+    lines = record.get("log_lines", []) if lines is None else lines
+    errors = run_error(lines)
+    status, details = record.get("status"), record.get("status-details", "N/A")
+    parts = [f"run {record.get('run-id', '?')} {status}"]
+    if errors:
+        parts.append(f"error: {errors[0]}")
+        if len(errors) > 1 and errors[-1] != errors[0]:
+            parts.append(f"then: {errors[-1]}")
+    if details and details != "N/A":
+        parts.append(f"Flower's status details: {details}")
+    if details and NO_HEARTBEAT in str(details):
+        parts.append("(the process running the ServerApp ended, or was killed, without reporting to the "
+                     "SuperLink; Flower marks such a run failed 60 s after its last heartbeat. "
+                     + ("The error above is what its log shows" if errors else "Its log names no error")
+                     + ")")
+    elif not errors and lines:
+        tail = [ln for ln in lines if ln.strip()][-5:]
+        parts.append("the log's last lines:\n    " + "\n    ".join(tail))
+    if record.get("log_path"):
+        parts.append(f"full log: {record['log_path']}")
+    return "\n  ".join(parts)
 
 
 def exit_code(record: dict) -> int:
@@ -307,6 +546,7 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
     pki = make_pki(workdir / "pki", num_parties) if (tls or auth) else None
     conn = write_connection(home, "loopback", f"127.0.0.1:{link}", pki["ca"] if tls else None)
     procs = processes or Processes(logs)
+    record = None                            # the SuperLink's registry record, once started
     run_config = dict(run_config)
     if not run_config.get("out-dir"):           # '' (the CLI's default) too
         run_config["out-dir"] = str(workdir / "out")
@@ -316,7 +556,8 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
             if tls else ["--insecure"]
         if auth:
             cmd.append("--enable-supernode-auth")
-        procs.start("superlink", cmd, env, workdir)
+        record = record_superlink(procs.start("superlink", cmd, env, workdir), link, home, "deploy-local",
+                                  logs / "superlink.log")
         _wait_port(link, procs.procs["superlink"], logs / "superlink.log")
         if auth:
             for m in range(num_parties):
@@ -350,6 +591,8 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
     finally:
         if processes is None:
             procs.stop_all()
+            if record is not None:
+                record.unlink(missing_ok=True)
 
 
 def _wait_port(port, proc, log, timeout=60.0):
