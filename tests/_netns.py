@@ -155,10 +155,13 @@ class Hosts:
         self.central = f"fvl{self.suffix}-c"
         self.parties = [f"fvl{self.suffix}-p{m}" for m in range(num_parties)]
         self.kind, self.rate = kind, rate
+        self.link = {"delay_ms": float(delay_ms), "loss": float(loss), "rate": rate}
         self.made: list[str] = []
         self.relay: subprocess.Popen | None = None
         self.relay_log: Path | None = None
         self.relay_stats: dict = {}     # after close: packets forwarded and dropped by the relay
+        #                                 under the last link setting
+        self.periods: list[dict] = []    # one per link setting: the setting + the relay's counts
         # device names (<= 15 chars): central end / party end of party m's link
         self.dev_c = [f"v{self.suffix}c{m}" for m in range(num_parties)]
         self.dev_p = [f"v{self.suffix}p{m}" for m in range(num_parties)]
@@ -183,9 +186,46 @@ class Hosts:
     def _address(self, ns, dev, local, peer):
         _ip("-n", ns, "addr", "add", f"{local}/32", "peer", f"{peer}/32", "dev", dev)
         _ip("-n", ns, "link", "set", dev, "up")
-        if self.rate:
-            subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
+        self._tbf(ns, dev, self.rate)
+
+    @staticmethod
+    def _tbf(ns, dev, rate):
+        if rate:
+            subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
                             "burst", "32kb", "latency", "400ms"], check=True, capture_output=True, text=True)
+        else:                          # back to the default qdisc (none to delete is fine)
+            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True, text=True)
+
+    def set_link(self, delay_ms=None, loss=None, rate=...) -> dict:
+        """Change every link at run time (the processes and their connections stay): the relay's
+        delay each way and loss probability (``wan`` only), the tbf rate on every device
+        (``None``: unlimited; ``...``: unchanged). Returns the finished period: the previous
+        setting and what the relay forwarded and dropped under it (``{}`` counts for veth)."""
+        if self.kind != "wan" and (delay_ms or loss):
+            raise ValueError("delay and loss need kind='wan' (the relay); veth links take only a rate")
+        new = dict(self.link)
+        if delay_ms is not None:
+            new["delay_ms"] = float(delay_ms)
+        if loss is not None:
+            new["loss"] = float(loss)
+        if rate is not ...:
+            new["rate"] = rate
+            for m, ns in enumerate(self.parties):
+                self._tbf(self.central, self.dev_c[m], rate)
+                self._tbf(ns, self.dev_p[m], rate)
+        stats = {}
+        if self.relay is not None:
+            self.relay.stdin.write(json.dumps({"delay_ms": new["delay_ms"], "loss": new["loss"]}).encode() + b"\n")
+            self.relay.stdin.flush()
+            line = self.relay.stdout.readline()
+            try:
+                stats = json.loads(line)
+            except ValueError:
+                raise RuntimeError(f"the WAN relay did not take the new setting: {line!r}; see {self.relay_log}")
+        period = dict(self.link, **stats)
+        self.periods.append(period)
+        self.link, self.rate = new, new["rate"]
+        return period
 
     def _start_relay(self, delay_ms, loss, log_dir, seed):
         pairs = [f"{self.central}:{self.dev_c[m]}:{ns}:{self.dev_p[m]}" for m, ns in enumerate(self.parties)]
@@ -193,7 +233,8 @@ class Hosts:
         log = open(self.relay_log, "ab")
         self.relay = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--delay-ms", str(delay_ms),
                                        "--loss", str(loss), "--seed", str(seed if seed is not None else -1), *pairs],
-                                      stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                      start_new_session=True)
         log.close()
         line = self.relay.stdout.readline()
         if line.strip() != b"ready":
@@ -227,9 +268,11 @@ class Hosts:
                 os.killpg(self.relay.pid, signal.SIGKILL)
                 self.relay.wait()
             self.relay.stdout.close()
+            self.relay.stdin.close()
             self.relay = None
             lines = [x for x in self.relay_log.read_text().splitlines() if x.startswith("{")]
             self.relay_stats = json.loads(lines[-1]) if lines else {}
+            self.periods.append(dict(self.link, **self.relay_stats))
         for ns in reversed(self.made):     # only the namespaces made here
             _ip("netns", "del", ns, check=False)
         self.made = []
@@ -260,60 +303,84 @@ def operator_env(folder: Path, ns: str, env: dict) -> dict:
     return dict(env, PATH=os.pathsep.join([str(bin_dir), env.get("PATH", "")]))
 
 
-def deploy_hosts(workdir, hosts: Hosts, run_config: dict, data_dir, timeout=1800.0, idle_s=0.0,
-                 on_round=None) -> dict:
+class Deployment:
     """SuperLink (TLS, node authentication) in ``hosts.central``, one SuperNode (+ warm
-    executor) per party in its own namespace with its own Flower home, state-dir and key; one
-    run submitted by the operator on the central host. Returns the run record, out dir, the
-    link counters at every round (``counters``: ``[(round, monotonic_s, counters)]``), the
-    fingerprints, the logs folder and the process groups started."""
-    import threading
-    from flower_vfl.deploy.local import Processes, _flwr_json, _node_config, submit, wait_run, write_connection
+    executor) per party in its own namespace with its own Flower home, state-dir and key, all
+    started once; :meth:`run` submits one run from the operator on the central host (any number
+    of runs, e.g. before and after :meth:`Hosts.set_link`). A context manager: leaving it stops
+    every process started here (by process group)."""
 
-    workdir = Path(workdir).resolve()
-    central = workdir / "central"
-    parties = [workdir / f"party{m}" for m in range(len(hosts.parties))]
-    logs = workdir / "logs"
-    pki = issue_pki(central, parties)
-    base = dict(os.environ, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-                FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.2")
-    base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
-    c_env = dict(base, FLWR_HOME=str(central / "flwr_home"))
-    conn = write_connection(central / "flwr_home", "central", f"{LINK_IP}:{PORT}", pki["ca"])
-    op_env = operator_env(central, hosts.central, c_env)
-    run_config = dict(run_config, **{"out-dir": str(central / "out"), "data-dir": str(data_dir)})
-    procs = Processes(logs)
-    snaps = []
-    try:
-        procs.start("superlink", hosts.exec_cmd(hosts.central, [
-            "flower-superlink", "--host", LINK_IP, "--port", PORT, "--disable-runtime-dependency-installation",
-            "--ssl-ca-certfile", pki["ca"], "--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"],
-            "--enable-supernode-auth", "--database", central / "superlink.db"]), c_env, central)
-        _wait_listen(hosts, procs.procs["superlink"], logs / "superlink.log")
-        for m in range(len(parties)):
-            res = _flwr_json(["supernode", "register", str(pki["nodes"][m]["registered"]), conn], op_env)
-            if not res.get("success", True):
-                raise RuntimeError(f"flwr supernode register failed for party {m}: {res}")
-        keys = central / "party-keys.json"
-        keys.write_text(json.dumps({str(m): n["fingerprint"] for m, n in enumerate(pki["nodes"])}))
-        run_config["party-keys"] = str(keys)
-        for m, (ns, folder) in enumerate(zip(hosts.parties, parties)):
-            p_env = dict(base, FLWR_HOME=str(folder / "flwr_home"), FLOWER_VFL_STATE_DIR=str(folder / "state"))
-            nc = {"partition-id": m, "data-dir": str(data_dir), "state-dir": str(folder / "state")}
-            procs.start(f"node{m}", hosts.exec_cmd(ns, [
-                sys.executable, "-m", "flower_vfl.deploy.supernode", "--idle-poll", "0.5",
-                "--superlink", f"{LINK_IP}:{PORT}", "--root-certificates", pki["nodes"][m]["ca"],
-                "--auth-supernode-private-key", pki["nodes"][m]["private"], "--isolation", "process",
-                "--port", CLIENTAPPIO_PORT, "--node-config", _node_config(nc)]), p_env, folder)
-            procs.start(f"exec{m}", hosts.exec_cmd(ns, [
-                sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--insecure",
-                "--runtime-api-address", f"127.0.0.1:{CLIENTAPPIO_PORT}"]), p_env, folder)
-        _wait_nodes(logs, len(parties), procs)
+    def __init__(self, workdir, hosts: Hosts, data_dir):
+        from flower_vfl.deploy.local import Processes, _flwr_json, _node_config, write_connection
+
+        self.hosts, self.data_dir = hosts, str(data_dir)
+        self.workdir = workdir = Path(workdir).resolve()
+        self.central = central = workdir / "central"
+        parties = [workdir / f"party{m}" for m in range(len(hosts.parties))]
+        self.logs = logs = workdir / "logs"
+        pki = issue_pki(central, parties)
+        self.fingerprints = [n["fingerprint"] for n in pki["nodes"]]
+        base = dict(os.environ, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+                    FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.2")
+        base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
+        c_env = dict(base, FLWR_HOME=str(central / "flwr_home"))
+        self.conn = write_connection(central / "flwr_home", "central", f"{LINK_IP}:{PORT}", pki["ca"])
+        self.op_env = operator_env(central, hosts.central, c_env)
+        self.procs = procs = Processes(logs)
+        self.runs = 0
+        try:
+            procs.start("superlink", hosts.exec_cmd(hosts.central, [
+                "flower-superlink", "--host", LINK_IP, "--port", PORT, "--disable-runtime-dependency-installation",
+                "--ssl-ca-certfile", pki["ca"], "--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"],
+                "--enable-supernode-auth", "--database", central / "superlink.db"]), c_env, central)
+            _wait_listen(hosts, procs.procs["superlink"], logs / "superlink.log")
+            for m in range(len(parties)):
+                res = _flwr_json(["supernode", "register", str(pki["nodes"][m]["registered"]), self.conn],
+                                 self.op_env)
+                if not res.get("success", True):
+                    raise RuntimeError(f"flwr supernode register failed for party {m}: {res}")
+            self.keys = central / "party-keys.json"
+            self.keys.write_text(json.dumps({str(m): f for m, f in enumerate(self.fingerprints)}))
+            for m, (ns, folder) in enumerate(zip(hosts.parties, parties)):
+                p_env = dict(base, FLWR_HOME=str(folder / "flwr_home"), FLOWER_VFL_STATE_DIR=str(folder / "state"))
+                nc = {"partition-id": m, "data-dir": self.data_dir, "state-dir": str(folder / "state")}
+                procs.start(f"node{m}", hosts.exec_cmd(ns, [
+                    sys.executable, "-m", "flower_vfl.deploy.supernode", "--idle-poll", "0.5",
+                    "--superlink", f"{LINK_IP}:{PORT}", "--root-certificates", pki["nodes"][m]["ca"],
+                    "--auth-supernode-private-key", pki["nodes"][m]["private"], "--isolation", "process",
+                    "--port", CLIENTAPPIO_PORT, "--node-config", _node_config(nc)]), p_env, folder)
+                procs.start(f"exec{m}", hosts.exec_cmd(ns, [
+                    sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--insecure",
+                    "--runtime-api-address", f"127.0.0.1:{CLIENTAPPIO_PORT}"]), p_env, folder)
+            _wait_nodes(logs, len(parties), procs)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def started(self) -> list[int]:
+        return list(self.procs.started)
+
+    def run(self, run_config: dict, name=None, timeout=1800.0, idle_s=0.0, on_round=None) -> dict:
+        """One run (out-dir ``central/out-<name>``). Returns the run record, out dir, the link
+        counters at every round (``snapshots``: ``[(round, monotonic_s, counters)]``, round 0 at
+        submission, -1 before ``idle_s`` seconds of idle SuperNodes, ``"end"`` after) and the
+        wall seconds from submission to the finished record."""
+        import threading
+        from flower_vfl.deploy.local import _node_config, submit, wait_run
+
+        self.runs += 1
+        name = name or f"run{self.runs}"
+        out_dir = self.central / f"out-{name}"
+        run_config = dict(run_config, **{"out-dir": str(out_dir), "data-dir": self.data_dir,
+                                         "party-keys": str(self.keys)})
+        snaps = []
+        hosts = self.hosts
         if idle_s:
             snaps.append((-1, time.monotonic(), hosts.counters()))
             time.sleep(idle_s)
         snaps.append((0, time.monotonic(), hosts.counters()))
-        report = central / "out" / "report.json"
+        report = out_dir / "report.json"
         stop = threading.Event()
 
         def watch():
@@ -332,17 +399,51 @@ def deploy_hosts(workdir, hosts: Hosts, run_config: dict, data_dir, timeout=1800
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
+        t0 = time.monotonic()
         try:
-            run_id = submit(ROOT, conn, _node_config(run_config), op_env)
-            record = wait_run(run_id, conn, op_env, logs / "run.log", timeout=timeout)
+            run_id = submit(ROOT, self.conn, _node_config(run_config), self.op_env)
+            # poll 5 s: each status poll is a `flwr ls` (a Python start, ~1 s of CPU on a loaded box)
+            record = wait_run(run_id, self.conn, self.op_env, self.logs / f"run-{name}.log", timeout=timeout,
+                              poll=5.0)
         finally:
             stop.set()
             watcher.join(5)
         snaps.append(("end", time.monotonic(), hosts.counters()))
-        return {"record": record, "run_id": run_id, "out_dir": central / "out", "logs": logs, "snapshots": snaps,
-                "fingerprints": [n["fingerprint"] for n in pki["nodes"]], "started": list(procs.started)}
-    finally:
-        procs.stop_all()
+        return {"record": record, "run_id": run_id, "out_dir": out_dir, "logs": self.logs, "snapshots": snaps,
+                "wall_s": time.monotonic() - t0, "fingerprints": list(self.fingerprints), "started": self.started}
+
+    def close(self, grace=10.0):
+        """Stop every process group started here, all at once (SIGTERM, then SIGKILL after
+        ``grace`` s): one after the other, each warm executor's group waited out its timeout
+        while its SuperNode was already gone (~1 min of teardown at load)."""
+        import threading
+        threads = [threading.Thread(target=self.procs.stop, args=(name, signal.SIGTERM, grace))
+                   for name in list(self.procs.procs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.procs.stop_all()            # nothing left; kept for anything adopted
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def deploy_hosts(workdir, hosts: Hosts, run_config: dict, data_dir, timeout=1800.0, idle_s=0.0,
+                 on_round=None) -> dict:
+    """:class:`Deployment` for one run (out-dir ``central/out-run1``), everything stopped after."""
+    with Deployment(workdir, hosts, data_dir) as dep:
+        return dep.run(run_config, timeout=timeout, idle_s=idle_s, on_round=on_round)
+
+
+def link_bytes(res, m, key="rx_bytes") -> int:
+    """Bytes through party ``m``'s link during one run (from submission to the end)."""
+    snaps = res["snapshots"]
+    start = next(c for k, _, c in snaps if k == 0)
+    return snaps[-1][2][m][key] - start[m][key]
 
 
 def _wait_listen(hosts, proc, log, timeout=90.0):
@@ -419,7 +520,10 @@ def relay_main(argv=None) -> int:
     """``python tests/_netns.py --delay-ms D --loss P CENTRAL:DEV:PARTY:DEV ...``: make the TUN
     devices, print ``ready``, then copy every IP packet from one end of a link to the other
     after ``D`` ms, dropping each with probability ``P`` (independently, both directions), until
-    SIGTERM. Counts what it forwarded and dropped on stderr when it stops."""
+    SIGTERM or the end of its standard input. A line ``{"delay_ms": D, "loss": P}`` on standard
+    input changes the setting for packets read from then on; the relay answers with the counts
+    of the setting just ended on standard output. The last setting's counts go to stderr at
+    the end."""
     import argparse
     import selectors
     ap = argparse.ArgumentParser()
@@ -437,8 +541,11 @@ def relay_main(argv=None) -> int:
     sel = selectors.DefaultSelector()
     for fd in peer:
         sel.register(fd, selectors.EVENT_READ)
-    delay, queue, seq = a.delay_ms / 1000.0, [], 0
-    stats = {"forwarded": 0, "dropped": 0, "bytes": 0}
+    control = sys.stdin.fileno()      # one JSON line per new setting; end of input stops the relay
+    sel.register(control, selectors.EVENT_READ)
+    pending = b""
+    delay, loss, queue, seq = a.delay_ms / 1000.0, a.loss, [], 0
+    stats = {"forwarded": 0, "dropped": 0, "write_failed": 0, "bytes": 0}
     running = [True]
     signal.signal(signal.SIGTERM, lambda *_: running.__setitem__(0, False))
     sys.stdout.write("ready\n")
@@ -452,13 +559,27 @@ def relay_main(argv=None) -> int:
                 stats["forwarded"] += 1
                 stats["bytes"] += len(pkt)
             except OSError:            # device down or its queue full: lost, as on a wire
-                stats["dropped"] += 1
+                stats["write_failed"] += 1
         timeout = max(0.0, queue[0][0] - time.monotonic()) if queue else 0.5
         try:
             events = sel.select(timeout)
         except InterruptedError:
             continue
         for key, _ in events:
+            if key.fd == control:
+                chunk = os.read(control, 4096)
+                if not chunk:
+                    running[0] = False
+                    break
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    setting = json.loads(line)
+                    delay, loss = float(setting["delay_ms"]) / 1000.0, float(setting["loss"])
+                    sys.stdout.write(json.dumps(stats) + "\n")     # the finished period's counts
+                    sys.stdout.flush()
+                    stats = {"forwarded": 0, "dropped": 0, "write_failed": 0, "bytes": 0}
+                continue
             while True:
                 try:
                     pkt = os.read(key.fd, 65535)
@@ -466,7 +587,7 @@ def relay_main(argv=None) -> int:
                     break
                 except OSError:
                     break
-                if a.loss and rng.random() < a.loss:
+                if loss and rng.random() < loss:
                     stats["dropped"] += 1
                     continue
                 seq += 1
