@@ -22,9 +22,10 @@ party, the M adverts down to each party). Writes benchmarks/results/bench_secagg
 
     python benchmarks/bench_secagg.py                # M = 2..16, 5 repetitions (about 1-2 min)
     python benchmarks/bench_secagg.py --parties 2,4 --reps 2
-    python benchmarks/bench_secagg.py --flower --parties 2,3,4    # the Flower path (LocalGrid, real
-        # ClientApp handlers, run config secagg=true vs false): bytes and seconds a round, and the
-        # one-off key agreement -> benchmarks/results/bench_secagg_flower.{csv,json}
+    python benchmarks/bench_secagg.py --flower       # the Flower path, M = 2, 4, 8, 16 (LocalGrid, the
+        # in-process Flower grid: real ClientApp handlers, run config secagg=true vs false, 3
+        # interleaved repetitions): bytes, wall and CPU seconds of a round, and the one-off key
+        # agreement -> benchmarks/results/bench_secagg_flower.{csv,json}
 """
 
 from __future__ import annotations
@@ -233,12 +234,13 @@ def flower_run(m, secagg, rounds):
                 "query.secagg_keys": ca.secagg_keys}
     rc = {"dataset": "a9a", "num-parties": m, "max-rounds": rounds, "secagg": secagg, "lam": 1e-4,
           "acceleration": "none", "party-wait": 5.0, "data-dir": A9A_DIR}
-    traffic = {}
+    traffic, cpu_at = {}, {}
 
     def count(msg, rep):
         kind = msg.metadata.message_type
         if kind == "train":
             kind = f"train{msg.content['config']['round']}"
+            cpu_at[msg.content['config']['round']] = time.process_time()   # after the round's last reply
         down, up = traffic.get(kind, (0, 0))
         traffic[kind] = (down + message_bytes(msg), up + message_bytes(rep))
     grid = LocalGrid(handlers, {100 + i: {"partition-id": i, "data-dir": A9A_DIR} for i in range(m)}, rc,
@@ -249,29 +251,52 @@ def flower_run(m, secagg, rounds):
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     el = [r["elapsed_s"] for r in st.history_]
     per_round = float(np.median(np.diff(el)))
+    # CPU of a round: from the last reply of round k - 1 to the last reply of round k (the central
+    # step of round k - 1, then every party's handler of round k), median over k = 2..rounds
+    cpu_round = float(np.median(np.diff([cpu_at[k] for k in sorted(cpu_at)])))
     last = traffic[f"train{rounds}"]
     keys = traffic.get("query.secagg_keys", (0, 0))
-    return st, {"wall_s_round": per_round, "cpu_s_run": cpu, "wall_s_run": wall,
+    return st, {"wall_s_round": per_round, "cpu_s_round": cpu_round, "cpu_s_run": cpu, "wall_s_run": wall,
                 "bytes_down_round": last[0], "bytes_up_round": last[1],
                 "keys_bytes_down": keys[0], "keys_bytes_up": keys[1]}
 
 
-def flower_main(ms, rounds, out):
+def _median_runs(runs):
+    """One dict from ``reps`` runs: the median of the per-round seconds, the rest of the first."""
+    out = dict(runs[0])
+    for k in ("wall_s_round", "cpu_s_round", "cpu_s_run", "wall_s_run"):
+        out[k] = float(np.median([r[k] for r in runs]))
+    return out
+
+
+def flower_main(ms, rounds, out, reps=1):
+    from flower_vfl.secagg import FixedPoint
+    from flower_vfl.clients.party_secagg import DEFAULT_BOUND
     rows = []
+    load0 = open("/proc/loadavg").read().split()[:3]
     for m in ms:
-        plain_st, plain = flower_run(m, False, rounds)
-        sa_st, sa = flower_run(m, True, rounds)
+        plains, secs = [], []
+        for _ in range(reps):               # interleaved: plain, secure, plain, secure, ...
+            plain_st, p = flower_run(m, False, rounds)
+            sa_st, q = flower_run(m, True, rounds)
+            plains.append(p)
+            secs.append(q)
+        plain, sa = _median_runs(plains), _median_runs(secs)
         err = float(np.max(np.abs(sa_st.decision_test_ - plain_st.decision_test_)))
-        row = {"parties": m, "rounds": rounds, "N": int(plain_st.central.n),
+        row = {"parties": m, "rounds": rounds, "reps": reps, "N": int(plain_st.central.n),
+               "error_bound_round": FixedPoint([DEFAULT_BOUND] * m).error_bound,
                **{f"plain_{k}": v for k, v in plain.items() if not k.startswith("keys")},
                **{f"secagg_{k}": v for k, v in sa.items()},
                "ratio_wall_round": sa["wall_s_round"] / plain["wall_s_round"],
+               "ratio_cpu_round": sa["cpu_s_round"] / plain["cpu_s_round"],
                "ratio_bytes_round": (sa["bytes_down_round"] + sa["bytes_up_round"])
                / (plain["bytes_down_round"] + plain["bytes_up_round"]),
                "max_decision_diff": err}
         rows.append(row)
         print(f"M={m}: round plain {plain['wall_s_round'] * 1e3:.1f} ms, secagg {sa['wall_s_round'] * 1e3:.1f} ms "
-              f"(x{row['ratio_wall_round']:.2f}); bytes/round plain {plain['bytes_down_round'] + plain['bytes_up_round']}"
+              f"(x{row['ratio_wall_round']:.2f}; CPU {plain['cpu_s_round'] * 1e3:.1f} -> {sa['cpu_s_round'] * 1e3:.1f} "
+              f"ms, x{row['ratio_cpu_round']:.2f}); bytes/round plain "
+              f"{plain['bytes_down_round'] + plain['bytes_up_round']}"
               f" secagg {sa['bytes_down_round'] + sa['bytes_up_round']} (x{row['ratio_bytes_round']:.4f}); keys once "
               f"{sa['keys_bytes_down'] + sa['keys_bytes_up']} B; max |decision diff| {err:.2e}", flush=True)
     with open(out + ".csv", "w", newline="") as fh:
@@ -279,21 +304,25 @@ def flower_main(ms, rounds, out):
         w.writeheader()
         w.writerows(rows)
     with open(out + ".json", "w") as fh:
-        json.dump({"machine": C.machine_info(), "rows": rows}, fh, indent=1)
+        json.dump({"machine": C.machine_info(), "deployment": "LocalGrid (in-process Flower grid, real ClientApp "
+                   "handlers, one process)", "loadavg_before": load0,
+                   "loadavg_after": open("/proc/loadavg").read().split()[:3], "rows": rows}, fh, indent=1)
     print("wrote", out + ".{csv,json}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parties", default=",".join(str(m) for m in range(2, 17)))
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--parties", default=None, help="default: 2..16 (2,4,8,16 with --flower)")
+    ap.add_argument("--reps", type=int, default=None, help="default: 5 (3 with --flower, interleaved runs)")
     ap.add_argument("--flower", action="store_true", help="through the Flower path (LocalGrid)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.flower:
-        return flower_main([int(v) for v in args.parties.split(",")], args.rounds,
-                           args.out or str(C.RESULTS / "bench_secagg_flower"))
+        return flower_main([int(v) for v in (args.parties or "2,4,8,16").split(",")], args.rounds,
+                           args.out or str(C.RESULTS / "bench_secagg_flower"), args.reps or 3)
+    args.parties = args.parties or ",".join(str(m) for m in range(2, 17))
+    args.reps = args.reps or 5
     args.out = args.out or str(C.RESULTS / "bench_secagg")
     info = C.print_machine()
     (X1, X2), ytr, _, _ = C.load_a9a()
