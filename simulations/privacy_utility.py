@@ -13,10 +13,29 @@ touched once per budget, after the choice: refit on the whole training set, ``--
 noise draws, mean and standard deviation reported. Every epsilon in the output is read
 from the parties' own ledgers (the exact accountant over the noise actually drawn).
 
-Two settings: ``p2``, only party 2 is private (party 1's columns sit with the label owner,
-the paper's "local party"); ``both``, both parties are private.
+Settings (the trust assumption of each is in docs/privacy.md, "The privacy-utility table"):
 
-    python simulations/privacy_utility.py [--quick] [--out simulations/results/privacy_utility]
+- ``p2``: only party 2 is private (party 1's columns sit with the label owner, the paper's
+  "local party");
+- ``both``: both parties private, the ADMM route above (strict model: the server may collude
+  with any other party);
+- ``strict``: both parties private, strict model, the stacked SSP route of issue 21 item 2
+  (:class:`~flower_vfl.estimator.stacked.StackedPrivateParties`, c_v = 1.5, ridge = 1 as chosen
+  on the training set by simulations/private_parties.py; calibration pool: the test set,
+  cross-fitted halves), ``--test-seeds`` noise draws, no selection on the test set;
+- ``distributed``: both parties private with distributed noise, k = 0 (each party's node config
+  accepts that the server colludes with no other party): the ADMM route with ``T`` >= 1 released
+  training rounds whose releases go into the secure sum as integers carrying each party's share
+  of Skellam noise (:class:`~flower_vfl.privacy.distributed.DistributedParty`, 2 adders, h = 2,
+  each share v / 2). In process: each party's term of the sum is its integer release / gamma,
+  which is exactly what the central node decodes in the Flower path (tests/test_secagg_flower.py).
+  ``T`` = 0 has no secure sum of training releases: it is the ``both`` row. The epsilon of these
+  rows is the charged one (against the server and k colluders; RDP at integer orders).
+
+    python simulations/privacy_utility.py [--quick] [--settings p2 both strict distributed]
+        [--out simulations/results/privacy_utility]
+
+Rows of the settings not run are kept from the existing CSV (the figure shows every setting).
 """
 
 from __future__ import annotations
@@ -32,7 +51,10 @@ from sklearn.linear_model import LogisticRegression
 from tqdm.auto import tqdm
 
 from flower_vfl import VerticalADMM
-from flower_vfl.privacy.party import PrivacyConfig
+from flower_vfl.estimator.stacked import StackedPrivateParties
+from flower_vfl.privacy.distributed import DistributedParty
+from flower_vfl.privacy.party import PrivacyConfig, PrivateParty
+from flower_vfl.secagg import FixedPoint
 
 from _common import a9a_paper_split as load, figure, log_ticks, metrics, read_csv, save_figure, write_csv
 
@@ -42,6 +64,56 @@ LAM = 1e-4              # the non-private problem's lam (party 1, and the eps = 
 WARM_ROUNDS, WARM_TOL = 40, 1e-5
 GRID = dict(T=[0, 1], lam_p=[1e-3, 3e-3, 1e-2], kappa=[0.05, 0.125], b1=[1.0, 2.0, 4.0])
 QUICK_GRID = dict(T=[0, 1], lam_p=[3e-3], kappa=[0.05], b1=[2.0])
+#: distributed noise needs released training rounds (T >= 1); kappa and b1 as "both" picks at eps >= 1
+DIST_GRID = dict(T=[1, 2], lam_p=[3e-3, 1e-2], kappa=[0.125], b1=[4.0])
+QUICK_DIST_GRID = dict(T=[1], lam_p=[1e-2], kappa=[0.125], b1=[4.0])
+#: the stacked route's constants (simulations/private_parties.py chose them on the training set)
+STACK_C_V, STACK_RIDGE = 1.5, 1.0
+#: k of the parties' node configs in the distributed rows, and the roster's fixed-point exponent
+#: (two parties at the default secagg-bound 1e4)
+DIST_K = 0
+K_FP = FixedPoint([1e4, 1e4]).k
+SETTINGS = ("p2", "both", "strict", "distributed")
+LABELS = {"p2": "party 2 private (party 1 non-private)", "both": "both private, ADMM (strict)",
+          "strict": "both private, stacked SSP (strict, item 2)",
+          "distributed": f"both private, ADMM + distributed noise (k={DIST_K}, T>=1)"}
+
+
+class _DistributedInProcess(DistributedParty):
+    """A distributed party in process: its term of the secure sum is round(gamma s) + share over gamma,
+    exactly what the central node decodes from the masked integers (2 adders: both parties' verified
+    adverts carry the same profile)."""
+
+    adders = 2
+
+    def train_release(self, round, q, y, rho, alpha=1.0, theta=1.0, inputs=None):
+        r = self.distributed_release(round, q, y, rho, adders=self.adders, max_bits=K_FP, alpha=alpha,
+                                     theta=theta, inputs=inputs)
+        g = self.ledger.answer(self.run, int(round), "train").payload["guarantees"]
+        return r / 2.0 ** int(g[4])
+
+
+class _DistributedADMM(VerticalADMM):
+    """VerticalADMM whose private parties add only their share of the noise (k = DIST_K)."""
+
+    def _make_parties(self, blocks, penalty, constraint, loss):
+        parties = super()._make_parties(blocks, penalty, constraint, loss)
+        return [_DistributedInProcess(p.D, None, self.lam, p.config, DIST_K, party_id=m, n_parties=len(blocks))
+                if isinstance(p, PrivateParty) else p for m, p in enumerate(parties)]
+
+
+def stacked_eval(B, y, Bv, yv, eps, seed):
+    """The stacked SSP route (item 2), calibration pool = the evaluation rows, cross-fitted halves."""
+    cfg = PrivacyConfig(epsilon=eps, delta=DELTA, c_v=STACK_C_V)
+    perm = np.random.default_rng(12345).permutation(yv.size)
+    halves = (np.sort(perm[: yv.size // 2]), np.sort(perm[yv.size // 2:]))
+    rows = lambda idx: [b[idx] for b in Bv]  # noqa: E731
+    m = StackedPrivateParties([cfg, cfg], ridge=STACK_RIDGE, random_state=seed).fit(B, y, rows(halves[0]))
+    f = np.empty(yv.size)
+    f[halves[1]] = m.decision_function(rows(halves[1]))
+    m.calibrate(rows(halves[1]))                    # free: the same released models, the other pool
+    f[halves[0]] = m.decision_function(rows(halves[0]))
+    return metrics(f, yv), max(r["totals"]["exact"] for r in m.privacy_report())
 
 
 def fit_eval(B, y, Bv, yv, eps, setting, T, lam_p, kappa, b1, seed):
@@ -56,9 +128,16 @@ def fit_eval(B, y, Bv, yv, eps, setting, T, lam_p, kappa, b1, seed):
     cfg = PrivacyConfig(epsilon=eps, delta=DELTA, train_rounds=T, eval_rounds=1, b1=b1, c_v=c_v,
                         c_s=1.0, lam=lam_p, seed=seed)
     privacy = [None, cfg] if setting == "p2" else [cfg, cfg]
-    m = VerticalADMM(lam=LAM, rho=rho, max_rounds=WARM_ROUNDS, tol=WARM_TOL, privacy=privacy).fit(B, y)
+    cls = _DistributedADMM if setting == "distributed" else VerticalADMM
+    m = cls(lam=LAM, rho=rho, max_rounds=WARM_ROUNDS, tol=WARM_TOL, privacy=privacy).fit(B, y)
     f = m.decision_function(Bv)           # the one evaluation release each private party budgeted
     return metrics(f, yv), m.privacy_report()
+
+
+def spent_of(report) -> float:
+    """The largest epsilon a party's ledger charged (distributed: against the server and k colluders)."""
+    return max(r["distributed"]["epsilon_charged_colluding"] if "distributed" in r else r["totals"]["exact"]
+               for r in report)
 
 
 def main(argv=None):
@@ -72,7 +151,7 @@ def main(argv=None):
                     help="total budgets (inf: the non-private row)")
     ap.add_argument("--lam-grid", type=float, nargs="+", default=None,
                     help="candidate lam of the private party (default: the built-in grid)")
-    ap.add_argument("--settings", nargs="+", default=["p2", "both"], choices=["p2", "both"])
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the CSV and summary")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -88,14 +167,31 @@ def main(argv=None):
     # reference lines (non-private, scikit-learn, same objective: lam/2 ||w||^2, free intercept)
     p1 = LogisticRegression(C=1 / (N * LAM), tol=1e-10, max_iter=5000).fit(B[0], y)
     p1_acc, p1_ll = metrics(p1.decision_function(Bt[0]), yt)
-    grid = dict(QUICK_GRID if args.quick else GRID)
+    grids = {"p2": dict(QUICK_GRID if args.quick else GRID)}
     if args.lam_grid:
-        grid["lam_p"] = list(args.lam_grid)
-    combos = list(itertools.product(*grid.values()))
+        grids["p2"]["lam_p"] = list(args.lam_grid)
+    grids["both"] = grids["p2"]
+    grids["distributed"] = dict(QUICK_DIST_GRID if args.quick else DIST_GRID)
     rows, selection = [], []
     t0 = time.time()
     for setting in args.settings:
+        grid = grids.get(setting, {})
+        combos = list(itertools.product(*grid.values()))
         for eps in args.epsilons:
+            if setting == "strict":
+                if np.isinf(eps):
+                    continue
+                res = [stacked_eval(B, y, Bt, yt, eps, seed=args.seed + 100 + rep) for rep in range(args.test_seeds)]
+                accs, lls = [r[0][0] for r in res], [r[0][1] for r in res]
+                rows.append(dict(setting=setting, epsilon=eps, epsilon_spent_exact=max(r[1] for r in res),
+                                 train_rounds=0, lam_private=float("nan"), rho_kappa=float("nan"), b1=float("nan"),
+                                 test_acc=float(np.mean(accs)), test_acc_sd=float(np.std(accs)),
+                                 test_logloss=float(np.mean(lls)), test_logloss_sd=float(np.std(lls)),
+                                 n_draws=len(accs)))
+                print(json.dumps(rows[-1]), flush=True)
+                continue
+            if setting == "distributed" and np.isinf(eps):
+                continue
             if np.isinf(eps):
                 choice = (0, LAM, 0.05, float("inf"))
             else:
@@ -113,7 +209,7 @@ def main(argv=None):
                 accs.append(acc)
                 lls.append(ll)
                 if report:
-                    spent.append(max(r["totals"]["exact"] for r in report))
+                    spent.append(spent_of(report))
             T, lam_p, kappa, b1 = choice
             rows.append(dict(setting=setting, epsilon=eps,
                              epsilon_spent_exact=max(spent) if spent else float("inf"),
@@ -122,10 +218,20 @@ def main(argv=None):
                              test_logloss=float(np.mean(lls)), test_logloss_sd=float(np.std(lls)),
                              n_draws=len(accs)))
             print(json.dumps(rows[-1]), flush=True)
-    write_csv(out / "privacy_utility.csv", rows)
-    write_csv(out / "selection.csv", selection)
+    csv_path = out / "privacy_utility.csv"
+    if csv_path.exists():                  # keep the rows of the settings not run now
+        kept = [r for r in _read_rows(csv_path) if r["setting"] not in args.settings]
+        rows = kept + rows
+    write_csv(csv_path, rows)
+    write_csv(out / f"selection{'' if set(args.settings) == set(SETTINGS) else '.' + '_'.join(args.settings)}.csv",
+              selection)
+    old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     summary = {"party1_alone": {"acc": p1_acc, "logloss": p1_ll},
-               "centralized_reference": {"acc": 0.8498, "logloss": 0.3238}, "grid": grid,
+               "centralized_reference": {"acc": 0.8498, "logloss": 0.3238},
+               "grid": {**{k: v for k, v in old.get("grid", {}).items() if k in SETTINGS and k not in args.settings},
+                        **{k: grids[k] for k in grids if k in args.settings}},
+               "settings_run": args.settings, "distributed_k": DIST_K,
+               "stacked_constants": {"c_v": STACK_C_V, "ridge": STACK_RIDGE},
                "selection": "mean validation log-loss over select_seeds noise draws on a 20% split of "
                             "the training set; the test set is used once per budget",
                "select_seeds": args.select_seeds, "test_seeds": args.test_seeds,
@@ -135,32 +241,56 @@ def main(argv=None):
     print(json.dumps(summary, indent=2))
 
 
+def _read_rows(path):
+    return [{k: (v if k == "setting" else float(v) if v != "" else float("nan")) for k, v in r.items()}
+            for r in read_csv(path)]
+
+
 def replot(out):
-    rows = [{k: (v if k == "setting" else float(v)) for k, v in r.items()}
-            for r in read_csv(out / "privacy_utility.csv")]
+    rows = _read_rows(out / "privacy_utility.csv")
     p1 = json.loads((out / "summary.json").read_text())["party1_alone"]
     plot(rows, p1["acc"], p1["logloss"], out / "privacy_utility.png")
     return 0
 
 
+#: the panels' ranges; a mean outside is drawn on the edge with its value
+YLIM = {"test_acc": (0.80, 0.852), "test_logloss": (0.32, 0.40)}
+
+
+COLORS = {"p2": "C0", "both": "C1", "strict": "C2", "distributed": "C4"}
+
+
 def plot(rows, p1_acc, p1_ll, path):
-    fig, axes = figure(1, 2, figsize=(11, 4))
+    fig, axes = figure(1, 2, figsize=(11, 5.2))
     for ax, key, p1v, cv, lab in ((axes[0], "test_acc", p1_acc, 0.8498, "test accuracy"),
                                   (axes[1], "test_logloss", p1_ll, 0.3238, "test log-loss")):
-        for setting, mk in (("p2", "o-"), ("both", "s--")):
+        for setting, mk in (("p2", "o-"), ("both", "s--"), ("strict", "D-"), ("distributed", "^:")):
             r = [x for x in rows if x["setting"] == setting and np.isfinite(x["epsilon"])]
-            ax.errorbar([x["epsilon_spent_exact"] for x in r], [x[key] for x in r], yerr=[x[key + "_sd"] for x in r],
-                        fmt=mk, capsize=3,
-                        label={"p2": "party 2 private", "both": "both parties private"}[setting])
+            if not r:
+                continue
+            lo, hi = YLIM[key]
+            inside = [x for x in r if lo <= x[key] <= hi]
+            ax.errorbar([x["epsilon_spent_exact"] for x in inside], [x[key] for x in inside],
+                        yerr=[x[key + "_sd"] for x in inside], fmt=mk, capsize=3, color=COLORS[setting],
+                        label=LABELS[setting])
+            for x in r:                   # off the chart: a hollow marker on the edge with the value
+                if not lo <= x[key] <= hi:
+                    edge = lo if x[key] < lo else hi
+                    ax.plot(x["epsilon_spent_exact"], edge, mk[0], color=COLORS[setting], mfc="none", clip_on=False)
+                    ax.annotate(f"{x[key]:.3f}", (x["epsilon_spent_exact"], edge), fontsize=7,
+                                xytext=(0, 6 if edge == lo else -10), textcoords="offset points", ha="center")
         ax.axhline(p1v, color="C3", ls=":", label=f"party 1 alone ({p1v:.4f})")
         ax.axhline(cv, color="k", ls="-.", label=f"centralized ({cv:.4f})")
         log_ticks(ax, sorted({x["epsilon_spent_exact"] for x in rows if np.isfinite(x["epsilon"])}), "{:.3g}")
-        ax.set_xlabel("total ε spent (δ=1e-5, exact accountant, from the parties' ledgers)")
+        ax.set_ylim(*YLIM[key])
+        ax.set_xlabel("total ε charged per party (δ=1e-5, parties' ledgers)")
         ax.set_ylabel(lab)
-        ax.legend(fontsize=8)
-    axes[1].set_ylim(top=min(axes[1].get_ylim()[1], 0.6))
-    fig.suptitle("a9a, 2 parties (paper split), strict sample-level calibration; mean ± sd over noise draws")
-    save_figure(fig, path, dpi=120)
+    handles, labels = axes[0].get_legend_handles_labels()
+    labels = [lab.replace(f" ({p1_acc:.4f})", "").replace(" (0.8498)", "") for lab in labels]
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle("a9a, 2 parties (paper split), sample-level DP; mean ± sd over noise draws; hollow marker "
+                 "with a value: off the chart", fontsize=10)
+    save_figure(fig, path, dpi=120, rect=(0, 0.1, 1, 1))
 
 
 if __name__ == "__main__":

@@ -278,3 +278,30 @@ def test_x_update_target_from_the_sum_equals_todays(alpha, theta):
         assert np.max(np.abs(ours - p.last_target)) <= 1e-12
     with pytest.raises(ValueError, match="z_loc_own: needed with alpha != 1"):
         x_update_target(u, s_own, theta, 1.5)
+
+
+def test_the_noise_profile_is_an_optional_signed_field_of_the_advert():
+    """An advert without a profile has the bytes of the format before the field existed (6 signed
+    fields); with one, the profile is signed: a server that adds, drops or changes it (to make a
+    party count adders that add no noise) breaks the signature pinned for that party."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey as Key
+    from flower_vfl.secagg.keys import TAG, frame, unframe, verify_roster
+    import struct
+    sk = Key.generate()
+    plain = KeyAgreement("party01", RUN, 10.0, sk).advert
+    signed, _ = unframe(plain.to_bytes())
+    assert unframe(signed) == [TAG, b"advert", b"party01", RUN.encode(), plain.dh_public, struct.pack(">d", 10.0)]
+    prof = b"skellam/v1;k=0;eps=1.0"
+    noisy = KeyAgreement("party01", RUN, 10.0, sk, dh_private=None, noise=prof).advert
+    back = Advert.from_bytes(noisy.to_bytes())
+    assert back == noisy and back.noise == prof and len(unframe(unframe(noisy.to_bytes())[0])) == 7
+    own = KeyAgreement("party00", RUN, 10.0, Key.generate())
+    pins = {"party01": sk.public_key()}
+    assert verify_roster([own.advert, noisy], pins, own.advert).names == ("party00", "party01")
+    for forged in (Advert(noisy.name, noisy.run, noisy.dh_public, noisy.bound, noisy.signature, b"skellam/v1;k=9"),
+                   Advert(noisy.name, noisy.run, noisy.dh_public, noisy.bound, noisy.signature),
+                   Advert(plain.name, plain.run, plain.dh_public, plain.bound, plain.signature, prof)):
+        with pytest.raises(KeyRefused, match="the advert of party 'party01' is not signed by the key pinned"):
+            verify_roster([own.advert, forged], pins, own.advert)
+    with pytest.raises(KeyRefused, match="malformed key advert"):       # an empty 7th field is not an advert
+        Advert.from_bytes(frame(frame(*unframe(signed), b""), b""))

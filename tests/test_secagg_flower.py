@@ -315,3 +315,150 @@ def test_one_private_party_with_two_non_private_ones(tmp_path):
     assert ("train", ("party0", "party1")) in sums and ("train", ("party0", "party1", "party2")) in sums
     assert ("evaluate", ("party0", "party1", "party2")) in sums
     assert "test_accuracy_nonprivate" in st.nonprivate_reference_ and np.all(np.isfinite(st.decision_test_))
+
+
+# ----------------------------------------------------------- distributed noise (issue 21 item 3)
+DIST_EPS = 2.0
+
+
+def _dist_nodes(tmp_path, k=(0, 0), pinned=True):
+    """Two private parties, each with its node config's dp-distributed-max-colluders = k[i]."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    keys, paths = _identities(tmp_path, 2)
+    nodes = _pinned_nodes(keys, paths) if pinned else {100 + i: {"partition-id": i} for i in range(2)}
+    for i, nid in enumerate(sorted(nodes)):
+        nodes[nid].update({"dp": True, "dp-epsilon": DIST_EPS, "dp-train-rounds": 2, "dp-eval-rounds": 1,
+                           "state-dir": str(tmp_path / f"p{i}")})
+        if k[i] is not None:
+            nodes[nid]["dp-distributed-max-colluders"] = k[i]
+    return nodes
+
+
+def _dist_run(tmp_path, monkeypatch, k=(0, 0), pinned=True):
+    """A secagg run of two distributed parties; records each party's distributed releases (round ->
+    (int vector, plan, noise drawn)) and the central node's decoded training sums (round -> sum)."""
+    from flower_vfl.privacy import distributed as dist
+    from flower_vfl.strategies.secagg_central import CentralSecAgg
+    releases, sums, draws = {}, {}, []
+    real_noise, real_release, real_total = dist.skellam_noise, dist.DistributedParty.distributed_release, \
+        CentralSecAgg.total
+
+    def noise(rng, variance, shape):
+        draws.append(real_noise(rng, variance, shape))
+        return draws[-1]
+
+    def release(self, round, *a, **kw):
+        n0 = len(draws)
+        r = real_release(self, round, *a, **kw)
+        releases.setdefault(round, {})[self.party_id] = (r, self.last_plan, draws[n0] if len(draws) > n0 else None)
+        return r
+
+    def total(self, replies, parties, key, shape, what):
+        out = real_total(self, replies, parties, key, shape, what)
+        if key == "s" and "train" in what:
+            sums[int(what.split()[1])] = out
+        return out
+    monkeypatch.setattr(dist, "skellam_noise", noise)
+    monkeypatch.setattr(dist.DistributedParty, "distributed_release", release)
+    monkeypatch.setattr(CentralSecAgg, "total", total)
+    st, grid = run(True, m=2, nodes=_dist_nodes(tmp_path, k, pinned))
+    return st, releases, sums
+
+
+def test_distributed_noise_share_follows_the_node_config_and_the_ledger_records_both_guarantees(tmp_path,
+                                                                                                  monkeypatch):
+    """k = 0 with both adverts pinned and matching: A = 2 adders, h = 2, each adds v/2; k = 1: h = 1,
+    each adds v (the whole noise); no pins: the party counts itself only, A = 1; different profiles
+    (k = 0 and k = 1): neither counts the other, A = 1, each adds v. The plan is the
+    independent recomputation from the run's (rho, theta) and the party's node config; the charged
+    guarantee (against the server + k colluders) spends the budget, the server-alone one is
+    recorded too (tighter when k = 1: both shares count)."""
+    from flower_vfl.privacy.accounting import epsilon_rdp, noise_multiplier_rdp
+    from flower_vfl.privacy.distributed import dominating_multiplier, integer_sensitivity, noise_bits, variance_for
+    from flower_vfl.privacy.sensitivity import strict_sensitivity
+    from flower_vfl.secagg import FixedPoint
+    got = {}
+    for name, k, pinned in (("k0", (0, 0), True), ("k1", (1, 1), True), ("unpinned", (0, 0), False),
+                            ("mixed", (0, 1), True)):
+        st, releases, sums = _dist_run(tmp_path / name, monkeypatch, k, pinned)
+        rnd = min(releases)
+        plans = {p: plan for p, (_, plan, _) in releases[rnd].items()}
+        got[name] = (st, plans)
+        # the independent plan: strict sensitivity at the run's rho, theta and the node config's defaults
+        c = st.central
+        lam = 1e-3                                   # the run's lam (no dp-lam in the node config)
+        C = strict_sensitivity(c.rho / c.theta, lam, 2.0, 10.0, 10.0)
+        N = c.z.shape[0]
+        bits = noise_bits(C, N, FixedPoint([1e4, 1e4]).k)
+        l1, l2 = integer_sensitivity(C, 2.0 ** bits, N)
+        v = variance_for(noise_multiplier_rdp(DIST_EPS, 1e-5, 3), l1, l2)
+        A = 2 if pinned and k[0] == k[1] else 1           # another profile (k) is not counted as an adder
+        for p, plan in plans.items():
+            h = max(1, A - k[p])
+            assert (plan.adders, plan.colluders, plan.bits) == (A, k[p], bits)
+            assert plan.share == pytest.approx(v / h, rel=1e-12)
+            assert plan.z_colluding == pytest.approx(dominating_multiplier(l1, l2, v), rel=1e-12)
+            assert plan.z_server == pytest.approx(dominating_multiplier(l1, l2, A * v / h), rel=1e-12)
+            rep = st.privacy_[p]["distributed"]
+            assert rep["node_config"] == {"dp-distributed-max-colluders": k[p]}
+            assert [r["round"] for r in rep["releases"]] == sorted(releases)       # both releases recorded
+            assert all((r["adders"], r["colluders"]) == (A, k[p]) for r in rep["releases"])
+            # the charged guarantee spends the budget (RDP accountant); the server-alone one is what k buys
+            assert rep["epsilon_charged_colluding"] == pytest.approx(DIST_EPS, rel=1e-6)
+            if h < A:                 # 2 Skellam releases at z_server and the Gaussian model release at z
+                z = noise_multiplier_rdp(DIST_EPS, 1e-5, 3)
+                want = epsilon_rdp([("skellam", plan.z_server)] * 2 + [("gaussian", z)], 1e-5)
+                assert rep["epsilon_server_alone"] == pytest.approx(want, rel=1e-9) and want < 0.85 * DIST_EPS
+            else:
+                assert rep["epsilon_server_alone"] == pytest.approx(rep["epsilon_charged_colluding"], rel=1e-12)
+    assert got["k0"][1][0].share == pytest.approx(got["k1"][1][0].share / 2, rel=1e-12)
+    assert got["unpinned"][1][0].share == pytest.approx(got["k1"][1][0].share, rel=1e-12)
+    assert got["mixed"][1][0].share == got["mixed"][1][1].share == pytest.approx(got["k1"][1][0].share, rel=1e-12)
+
+
+def test_the_decoded_sum_is_the_integer_sum_and_carries_one_partys_noise(tmp_path, monkeypatch):
+    """Stated test: the central node's decoded sum equals sum_m (round(gamma clip(s_m)) + Sk_m) / gamma
+    exactly (integers at scale 2^j inside the roster's 2^k code); each share Sk_m has variance v/2 and
+    their sum is distributed as Sk(v), the noise one party alone adds in the plain path (a sum of
+    independent Skellams is Skellam). At v ~ 1e9 Sk(v) is N(0, v) to ~1e-5 in KS distance, so the
+    check is a KS test of the N = 426 summed draws against N(0, v) (and of each share against
+    N(0, v/2)), p > 1e-3, and the sample variance within 5 standard errors."""
+    from scipy import stats
+    st, releases, sums = _dist_run(tmp_path, monkeypatch, (0, 0), True)
+    assert sorted(sums) == sorted(releases) and len(sums) == 2
+    for rnd, by_party in releases.items():
+        (r0, plan0, n0), (r1, plan1, n1) = by_party[0], by_party[1]
+        assert plan0.gamma == plan1.gamma and plan0.share == plan1.share
+        gamma, v = plan0.gamma, plan0.variance
+        np.testing.assert_array_equal(sums[rnd], (r0 + r1) / gamma)              # exact: no rounding error
+        total = (n0 + n1).astype(float)
+        N = total.size
+        for x, var in ((total, v), (n0.astype(float), v / 2), (n1.astype(float), v / 2)):
+            assert stats.kstest(x / np.sqrt(var), "norm").pvalue > 1e-3
+            assert abs(x.var() / var - 1) < 5 * np.sqrt(2 / N)
+
+
+def test_distributed_noise_is_the_node_configs_only(tmp_path):
+    """The run config cannot enable it (refused by the central node's schema check, ignored by the
+    party); a non-private party refuses the key; a distributed party refuses a plain training release."""
+    from flower_vfl.config.schema import ConfigError
+    from flwr.app import RecordDict
+    with pytest.raises(ConfigError, match="run config key 'dp-distributed-max-colluders' can only be set in a "
+                                          "SuperNode's node config"):
+        make_strategy(rc(True, m=2, **{"dp-distributed-max-colluders": 0}))
+    run_cfg = dict(rc(True, m=2), **{"dp-distributed-max-colluders": 0})
+    nc = {"partition-id": 0, "dp": True, "dp-epsilon": 1.0, "state-dir": str(tmp_path / "p0")}
+    client = ca.make_client(Context(run_id=1, node_id=100, node_config=nc, state=RecordDict(), run_config=run_cfg))
+    assert client.private and not client.distributed and client.secagg.noise == b""
+    nc_dist = dict(nc, **{"dp-distributed-max-colluders": 0})
+    client = ca.make_client(Context(run_id=1, node_id=100, node_config=nc_dist, state=RecordDict(),
+                                    run_config=rc(True, m=2)))
+    assert client.distributed and client.secagg.noise.startswith(b"skellam/v1;k=0;eps=1.0;")
+    with pytest.raises(ConfigError, match="node config dp-distributed-max-colluders=0 is for a private party"):
+        ca.make_client(Context(run_id=1, node_id=100, node_config={"partition-id": 0,
+                                                                   "dp-distributed-max-colluders": 0},
+                               state=RecordDict(), run_config=rc(True, m=2)))
+    # plain training (secagg=false): the distributed party refuses its release in the clear
+    with pytest.raises(PartyRefused, match="party 0 refused: party 0 adds only its share of the noise "
+                                           "\\(dp-distributed-max-colluders is set in its node config\\)"):
+        run(False, m=2, nodes=_dist_nodes(tmp_path / "plain", (0, None)))

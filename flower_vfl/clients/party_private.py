@@ -55,14 +55,27 @@ class PrivatePartyClient(PartyClient):
                               f"sensitivity bound needs the L2 term's strong convexity, docs/privacy.md); the run "
                               f"config's penalty={self.penalty!r} is refused. Use penalty=l2, or run this party "
                               "without dp")
+        # distributed noise (node config dp-distributed-max-colluders): the advert declares the profile
+        self._sum_plan = None
+        if self.secagg is not None and self.secagg.colluders is not None:
+            from flower_vfl.privacy.distributed import profile
+            lam = self.privacy.lam if self.privacy.lam is not None else self.lam
+            self.secagg.noise = profile(self.privacy, lam, self.secagg.colluders)
+
+    @property
+    def distributed(self) -> bool:
+        """True when the node config sets dp-distributed-max-colluders (a share of the noise only)."""
+        return self.secagg is not None and self.secagg.colluders is not None
 
     def _build(self, context: Context, n_outputs: int):
         from flower_vfl.privacy.party import PrivateParty
+        from flower_vfl.privacy.distributed import DistributedParty
         src = self.source
-        party = PrivateParty(self.D, self.D_test, self.lam, self.privacy, self.party_id, self.n_parties,
-                             store=party_store(self.state_dir), run=str(context.run_id),
-                             source=src.key if src is not None else f"partition:{self.party_id}",
-                             about=src.about if src is not None else None)
+        cls, extra = (DistributedParty, {"colluders": self.secagg.colluders}) if self.distributed else (PrivateParty, {})
+        party = cls(self.D, self.D_test, self.lam, self.privacy, party_id=self.party_id, n_parties=self.n_parties,
+                    store=party_store(self.state_dir), run=str(context.run_id),
+                    source=src.key if src is not None else f"partition:{self.party_id}",
+                    about=src.about if src is not None else None, **extra)
         party.restore()                # the iterate is in the store (a restarted node resumes)
         return party
 
@@ -70,7 +83,28 @@ class PrivatePartyClient(PartyClient):
         return self._build(context, 1).affordability()
 
     def _train_release(self, inputs, meta, context):
+        if self.distributed and self._sum_plan is not None:
+            adders, max_bits = self._sum_plan
+            r = self.party.distributed_release(inputs.round, None, None, inputs.rho, adders=adders,
+                                               max_bits=max_bits, inputs=inputs)
+            g = self.party.ledger.answer(self.party.run, inputs.round, "train").payload["guarantees"]
+            return r, int(g[4])                     # (round(gamma s) + share, j): gamma = 2^j
         return self.party.train_release(inputs.round, None, None, inputs.rho, inputs=inputs)
+
+    def _answer(self, msg, context, kind, rnd, compute):
+        """A distributed party's training release goes into a secure sum as an integer vector
+        (its plain release is refused by :class:`~flower_vfl.privacy.distributed.DistributedParty`)."""
+        sa = self._secagg(msg) if self.distributed and kind == "train" else None
+        if sa is None:
+            return super()._answer(msg, context, kind, rnd, compute)
+
+        def integer(adders, max_bits):
+            self._sum_plan = (adders, max_bits)
+            try:
+                return compute()
+            finally:
+                self._sum_plan = None
+        return sa.masked_answer(msg.content, context, kind, rnd, integer, integer=True)
 
     def _eval_scores(self, inputs, final, context):
         """The first request carrying ``final_update`` makes the last x-update (kept inside the

@@ -14,7 +14,12 @@
   round is refused.
 - Node config (trusted): ``secagg-name``, ``secagg-signing-key``, ``secagg-pins``,
   ``secagg-min-parties``, ``secagg-require``, ``secagg-bound``, ``secagg-only`` (refuse to
-  release unmasked).
+  release unmasked), and a private party's ``dp-distributed-max-colluders`` = k (distributed
+  noise, :mod:`flower_vfl.privacy.distributed`): its advert then carries its noise profile
+  (signed), its training release is an integer vector with its share of the noise
+  (:meth:`FixedPoint.encode_integer`, then masked), and it counts as adders only the parties of
+  the sum whose adverts verify under its pins and carry the same profile (no pins: itself only,
+  so it adds the whole noise).
 """
 
 from __future__ import annotations
@@ -67,13 +72,24 @@ class PartySecAgg:
         self.bound = float(nc.get("secagg-bound", DEFAULT_BOUND))
         self.only = bool(nc.get("secagg-only", False))
         self.on_overflow = "clip" if private else "refuse"
+        from flower_vfl.privacy.distributed import NODE_KEY
+        k = int(nc.get(NODE_KEY, -1))
+        if k >= 0 and not private:
+            from flower_vfl.config.schema import ConfigError
+            raise ConfigError(f"party {int(party_id)}: node config {NODE_KEY}={k} is for a private party (it sets "
+                              "how much of its noise the party adds inside the secure sum); this party is not "
+                              "private. Remove it, or make the party private (dp=true dp-epsilon=...)")
+        #: k of the node config (None: the party adds its whole noise, no distributed noise)
+        self.colluders = k if k >= 0 else None
+        #: the distributed-noise profile of the advert (set by the private party client)
+        self.noise = b""
 
     def settings(self) -> tuple:
         """What this party's node config set (public keys as hex): equal settings, equal objects."""
         from flower_vfl.secagg import public_key_hex
         return (self.name, None if self.signing_key is None else public_key_hex(self.signing_key),
                 None if self.pins is None else tuple(sorted((n, public_key_hex(k)) for n, k in self.pins.items())),
-                self.min_parties, self.required, self.bound, self.only, self.on_overflow)
+                self.min_parties, self.required, self.bound, self.only, self.on_overflow, self.colluders, self.noise)
 
     def __eq__(self, other):
         return isinstance(other, PartySecAgg) and self.settings() == other.settings()
@@ -89,10 +105,11 @@ class PartySecAgg:
         run = str(context.run_id)
         st = context.state.get(STATE_KEYS) if STATE_KEYS in context.state else None
         if st is not None and st["run"] == run and st["name"] == self.name and float(st["bound"]) == self.bound:
-            return KeyAgreement(self.name, run, self.bound, self.signing_key, dh_private=bytes(st["dh"]))
+            return KeyAgreement(self.name, run, self.bound, self.signing_key, dh_private=bytes(st["dh"]),
+                                noise=self.noise)
         if not create:
             return None
-        ka = KeyAgreement(self.name, run, self.bound, self.signing_key)
+        ka = KeyAgreement(self.name, run, self.bound, self.signing_key, noise=self.noise)
         context.state[STATE_KEYS] = ConfigRecord({"run": run, "name": self.name, "bound": self.bound,
                                                   "dh": ka.private_state()})
         return ka
@@ -126,11 +143,24 @@ class PartySecAgg:
                              "(node config secagg-require); refused")
         return Session(self.name, sub, {n: s for n, s in full._seeds.items() if n in sub.names})
 
+    def adders(self, session: Session) -> int:
+        """A: the parties of this sum that add a noise share under this party's profile, this
+        party included. Counted only from adverts verified under this party's pins (the session
+        verified every signature); without pins the central node could invent adders, so 1."""
+        if not self.noise:
+            raise KeyRefused(f"party {self.name!r} declares no distributed-noise profile")
+        if self.pins is None:
+            return 1
+        return sum(1 for a in session.roster.adverts if a.noise == self.noise)
+
     # ------------------------------------------------------------------ answers
-    def masked_answer(self, content, context: Context, kind: str, rnd: int, compute) -> np.ndarray:
+    def masked_answer(self, content, context: Context, kind: str, rnd: int, compute,
+                      integer: bool = False) -> np.ndarray:
         """The masked reply to ``content`` (``compute()`` -> the float release, called only for a
         new request); the stored answer for a replay, :class:`ReplayConflict` for another
-        broadcast of the same round."""
+        broadcast of the same round. ``integer``: a distributed-noise release,
+        ``compute(adders, max_bits)`` -> (int64 vector, j), encoded exactly at scale 2^j
+        (:meth:`~flower_vfl.secagg.quantize.FixedPoint.encode_integer`)."""
         adverts, names = secagg_fields(content)
         session = self.session(context, adverts, names)
         arrays = {}
@@ -152,8 +182,13 @@ class PartySecAgg:
             raise ReplayConflict(f"party {self.name!r}: round {int(rnd)} ({kind}) was already answered in a sum over "
                                  f"[{sums[slot]}]; refused in a sum over [{over}] (the central node could subtract "
                                  "the two sums)")
-        s = np.asarray(compute(), dtype=np.float64)
-        masked = session.release(s, ctx, self.on_overflow)
+        if integer:
+            fp = session.roster.fixed_point
+            r, bits = compute(self.adders(session), fp.k)
+            masked = session.mask(fp.encode_integer(np.asarray(r, dtype=np.int64), int(bits)), ctx)
+        else:
+            s = np.asarray(compute(), dtype=np.float64)
+            masked = session.release(s, ctx, self.on_overflow)
         # written to the state before the reply leaves (one entry per kind: the last request)
         sums[slot] = over
         context.state[STATE_SUMS] = ConfigRecord(sums)

@@ -184,6 +184,9 @@ SCHEMA: dict[str, Key] = dict([
                                     "-1: fresh OS entropy. A party's or a horizontal agent's node config that "
                                     "sets it is refused: seeded noise repeats in every run",
        lo=-1, hi=2**63 - 1),
+    _k("dp-distributed-max-colluders", int, -1, "node", "distributed noise (secagg=true, docs/privacy.md): this "
+       "party accepts that the central node colludes with at most k other parties of a sum and adds only its "
+       "share of the noise inside the secure sum; -1: off (the party adds its whole noise)", lo=-1, hi=10_000),
     # --- a SuperNode's identity and guards
     _k("partition-id", int, None, "node", "the party this SuperNode serves (required)", lo=0),
     _k("num-partitions", int, None, "node", "set by Flower's simulation engine; informational", lo=1),

@@ -58,7 +58,7 @@ from flower_vfl.privacy.party import PrivacyConfig, PrivateParty
 
 __all__ = ["DistributedNoise", "DistributedParty", "DistributedRefused", "skellam_rdp", "integer_sensitivity",
            "dominating_multiplier", "variance_for", "noise_bits", "skellam_noise", "MAX_VARIANCE",
-           "INFLATION_BITS", "NODE_KEY"]
+           "INFLATION_BITS", "NODE_KEY", "PROFILE_TAG", "profile"]
 
 #: the node-config key (a party's own, never the run config's)
 NODE_KEY = "dp-distributed-max-colluders"
@@ -66,6 +66,8 @@ NODE_KEY = "dp-distributed-max-colluders"
 INFLATION_BITS = 10
 #: Poisson means stay far inside numpy's int64 sampler
 MAX_VARIANCE = 1e17
+#: the distributed-noise profile's version tag (the optional field of a secure-aggregation key advert)
+PROFILE_TAG = "skellam/v1"
 
 
 class DistributedRefused(Refused):
@@ -131,6 +133,20 @@ def skellam_noise(rng: np.random.Generator, variance: float, shape) -> np.ndarra
     if v > MAX_VARIANCE:
         raise ValueError(f"variance={v:g} is above {MAX_VARIANCE:g}: use a coarser quantization (fewer noise bits)")
     return rng.poisson(v / 2.0, shape).astype(np.int64) - rng.poisson(v / 2.0, shape).astype(np.int64)
+
+
+def profile(config: PrivacyConfig, lam: float, colluders: int) -> bytes:
+    """The profile a party declares in its signed key advert: everything that fixes its plan
+    (:meth:`DistributedNoise.plan`) for a given broadcast, i.e. k, the budget and its split, the
+    clips, the ball and the party's own lam. Parties of one sum whose verified adverts carry the
+    same profile draw the same share on the same lattice 2^-j for every broadcast (n, rho and theta
+    are the message's, the fixed-point exponent the roster's): only they count as adders."""
+    k = _check_int(NODE_KEY, colluders, 0)
+    c = config
+    fields = (PROFILE_TAG, f"k={k}", f"eps={float(c.epsilon)!r}", f"delta={float(c.delta)!r}",
+              f"T={int(c.train_rounds)}", f"E={int(c.eval_rounds)}", f"b1={float(c.b1)!r}", f"c_v={float(c.c_v)!r}",
+              f"c_s={float(c.c_s)!r}", f"lam={float(lam)!r}", f"cal={c.calibration}", f"form={c.noise_form}")
+    return ";".join(fields).encode()
 
 
 @dataclass(frozen=True)

@@ -71,10 +71,14 @@ class Advert:
     dh_public: bytes
     bound: float
     signature: bytes = b""
+    #: optional: the party's distributed-noise profile (:func:`flower_vfl.privacy.distributed.profile`),
+    #: signed with the rest; empty for a party that adds no noise share (the advert's bytes are then
+    #: those of an advert without the field)
+    noise: bytes = b""
 
     def signed_bytes(self) -> bytes:
-        return frame(TAG, b"advert", self.name.encode(), self.run.encode(), self.dh_public,
-                     struct.pack(">d", self.bound))
+        fields = [TAG, b"advert", self.name.encode(), self.run.encode(), self.dh_public, struct.pack(">d", self.bound)]
+        return frame(*fields, *((self.noise,) if self.noise else ()))
 
     def to_bytes(self) -> bytes:
         return frame(self.signed_bytes(), self.signature)
@@ -83,10 +87,14 @@ class Advert:
     def from_bytes(cls, data: bytes) -> "Advert":
         try:
             signed, signature = unframe(bytes(data))
-            tag, kind, name, run, dh_public, bound = unframe(signed)
-            if tag != TAG or kind != b"advert":
+            fields = unframe(signed)
+            if len(fields) not in (6, 7):
+                raise ValueError(f"{len(fields)} fields, expected 6 or 7")
+            tag, kind, name, run, dh_public, bound = fields[:6]
+            noise = fields[6] if len(fields) == 7 else b""
+            if tag != TAG or kind != b"advert" or (len(fields) == 7 and not noise):
                 raise ValueError("not a flower-vfl secagg v1 advert")
-            adv = cls(name.decode(), run.decode(), dh_public, struct.unpack(">d", bound)[0], signature)
+            adv = cls(name.decode(), run.decode(), dh_public, struct.unpack(">d", bound)[0], signature, noise)
         except (ValueError, struct.error, UnicodeDecodeError) as exc:
             raise KeyRefused(f"malformed key advert ({exc}); refused") from None
         adv.check()
@@ -99,6 +107,8 @@ class Advert:
             raise KeyRefused(f"party {self.name!r}: X25519 public key of {len(self.dh_public)} bytes, not 32")
         if not (math.isfinite(self.bound) and self.bound > 0):
             raise KeyRefused(f"party {self.name!r}: declared bound {self.bound!r} is not a finite number > 0")
+        if not isinstance(self.noise, bytes) or len(self.noise) > 256:
+            raise KeyRefused(f"party {self.name!r}: the noise profile of its advert must be at most 256 bytes")
 
 
 class Roster:
@@ -187,18 +197,20 @@ class KeyAgreement:
         The party's long-term identity; ``None``: unsigned adverts (unpinned mode).
     dh_private : bytes or None
         A stored X25519 private key of this run (the party's own state); ``None``: a fresh one.
+    noise : bytes
+        The party's distributed-noise profile for the advert (empty: none).
     """
 
     def __init__(self, name, run, bound, signing_key: Ed25519PrivateKey | None = None,
-                 dh_private: bytes | None = None):
+                 dh_private: bytes | None = None, noise: bytes = b""):
         self.name, self.run, self.bound = str(name), str(run), float(bound)
         self._dh = X25519PrivateKey.generate() if dh_private is None else \
             X25519PrivateKey.from_private_bytes(bytes(dh_private))
         pub = self._dh.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        unsigned = Advert(self.name, self.run, pub, self.bound)
+        unsigned = Advert(self.name, self.run, pub, self.bound, noise=bytes(noise))
         unsigned.check()
         sig = signing_key.sign(unsigned.signed_bytes()) if signing_key is not None else b""
-        self.advert = Advert(self.name, self.run, pub, self.bound, sig)
+        self.advert = Advert(self.name, self.run, pub, self.bound, sig, bytes(noise))
 
     def private_state(self) -> bytes:
         """The X25519 private key, for the party's own state (never sent)."""
