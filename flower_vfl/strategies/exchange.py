@@ -257,6 +257,7 @@ class Exchange:
         self.same_id_restart = False
         self._query = None                   # (message_type, content, read, what) of identify
         self._sent: dict[str, int] = {}      # message id -> party, of the last exchange
+        self._losses: tuple[str, dict[int, int]] = ("", {})   # (request, party -> times lost on it)
 
     # ------------------------------------------------------------------ identify
     def node_of(self) -> dict[int, int]:
@@ -519,7 +520,11 @@ class Exchange:
         if stale_ok and unserved:        # a restarted node may be back: take it without waiting
             self.rejoin(unserved, 0.0)
         self._sent = {}
-        losses: dict[int, int] = {}
+        # losses per party of this request, kept across consecutive calls with the same ``what``
+        # (a party re-synchronized after a loss is sent the request again in a new call)
+        if self._losses[0] != what:
+            self._losses = (what, {})
+        losses = self._losses[1]
         while pending:
             node_of = self.node_of()
             requests = {p: make(p, node_of[p]) for p in sorted(pending) if p in node_of}

@@ -231,8 +231,9 @@ class VerticalADMMStrategy(Strategy):
         A non-private party that answers without its state (``last_train`` absent or < 0: a
         restarted SuperNode, or a new run after resume) is re-synchronized: before anything
         else it is sent the last round it answered again (the replay record,
-        :meth:`FlowerRounds.resync`); a train message that comes first folds the last release
-        the server holds into q (``_round_content``). A party that restored its own state
+        :meth:`FlowerRounds.resync`; a party that rejoins during a round is sent that replay
+        first, by the round's rebuild), and its release must be the one the central node holds
+        (other data or settings are refused). A party that restored its own state
         (``last_train`` >= 0) is left as it is."""
         if first and info["private"]:
             self.private_parties[party] = info["train_rounds"]

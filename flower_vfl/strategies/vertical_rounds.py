@@ -21,7 +21,7 @@ from flwr.common.logger import log
 
 from flower_vfl.config.schema import SCHEMA
 from flower_vfl.strategies.checkpointing import ResumeRefused
-from flower_vfl.strategies.exchange import ReplyError
+from flower_vfl.strategies.exchange import MAX_LOSSES, ReplyError
 
 __all__ = ["MAX_TRAIN_ROUNDS", "read_identity", "check_penalty", "FlowerRounds"]
 
@@ -108,8 +108,17 @@ class FlowerRounds:
         st._sending = {p: (k, copy(c.q if qs is None else qs[p]), copy(c.y), float(c.rho), st._last_s.get(p))
                        for p in parties}
         messages = list(st.configure_train(k, ArrayRecord(), ConfigRecord(), self.grid))
-        rebuild = lambda p, nid: Message(st._round_content(k, party=p), dst_node_id=nid,  # noqa: E731
-                                         message_type="train")
+        replayed = set()
+
+        def rebuild(p, nid):
+            # a party back without its state (a restarted SuperNode) is first sent the last round
+            # it answered again: its release is checked against the one the central node holds
+            # (other data or settings are refused), then it is sent this round (below)
+            if p in st._resync and p in st.replay_ and p in st._last_s and st.secagg is None:
+                replayed.add(p)
+                return Message(st._replay_content(p), dst_node_id=nid, message_type="train")
+            replayed.discard(p)
+            return Message(st._round_content(k, party=p), dst_node_id=nid, message_type="train")
         if st.stragglers == "stale":
             got, lost = self._send(messages, what, rebuild, parties, stale_ok=True)
             over = {p for p in lost if st._stale.get(p, 0) + 1 > st.max_staleness}
@@ -120,6 +129,17 @@ class FlowerRounds:
         else:
             got = self._send(messages, what, rebuild, parties)
             got = self._rekeyed(got, what, parties, rebuild)
+        for _ in range(MAX_LOSSES + 2):     # each pass follows a loss; the exchange stops after MAX_LOSSES
+            back = sorted(p for p in got if p in replayed)
+            if not back:
+                break
+            for p in back:
+                self._check_replay(p, got.pop(p))
+                replayed.discard(p)
+            got.update(self._send([], what, rebuild, back))
+        if any(p in replayed for p in got):
+            raise ResumeRefused(f"parties {sorted(replayed)} kept losing their state while being re-synchronized "
+                                f"in {what}; check their SuperNodes and resume")
         st._reply_party = {rep.metadata.reply_to_message_id: p for p, rep in got.items()}
         st.aggregate_train(k, [got[p] for p in sorted(got)])
         return st._fresh, st._penalties
@@ -158,22 +178,29 @@ class FlowerRounds:
             what = f"re-synchronization (round {max(st.replay_[p][0] for p in todo)} again)"
             got = st.exchange.send(lambda p, nid: st._replay_content(p), "train", todo, what)
             for p, rep in sorted(got.items()):
-                s = st._release(rep, p, "s", st.central.z.shape, what)
-                kept = st._last_s[p]
-                if not np.array_equal(s, kept):
-                    diff = float(np.max(np.abs(s - kept)))
-                    scale = max(1.0, float(np.max(np.abs(kept))))
-                    if diff > 1e-9 * scale:
-                        raise ResumeRefused(
-                            f"party {p} (node {rep.metadata.src_node_id}) was sent round {st.replay_[p][0]} again "
-                            f"to restore its state and released another s_m than in that round (max |difference| "
-                            f"{diff:.3g} over {s.shape[0]} rows): its data or its settings changed (rows, row "
-                            "order, columns, lam, penalty, x-solver). Give the party its original data and node "
-                            "config, or start a new run without resume")
-                st._resync.discard(p)
-                log(INFO, "party %s re-synchronized: round %d again, the same release", p, st.replay_[p][0])
+                self._check_replay(p, rep)
         raise ResumeRefused(f"parties {sorted(p for p in parties if p in st._resync)} kept losing their state "
                             "while being re-synchronized; check their SuperNodes and resume")
+
+    def _check_replay(self, p, rep) -> None:
+        """``rep`` answers the last round party ``p`` answered, sent again: its release must be
+        the one the central node holds, else :class:`ResumeRefused` (its data or settings changed)."""
+        st = self.st
+        what = f"re-synchronization (round {st.replay_[p][0]} again)"
+        s = st._release(rep, p, "s", st.central.z.shape, what)
+        kept = st._last_s[p]
+        if not np.array_equal(s, kept):
+            diff = float(np.max(np.abs(s - kept)))
+            scale = max(1.0, float(np.max(np.abs(kept))))
+            if diff > 1e-9 * scale:
+                raise ResumeRefused(
+                    f"party {p} (node {rep.metadata.src_node_id}) was sent round {st.replay_[p][0]} again "
+                    f"to restore its state and released another s_m than in that round (max |difference| "
+                    f"{diff:.3g} over {s.shape[0]} rows): its data or its settings changed (rows, row "
+                    "order, columns, lam, penalty, x-solver). Give the party its original data and node "
+                    "config, or start a new run without resume")
+        st._resync.discard(p)
+        log(INFO, "party %s re-synchronized: round %d again, the same release", p, st.replay_[p][0])
 
     def evaluate(self, k, parties, final):
         st = self.st
