@@ -4,6 +4,7 @@ now every private party, the label owner included, gets its ε curve from an acc
 ledger, equal to the total in the report."""
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -81,7 +82,8 @@ def test_no_protobuf_warning_on_a_command_that_imports_flower(tmp_path):
     res = _stderr_of(["simulate", "--run-config", "max-rounds=oops"])   # imports flwr.common.config, then refuses
     assert res.returncode == 2 and "--run-config 'max-rounds=oops' is not 'key=value ...'" in res.stderr
     assert "protobuf" not in res.stderr.lower()
-    raw = subprocess.run([sys.executable, "-c", "import flwr.common.config"], capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}   # other tests' main() may have set it
+    raw = subprocess.run([sys.executable, "-c", "import flwr.common.config"], capture_output=True, text=True, env=env)
     assert "Protobuf gencode version" in raw.stderr        # the source is still there without the filter
     # a `flwr` child started by the command inherits the filter
     code = ("import os, subprocess, sys; from flower_vfl.cli import quiet_protobuf_gencode_warning as q; q(); "

@@ -33,7 +33,8 @@ def write_report(out_dir, config: dict, history: list[dict], final: dict, extra:
                  plot: bool = True, key: str | None = None):
     """Write ``report.json`` (config, per-round metrics, final metrics, timing, extras),
     ``metrics.csv`` (one row per round) and, with ``plot``, ``run.png``
-    (:func:`flower_vfl.reporting.plots.plot_run`; not while ``final`` says the run is still running).
+    (:func:`flower_vfl.reporting.plots.plot_run`) and ``report.html``
+    (:func:`flower_vfl.reporting.html.write_html`); not while ``final`` says the run is still running.
     Each file is replaced atomically (temporary file, fsync, rename): a full or read-only disk
     leaves the previous one whole. With ``key`` (the run-config key that chose ``out_dir``) such
     a failure is a :class:`flower_vfl.io.checkpoint.DiskError` naming the path and the key.
@@ -65,5 +66,12 @@ def write_report(out_dir, config: dict, history: list[dict], final: dict, extra:
         except Exception as exc:  # noqa: BLE001
             import warnings
             warnings.warn(f"run.png not written ({type(exc).__name__}: {exc}); report.json and "
+                          "metrics.csv are complete", RuntimeWarning, stacklevel=2)
+        try:                     # the run's page (flower_vfl/reporting/html.py): curves, ledgers, settings
+            from flower_vfl.reporting.html import write_html
+            write_html([out])
+        except Exception as exc:  # noqa: BLE001
+            import warnings
+            warnings.warn(f"report.html not written ({type(exc).__name__}: {exc}); report.json and "
                           "metrics.csv are complete", RuntimeWarning, stacklevel=2)
     return path
