@@ -3,6 +3,8 @@ SuperLink, registered SuperNode keys bound to parties, ``--isolation process`` w
 message's ClientApp forked from the warm process: the run completes with the in-process
 engine's decision values (1e-9) and no process is left."""
 
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -18,11 +20,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("flower-superlink") is None, reason="Flower binaries not on PATH")
-def test_warm_isolation_end_to_end_matches_the_engine(tmp_path):
+@pytest.mark.parametrize("packaged", [False, True], ids=["checkout-bundle", "packaged-app"])
+def test_warm_isolation_end_to_end_matches_the_engine(tmp_path, packaged):
+    """The checkout as the app (the bundle carries flower_vfl/**.py) and the app folder the package
+    ships (only pyproject.toml; the ClientApp is the installed package): both preloaded."""
+    import flower_vfl
+    from flower_vfl.cli.app import app_dir
+
     procs = Processes(tmp_path / "logs")
     try:
         res = deploy_local(tmp_path, 2, {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 3},
-                           app_dir=ROOT, processes=procs, timeout=900, isolation="warm")
+                           app_dir=app_dir() if packaged else ROOT, processes=procs, timeout=900, isolation="warm")
     finally:
         procs.stop_all()
     assert res["exit_code"] == 0, res["record"]
@@ -33,7 +41,11 @@ def test_warm_isolation_end_to_end_matches_the_engine(tmp_path):
     assert np.max(np.abs(np.load(Path(res["out_dir"]) / "decision_test.npy") - ref)) <= 1e-9
     # served by the warm process (its children log there), not by a flwr-clientapp interpreter
     assert "Start `flwr-clientapp` process" not in (tmp_path / "logs" / "node0.log").read_text()
-    assert (tmp_path / "logs" / "exec0.log").is_file()
+    # the first message's process imported our app; the warm process then imported its modules
+    exec_log = (tmp_path / "logs" / "exec0.log").read_text()
+    where = re.escape(str(Path(flower_vfl.__file__).resolve().parents[1])) + r" here" if packaged \
+        else r"\S*/apps/flower-vfl\.flower-vfl\.\S+ here"
+    assert re.search(r":INFO:\[warm_exec\] imported \d+ modules of the app in " + where, exec_log), exec_log[-3000:]
     assert any_alive(procs.started) == []
 
 
@@ -191,3 +203,210 @@ def test_supernode_launcher_refuses_a_bad_idle_poll(argv, message, capsys):
 def test_deploy_local_refuses_a_bad_idle_poll(tmp_path):
     with pytest.raises(ValueError, match=r"^--idle-poll=5 is out of range"):
         deploy_local(tmp_path, 2, {"dataset": "breast_cancer"}, idle_poll=5)
+
+
+def _forked(fn):
+    """Run ``fn()`` in a forked child; its return value (bytes) back through a pipe."""
+    import os
+
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                         # pragma: no cover - the child
+        code = 0
+        try:
+            os.write(wfd, fn())
+        except BaseException:                            # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    data = b""
+    while chunk := os.read(rfd, 65536):
+        data += chunk
+    os.close(rfd)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return data
+
+
+def test_forked_messages_draw_different_noise():
+    """Two ClientApps forked from one warm process (after _child_after_fork, as in launch) draw
+    different noise through the party's mechanism, and numpy's global RandomState differs too;
+    without the reseed the global state would be the same in both (the control)."""
+    import numpy as np
+
+    from flower_vfl.deploy import warm_exec
+    from flower_vfl.privacy.mechanism import GaussianOutputMechanism
+
+    mech = GaussianOutputMechanism(1.0, party_id=1)
+    np.random.seed(7)                                   # a parent whose global state is fixed
+
+    def message(reseed):
+        def run():
+            if reseed:
+                warm_exec._child_after_fork({})
+            noise = mech.release(np.zeros(8), round=3, kind="train")
+            return np.concatenate([noise, np.random.standard_normal(8)]).tobytes()
+        return run
+
+    a, b = (np.frombuffer(_forked(message(True)), dtype=float) for _ in range(2))
+    assert np.all(a[:8] != b[:8]) and np.all(a[8:] != b[8:])
+    c, d = (np.frombuffer(_forked(message(False)), dtype=float) for _ in range(2))
+    assert np.all(c[:8] != d[:8])                       # the mechanism: OS entropy at the draw
+    assert np.array_equal(c[8:], d[8:])                 # numpy's global state is shared without it
+
+
+def _bundle(root, name, value):
+    """An installed app bundle: pyproject.toml and package ``vflpre_app`` with ``VALUE``."""
+    folder = root / name
+    (folder / "vflpre_app").mkdir(parents=True)
+    (folder / "pyproject.toml").write_text("")
+    (folder / "vflpre_app" / "__init__.py").write_text("")
+    (folder / "vflpre_app" / "mod.py").write_text(f"VALUE = {value!r}\n")
+    return str(folder)
+
+
+def test_app_preloader_imports_a_bundle_once_and_children_of_another_bundle_drop_it(tmp_path, monkeypatch):
+    """The warm process imports what a finished message of a bundle reported; a bundle with the same
+    top-level package replaces it; a child of another bundle drops the preloaded one before Flower's
+    load_app, so it imports its own bundle's code; the child reports what it imported."""
+    import json
+    import os
+    import sys
+
+    import flwr.clientapp.utils as cu
+
+    from flower_vfl.deploy import warm_exec
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    one, two = _bundle(tmp_path, "one", 1), _bundle(tmp_path, "two", 2)
+    pre = warm_exec.AppPreloader()
+    try:
+        assert pre.preload(one, ["vflpre_app.mod"]) == 2          # the package and the module
+        assert sys.modules["vflpre_app.mod"].VALUE == 1 and sys.path[0] == one
+        assert pre.preload(one, ["vflpre_app.mod"]) == 0          # already imported: nothing to do
+
+        def child_of(folder):
+            def run():
+                rfd, wfd = os.pipe()
+                monkeypatch.setattr(cu, "load_app", lambda ref, err, project_dir=None:
+                                    __import__("importlib").import_module("vflpre_app.mod"))
+                report = warm_exec._report_bundle_modules(dict(pre.apps), wfd)
+                sys.path.insert(0, folder)                         # as Flower's load_app does
+                value = cu.load_app("vflpre_app.mod:VALUE", ImportError, folder).VALUE
+                report()
+                os.close(wfd)
+                info = json.loads(os.read(rfd, 65536))
+                return json.dumps([value, info["dir"], sorted(info["modules"]), one in sys.path]).encode()
+            return run
+
+        assert json.loads(_forked(child_of(one))) == [1, one, ["vflpre_app", "vflpre_app.mod"], True]
+        assert json.loads(_forked(child_of(two))) == [2, two, ["vflpre_app", "vflpre_app.mod"], False]
+        assert pre.preload(two, ["vflpre_app.mod"]) == 2          # same package: replaces bundle one
+        assert list(pre.apps) == [two] and sys.modules["vflpre_app.mod"].VALUE == 2 and one not in sys.path
+        broken = _bundle(tmp_path, "broken", 3)
+        (Path(broken) / "vflpre_bad.py").write_text("raise RuntimeError('boom')\n")
+        with pytest.warns(UserWarning, match=r"importing the app in .*broken failed \(RuntimeError: boom\); "
+                                             r"its messages import it themselves"):
+            assert pre.preload(broken, ["vflpre_bad"]) == 0
+        assert "vflpre_bad" not in sys.modules and broken not in sys.path and pre.preload(broken, ["vflpre_bad"]) == 0
+        # an app folder holding only pyproject.toml whose ClientApp is an installed package: the package
+        # (its sys.path root, its top-level name only) is preloaded; a bundle that has that package
+        # itself shadows it in the child
+        site = tmp_path / "site"
+        (site / "vflpre_inst").mkdir(parents=True)
+        (site / "vflpre_inst" / "__init__.py").write_text("VALUE = 'installed'\n")
+        (site / "other_pkg.py").write_text("")
+        sys.path.append(str(site))
+        assert pre.preload(str(site), ["vflpre_inst", "other_pkg"], {"vflpre_inst"}) == 1
+        assert pre.apps[str(site)] == frozenset({"vflpre_inst"}) and "other_pkg" not in sys.modules
+        assert warm_exec._shadowed(str(site), frozenset({"vflpre_inst"}), two) is False
+        (Path(two) / "vflpre_inst.py").write_text("VALUE = 'bundle'\n")
+        assert warm_exec._shadowed(str(site), frozenset({"vflpre_inst"}), two) is True
+        assert warm_exec._shadowed(two, None, two) is False and warm_exec._shadowed(one, None, two) is True
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] in ("vflpre_app", "vflpre_bad", "vflpre_inst")]:
+            del sys.modules[name]
+
+
+def test_telemetry_is_off_unless_the_user_set_it(monkeypatch):
+    import flwr.supercore.telemetry as tm
+
+    from flower_vfl.deploy import supernode
+
+    monkeypatch.setattr(tm, "FLWR_TELEMETRY_ENABLED", tm.FLWR_TELEMETRY_ENABLED)
+    monkeypatch.delenv("FLWR_TELEMETRY_ENABLED", raising=False)
+    assert supernode.telemetry_off_by_default() is True
+    assert os.environ["FLWR_TELEMETRY_ENABLED"] == "0" and tm.FLWR_TELEMETRY_ENABLED == "0"
+    assert tm.create_event(tm.EventType.FLWR_CLIENTAPP_RUN_LEAVE, None) == "disabled"   # nothing sent
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "1")
+    assert supernode.telemetry_off_by_default() is False and tm.FLWR_TELEMETRY_ENABLED == "1"
+
+
+def _refusal(code, detail="Failed to activate SuperNode."):
+    import json
+
+    import httpx
+
+    request = httpx.Request("POST", "https://link.invalid/v1/fleet/activate-node")
+    response = httpx.Response(412, text=json.dumps({"code": code, "detail": detail}), request=request)
+    return httpx.HTTPStatusError("412 Precondition Failed", request=request, response=response)
+
+
+def test_supernode_retries_a_refused_activation(monkeypatch, caplog):
+    """Code 2004 (previous session still online): asked again every 3 s, one log line, up to 65 s,
+    then Flower's own error; any other refusal is raised at once; patching twice wraps once."""
+    import httpx
+    from flwr.supernode.fleet_http_client import FleetHttpClient
+
+    from flower_vfl.deploy import supernode
+
+    answers = []
+
+    def flower_activate(self, request):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(FleetHttpClient, "ActivateNode", flower_activate)
+    now, slept = [0.0], []
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+
+    assert supernode.retry_activation(sleep=sleep, clock=lambda: now[0]) is True
+    assert supernode.retry_activation(sleep=sleep, clock=lambda: now[0]) is True      # wraps Flower's once
+    answers[:] = [_refusal(2004), _refusal(2004), "node 7"]
+    with caplog.at_level("WARNING"):
+        assert FleetHttpClient.ActivateNode(None, "request") == "node 7"
+    assert slept == [3.0, 3.0]
+    lines = [r.getMessage() for r in caplog.records if "refused to activate" in r.getMessage()]
+    assert lines == ["flower-vfl-supernode: the SuperLink refused to activate this node ([code: 2004] Failed to "
+                     "activate SuperNode.): its previous session is still online until the SuperLink misses its "
+                     "heartbeats (up to 60 s after a kill); asking again every 3 s for up to 65 s"]
+    answers[:] = [_refusal(2004)] * 30                  # still online after the window: Flower's error
+    slept.clear()
+    with pytest.raises(httpx.HTTPStatusError) as info:
+        FleetHttpClient.ActivateNode(None, "request")
+    assert slept == [3.0] * 21 and len(answers) == 30 - 22 and '"code": 2004' in info.value.response.text
+    answers[:] = [_refusal(2003, "Invalid heartbeat interval."), "unused"]
+    slept.clear()
+    with pytest.raises(httpx.HTTPStatusError):
+        FleetHttpClient.ActivateNode(None, "request")
+    assert slept == [] and answers == ["unused"]
+
+
+def test_supernode_activation_retry_refuses_another_flower_release(monkeypatch):
+    import flwr
+    from flwr.supernode.fleet_http_client import FleetHttpClient
+
+    from flower_vfl.deploy import supernode
+
+    flower = FleetHttpClient.ActivateNode
+    monkeypatch.setattr(flwr, "__version__", "1.99.0")
+    with pytest.warns(UserWarning, match=r"flwr 1\.99\.0's node activation is not the one this was read in "
+                                         r"\(1\.41\.x, 1\.42\.x\); a refused activation ends the node at once"):
+        assert supernode.retry_activation() is False
+    assert FleetHttpClient.ActivateNode is flower

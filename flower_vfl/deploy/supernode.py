@@ -19,6 +19,13 @@ behaviour, except for the sleeps *inside that one module*:
     flower-vfl-supernode --idle-poll 0.5 --superlink link.example.org:9092 \\
         --root-certificates ca.crt --node-config "partition-id=1 data-path='...'"
 
+A SuperNode restarted after a kill is refused by the SuperLink (code 2004) while its previous
+session is still online (until two heartbeats are missed, ~60 s); it asks again every 3 s for up
+to 65 s, saying why in one log line, then exits as Flower does (Flower: exits at once).
+
+Flower's telemetry (an HTTP POST when a process starts and, waited for, when it exits) is off in
+this node and the processes it starts unless ``FLWR_TELEMETRY_ENABLED`` is set (``=1``: on).
+
 Each patch checks the Flower release (1.41.x, 1.42.x) and that Flower's loop still has what it
 replaces; otherwise the SuperNode runs as Flower ships it and says so in one warning line.
 """
@@ -28,11 +35,12 @@ from __future__ import annotations
 import argparse
 import inspect
 import math
+import os
 import sys
 import time
 import warnings
 
-__all__ = ["IDLE_POLL_S", "HOT_POLL_S", "cap_idle_sleep", "main"]
+__all__ = ["IDLE_POLL_S", "HOT_POLL_S", "cap_idle_sleep", "main", "telemetry_off_by_default"]
 
 #: default idle poll of ``flower-vfl-supernode`` and of ``flower-vfl deploy-local`` (seconds)
 IDLE_POLL_S = 0.5
@@ -168,6 +176,79 @@ def fast_object_retries(first: float = OBJECT_RETRY_S, cap: float = OBJECT_RETRY
     return True
 
 
+def telemetry_off_by_default() -> bool:
+    """Flower's telemetry off in this process unless ``$FLWR_TELEMETRY_ENABLED`` says otherwise
+    (Flower reads it once, at import: the module's copy is set too). True when off."""
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    tm = sys.modules.get("flwr.supercore.telemetry")
+    if tm is not None and hasattr(tm, "FLWR_TELEMETRY_ENABLED"):
+        tm.FLWR_TELEMETRY_ENABLED = os.environ["FLWR_TELEMETRY_ENABLED"]
+    return os.environ["FLWR_TELEMETRY_ENABLED"] != "1"
+
+
+#: a SuperLink refuses to activate a node whose previous session is still ONLINE (code 2004, "Failed
+#: to activate SuperNode") until it misses two heartbeats (2 x 30 s) after a kill; the node asks
+#: again every ACTIVATION_RETRY_S for up to ACTIVATION_WINDOW_S (Flower: exits at once, code 305)
+ACTIVATION_RETRY_S, ACTIVATION_WINDOW_S = 3.0, 65.0
+#: Flower's code for that refusal (flwr.supercore.error.base.ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED)
+ACTIVATION_REFUSED = 2004
+FLOWER_ACTIVATE_CALL = "client.ActivateNode,"
+
+
+def retry_activation(every: float = ACTIVATION_RETRY_S, window: float = ACTIVATION_WINDOW_S,
+                     sleep=time.sleep, clock=time.monotonic) -> bool:
+    """A refused activation (code 2004: the node's previous session is still online at the SuperLink)
+    is asked again every ``every`` seconds for up to ``window`` seconds, with one log line saying
+    why; then Flower's own error (the SuperNode exits as Flower does). Every other answer is
+    Flower's. Returns False (and warns) without patching on a Flower release this was not read in."""
+    import flwr
+    import flwr.supernode.fleet_http_connection as conn
+    from flwr.supernode.fleet_http_client import FleetHttpClient
+
+    version = getattr(flwr, "__version__", "?")
+    try:
+        import httpx
+        from flwr.supercore.error import FlowerError
+        from flwr.supercore.error.base import ApiErrorCode
+        ok = (version.startswith(PATCHED_FLWR) and FLOWER_ACTIVATE_CALL in inspect.getsource(conn)
+              and callable(getattr(FleetHttpClient, "ActivateNode", None))
+              and callable(getattr(FlowerError, "from_json", None))
+              and getattr(ApiErrorCode, "FLEET_NODE_ACTIVATION_FAILED", None) == ACTIVATION_REFUSED)
+    except (ImportError, OSError, TypeError):
+        ok = False
+    if not ok:
+        warnings.warn(f"flower-vfl-supernode: flwr {version}'s node activation is not the one this was read in "
+                      f"({', '.join(v + 'x' for v in PATCHED_FLWR)}); a refused activation ends the node at once, "
+                      "as in Flower", stacklevel=2)
+        return False
+    current = FleetHttpClient.ActivateNode
+    flower = getattr(current, "_flower_vfl_activate", current)
+
+    def ActivateNode(self, request):
+        t0, told = clock(), False
+        while True:
+            try:
+                return flower(self, request)
+            except httpx.HTTPStatusError as exc:
+                err = FlowerError.from_json(exc.response.text)
+                if err is None or err.code != ACTIVATION_REFUSED or clock() - t0 + every > window:
+                    raise
+                if not told:
+                    from logging import WARNING
+
+                    from flwr.supercore import log
+                    log(WARNING, "flower-vfl-supernode: the SuperLink refused to activate this node ([code: %d] "
+                        "%s): its previous session is still online until the SuperLink misses its heartbeats "
+                        "(up to 60 s after a kill); asking again every %g s for up to %g s",
+                        err.code, err.message, every, window)
+                    told = True
+                sleep(every)
+
+    ActivateNode._flower_vfl_activate = flower
+    FleetHttpClient.ActivateNode = ActivateNode
+    return True
+
+
 def _split_args(argv: list[str]) -> tuple[float, float, list[str]]:
     """(--idle-poll, --hot-poll, the rest for flower-supernode, in order)."""
     ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
@@ -197,6 +278,8 @@ def main(argv: list[str] | None = None) -> int | None:
     except ValueError as exc:
         print(f"flower-vfl-supernode: {exc}", file=sys.stderr)
         return 2
+    telemetry_off_by_default()       # inherited by the ClientApp processes the node starts
+    retry_activation()
     cap_idle_sleep(idle, hot)
     if hot:
         fast_object_retries()

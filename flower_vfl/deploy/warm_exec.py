@@ -8,11 +8,22 @@ with one change: a ClientApp task runs in a child **forked** from this process, 
 already imported flwr and the third-party libraries, instead of a freshly exec'd interpreter.
 
 What stays as in Flower: one process per message (module globals never survive a message;
-state lives in ``context.state`` and on the party's disk); the ClientApp code is imported in
-the child from the app bundle (FAB) Flower installed, as ``flwr-clientapp`` does; nothing of
-``flower_vfl`` is imported here. Randomness: the child draws a private party's noise seed from
-the OS at the time of the draw (``SeedSequence()``), so forked children share no noise state;
-Python's ``random`` is reseeded in a forked child by CPython itself.
+state lives in ``context.state`` and on the party's disk); the ClientApp code comes from the app
+bundle (FAB) Flower installed for the task, as in ``flwr-clientapp``. The bundle's modules a
+finished message imported (those under its installed folder; or, when the bundle's ClientApp is
+an installed package, as in the app folder ``flower-vfl`` ships, that package's modules) are
+imported once here, in the warm process, so the next messages of that bundle are forked with
+them (no handler ever runs here; module-level code only; ``--no-preload``: off). A child of
+another bundle first drops every preloaded module (and ``sys.path`` entry) its own bundle would
+not import. Randomness: the child draws a private
+party's noise seed from the OS at the time of the draw (``SeedSequence()``); nothing of ours
+draws from numpy's global RandomState or a generator made at import time, and a forked child
+reseeds numpy's global RandomState from the OS anyway (Python's ``random`` is reseeded by
+CPython), so forked children share no noise state.
+
+Flower's telemetry (an HTTP POST at every ClientApp's exit, waited for) is off in the processes
+this starts unless ``FLWR_TELEMETRY_ENABLED`` is set (``FLWR_TELEMETRY_ENABLED=1``: on, as in
+Flower); when off, its per-process look-ups are made once here instead of in every message.
 
     flower-supernode --isolation process --port 9094 ...   # the party's SuperNode
     python -m flower_vfl.deploy.warm_exec --insecure --runtime-api-address 127.0.0.1:9094
@@ -54,6 +65,152 @@ FLOWER_TASK_SLEEP = "time.sleep(task_poll_interval)"
 HOT_TASK_POLL_S, HOT_WINDOW_S = 0.01, 2.0
 #: benchmarks only: a file each forked ClientApp appends one JSON line of timings to
 TIMING_ENV = "FLOWER_VFL_TIMING"
+#: at most this many bundles' modules are kept imported in the warm process (oldest dropped)
+MAX_PRELOADED_APPS = 4
+
+
+def _under(path, folder: str) -> bool:
+    return isinstance(path, str) and (path == folder or path.startswith(folder.rstrip(os.sep) + os.sep))
+
+
+def _bundle_modules(folder: str, tops=None) -> list[str]:
+    """Names of the imported modules whose file lies in ``folder`` (an installed app bundle; with
+    ``tops``, an installed package's root: only modules of those top-level packages)."""
+    return [name for name, mod in list(sys.modules.items())
+            if (tops is None or name.split(".")[0] in tops) and _under(getattr(mod, "__file__", None), folder)]
+
+
+def _drop_bundle(folder: str, tops=None) -> None:
+    """Forget a preloaded app in this process: its modules, and a bundle's ``sys.path`` entry."""
+    for name in _bundle_modules(folder, tops):
+        sys.modules.pop(name, None)
+    if tops is None:
+        sys.path[:] = [p for p in sys.path if p != folder]
+
+
+def _shadowed(folder: str, tops, project_dir: str) -> bool:
+    """Would a ClientApp loaded from ``project_dir`` import other code than the preloaded app in
+    ``folder``? A bundle: unless it is that folder. An installed package (``tops``): when the
+    bundle has a package or module of that name (Flower puts the bundle first on ``sys.path``)."""
+    if tops is None:
+        return folder != project_dir
+    return folder != project_dir and any(
+        os.path.exists(os.path.join(project_dir, t)) or os.path.exists(os.path.join(project_dir, t + ".py"))
+        for t in tops)
+
+
+class AppPreloader:
+    """In the warm process: the apps whose modules are imported here, from what a finished
+    ClientApp reported having imported: an installed bundle (folder -> None: every module under
+    it) or, for a bundle whose code is an installed package (the app folder ``flower-vfl`` ships
+    holds only its pyproject.toml), that package (its root on ``sys.path`` -> its top-level names)."""
+
+    def __init__(self, limit: int = MAX_PRELOADED_APPS):
+        self.apps: dict[str, frozenset | None] = {}
+        self.failed: set[str] = set()
+        self.limit = limit
+
+    def preload(self, folder: str, names, tops=None) -> int:
+        """Import ``names`` here (modules of the bundle installed in ``folder``, or with ``tops`` of
+        the installed package under the ``sys.path`` root ``folder``); returns how many of its
+        modules are new here. An app whose top-level packages another preloaded app also has
+        replaces it; an import error, or a module found elsewhere, drops it (the children import it
+        themselves, as in Flower)."""
+        import importlib
+        import warnings
+
+        folder = os.path.abspath(folder)
+        tops = None if tops is None else frozenset(tops)
+        names = [n for n in names if isinstance(n, str) and n and (tops is None or n.split(".")[0] in tops)]
+        if folder in self.failed or not names or not os.path.isdir(folder) or \
+                (tops is None and not os.path.isfile(os.path.join(folder, "pyproject.toml"))):
+            return 0
+        mine = {n.split(".")[0] for n in names}
+        for other, other_tops in [(f, t) for f, t in self.apps.items() if f != folder]:
+            if mine & {n.split(".")[0] for n in _bundle_modules(other, other_tops)}:
+                _drop_bundle(other, other_tops)
+                del self.apps[other]
+        # other copies of those packages (e.g. this package as started, when the app is a bundle)
+        for name in [m for m in sys.modules if m.split(".")[0] in mine
+                     and not _under(getattr(sys.modules[m], "__file__", None), folder)]:
+            del sys.modules[name]
+        if tops is None and folder not in sys.path:
+            sys.path.insert(0, folder)
+        new = [n for n in sorted(set(names), key=lambda n: (n.count("."), n)) if n not in sys.modules]
+        before = set(_bundle_modules(folder, tops))
+        try:
+            for name in new:
+                importlib.import_module(name)
+            elsewhere = [n for n in new if not _under(getattr(sys.modules.get(n), "__file__", None), folder)]
+            if elsewhere:
+                raise ImportError(f"{elsewhere[0]} was found outside {folder}")
+        except BaseException as exc:                  # noqa: BLE001 - the warm loop must go on
+            warnings.warn(f"flower_vfl.deploy.warm_exec: importing the app in {folder} failed "
+                          f"({type(exc).__name__}: {exc}); its messages import it themselves", stacklevel=1)
+            _drop_bundle(folder, tops)
+            for name in [m for m in sys.modules if m.split(".")[0] in mine]:
+                del sys.modules[name]
+            self.apps.pop(folder, None)
+            self.failed.add(folder)
+            return 0
+        self.apps[folder] = tops
+        while len(self.apps) > self.limit:
+            oldest = next(iter(self.apps))
+            _drop_bundle(oldest, self.apps.pop(oldest))
+        return len(set(_bundle_modules(folder, tops)) - before)
+
+
+def _child_after_fork(preloaded) -> None:
+    """In a forked child, before Flower's ClientApp code: numpy's global RandomState from fresh OS
+    entropy (nothing of ours draws from it; no two children share it anyway); no ``flower_vfl``
+    module but a preloaded app's (``preloaded``: folder -> tops, :class:`AppPreloader`)."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()                                  # None: OS entropy
+    for name in [m for m in sys.modules if m == "flower_vfl" or m.startswith("flower_vfl.")]:
+        if not any(name in _bundle_modules(f, t) for f, t in preloaded.items()):
+            del sys.modules[name]
+
+
+def _report_bundle_modules(preloaded, wfd: int):
+    """In a forked child: Flower loads the ClientApp with ``load_app(ref, error, project_dir)``;
+    before that, drop the preloaded apps whose code this task would not import; at the end, tell
+    the warm process (pipe ``wfd``) the task's bundle folder and the modules it imported from it,
+    or, when the ClientApp's package was imported from outside the bundle (an installed package),
+    that package's ``sys.path`` root and modules (returns that report, called before the child exits)."""
+    import json
+
+    import flwr.clientapp.utils as cu
+
+    load, seen = cu.load_app, {}
+
+    def load_app(ref, error_type, project_dir=None):
+        if project_dir is not None:
+            folder = os.path.abspath(str(project_dir))
+            for other, tops in preloaded.items():
+                if _shadowed(other, tops, folder):
+                    _drop_bundle(other, tops)
+            seen["dir"], seen["top"] = folder, str(ref).partition(":")[0].split(".")[0]
+        return load(ref, error_type, project_dir)
+
+    def report():
+        if "dir" not in seen:
+            return
+        info = {"dir": seen["dir"], "modules": _bundle_modules(seen["dir"])}
+        top = sys.modules.get(seen["top"])
+        where = getattr(top, "__file__", None)
+        if isinstance(where, str) and not _under(where, seen["dir"]):
+            root = os.path.dirname(os.path.dirname(where)) if os.path.basename(where) == "__init__.py" \
+                else os.path.dirname(where)
+            info["installed"] = {"root": root, "top": seen["top"],
+                                 "modules": _bundle_modules(root, {seen["top"]})}
+        try:
+            os.write(wfd, json.dumps(info).encode()[:60000])
+        except OSError:
+            pass
+
+    cu.load_app = load_app
+    return report
 
 
 class _HotTime:
@@ -159,7 +316,7 @@ def _timing_line(rec: dict) -> None:
         pass
 
 
-def _fork_executor(clock=None):
+def _fork_executor(clock=None, preloader=None):
     import time
     from logging import INFO
 
@@ -173,10 +330,11 @@ def _fork_executor(clock=None):
     class ForkExecutor(SubprocessExecutor):
         """ClientApp tasks in a forked child of this warm process; the rest as Flower does."""
 
-        def __init__(self, *args, clock=None, **kwargs):
+        def __init__(self, *args, clock=None, preloader=None, **kwargs):
             super().__init__(*args, **kwargs)
-            self._forked: set[int] = set()      # pids of the children launch() forked
+            self._forked: dict[int, int | None] = {}   # pid of a child launch() forked -> its pipe
             self._clock = clock                 # the loop's _HotTime: a launch / an exit -> hot
+            self._preloader = preloader         # AppPreloader, or None: every child imports its app
 
         def launch(self, spec):
             if spec.task_type != TaskType.CLIENT_APP or not hasattr(os, "fork"):
@@ -185,18 +343,26 @@ def _fork_executor(clock=None):
             t0, t_fork = time.monotonic(), time.time()
             if self._clock is not None:
                 self._clock.active()
+            rfd, wfd = os.pipe() if self._preloader is not None else (None, None)
+            preloaded = dict(self._preloader.apps) if self._preloader is not None else {}
             pid = os.fork()
             if pid:
-                self._forked.add(pid)
+                if wfd is not None:
+                    os.close(wfd)
+                    os.set_blocking(rfd, False)
+                self._forked[pid] = rfd
                 return LaunchResult.accepted()
-            code = 0
+            code, report = 0, None
             timing = {"who": "party", "task": spec.task_id, "pid": os.getpid(), "t_fork": t_fork} \
                 if os.environ.get(TIMING_ENV) else None
-            # the app's code comes from the FAB, as in flwr-clientapp: forget this package (it
-            # is imported here when started with ``python -m flower_vfl.deploy.warm_exec``)
-            for name in [m for m in sys.modules if m == "flower_vfl" or m.startswith("flower_vfl.")]:
-                del sys.modules[name]
+            if rfd is not None:
+                os.close(rfd)
             try:                                      # the child: what flwr-clientapp's main does
+                # the app's code comes from the task's FAB, as in flwr-clientapp: no module of this
+                # package as started, nor of another preloaded bundle; numpy's global RNG reseeded
+                _child_after_fork(preloaded)
+                if wfd is not None:
+                    report = _report_bundle_modules(preloaded, wfd)
                 _reuse_installed_fabs()
                 if timing is not None:
                     _time_clientapp_calls(timing)
@@ -213,6 +379,8 @@ def _fork_executor(clock=None):
                         "(exit %s)", spec.task_id, time.monotonic() - t0, code)
                     if timing is not None:
                         _timing_line({**timing, "t_exit": time.time(), "exit": code})
+                    if report is not None and code == 0:
+                        report()
                     sys.stdout.flush()
                     sys.stderr.flush()
                 finally:
@@ -221,18 +389,52 @@ def _fork_executor(clock=None):
         def reconcile(self) -> None:
             """Reap the finished children this executor forked (no zombies; the processes
             Flower's own launch started are left to its Popen bookkeeping), then Flower's."""
-            for pid in list(self._forked):
+            for pid, rfd in list(self._forked.items()):
                 try:
                     done, _ = os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     done = pid
                 if done:
-                    self._forked.discard(pid)
+                    del self._forked[pid]
+                    if rfd is not None:
+                        self._preload_from(rfd)
                     if self._clock is not None:
                         self._clock.active()
             super().reconcile()
 
-    return ForkExecutor(clock=clock)
+        def _preload_from(self, rfd: int) -> None:
+            """What a finished child reported (its bundle folder, the modules it imported from it):
+            imported here, so the next children of that bundle are forked with them."""
+            import json
+
+            chunks = []
+            try:
+                while chunk := os.read(rfd, 65536):
+                    chunks.append(chunk)
+            except (BlockingIOError, OSError):
+                pass
+            finally:
+                os.close(rfd)
+            try:
+                info = json.loads(b"".join(chunks)) if chunks else None
+            except ValueError:
+                info = None
+            if not isinstance(info, dict):
+                return
+            t = time.monotonic()
+            inst = info.get("installed")
+            if isinstance(inst, dict) and isinstance(inst.get("root"), str) and isinstance(inst.get("top"), str) \
+                    and isinstance(inst.get("modules"), list):
+                where, n = inst["root"], self._preloader.preload(inst["root"], inst["modules"], {inst["top"]})
+            elif isinstance(info.get("dir"), str) and isinstance(info.get("modules"), list):
+                where, n = info["dir"], self._preloader.preload(info["dir"], info["modules"])
+            else:
+                return
+            if n:
+                log(INFO, "[warm_exec] imported %d modules of the app in %s here in %.3f s "
+                    "(the next messages of that bundle are forked with them)", n, where, time.monotonic() - t)
+
+    return ForkExecutor(clock=clock, preloader=preloader)
 
 
 def main(argv=None) -> None:
@@ -244,7 +446,12 @@ def main(argv=None) -> None:
     ap.add_argument("--lean", action="store_true",
                     help=f"do not pre-import {', '.join(WARM_OPTIONAL)} (torch): less memory, ~3-4 s more "
                          "per private party's message")
+    ap.add_argument("--no-preload", action="store_true",
+                    help="do not import an app bundle's modules here: every message's process imports them "
+                         "(as flwr-clientapp does; ~0.5-1 s a message)")
     args = ap.parse_args(argv)
+    from flower_vfl.deploy.supernode import telemetry_off_by_default
+    telemetry_off = telemetry_off_by_default()
     import importlib
     import importlib.util
     import inspect
@@ -268,8 +475,11 @@ def main(argv=None) -> None:
                     importlib.import_module(mod)
         from flower_vfl.deploy.supernode import fast_object_retries
         fast_object_retries()            # inherited by every forked ClientApp: its pulls from its node
+        if telemetry_off:                # Flower's event() still gathers ids and platform data (~0.4 s
+            from flwr.supercore.telemetry import EventType, create_event   # first time): once, here
+            create_event(EventType.FLWR_CLIENTAPP_RUN_ENTER, None)         # (off: nothing is sent)
         clock = _HotTime()
-        executor = _fork_executor(clock)
+        executor = _fork_executor(clock, None if args.no_preload else AppPreloader())
         rs.get_executor = lambda *a, **k: executor     # the ClientApp launch
         rs.time = clock                                # the task poll: hot after a launch / an exit
     rs.run_superexec(runtime_api_address=args.runtime_api_address, insecure=args.insecure,
