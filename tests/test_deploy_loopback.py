@@ -102,7 +102,8 @@ class Loopback:
     def node(self, m, name=None):
         self.procs.start(name or f"node{m}", ["flower-supernode", "--insecure", "--superlink",
                                               f"127.0.0.1:{self.link}", "--port", free_port(), "--node-config",
-                                              f"partition-id={m}"], self.env, self.tmp)
+                                              f"partition-id={m} state-dir='{self.tmp / f'party{m}-state'}'"],
+                         self.env, self.tmp)
 
     def nodes_up(self, names=("node0", "node1"), timeout=120):
         """Wait until each SuperNode has its node id from the SuperLink (a short party-wait at

@@ -258,8 +258,7 @@ class Recorder:
 def test_every_flower_flag_changes_what_is_handed_to_flower(command, tmp_path, monkeypatch, bc_files):
     rec = Recorder(monkeypatch, tmp_path)
     _, _, _, _, train, _ = bc_files
-    files = ["--labels", str(train[0]), "--party", str(train[1]), "--party", str(train[2])] \
-        if command != "deploy-local" else []
+    files = ["--labels", str(train[0]), "--party", str(train[1]), "--party", str(train[2])]
     own_flags = {"party", "labels", "labels-test", "party-test"}
     local_flags = {"workdir", "insecure", "timeout", "isolation", "idle-poll"}     # deploy-local's own processes
     base = rec.run(command, *files)

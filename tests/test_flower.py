@@ -289,14 +289,14 @@ def test_real_superlink_and_supernodes_on_loopback(tmp_path):
                                       f'address = "127.0.0.1:{link}"\ninsecure = true\n')
     env = dict(os.environ, FLWR_HOME=str(home))
     data = str(ROOT.parent / "shared" / "data" / "a9a")
-    party1 = f"partition-id=1 data-dir='{data}' dp=true dp-epsilon=1.0 dp-lam=0.003"
+    party1 = f"partition-id=1 data-dir='{data}' dp=true dp-epsilon=1.0 dp-lam=0.003 state-dir='{tmp_path / 'p1'}'"
     logs = [open(tmp_path / f"{name}.log", "w") for name in ("superlink", "node0", "node1")]
     procs = [subprocess.Popen(["flower-superlink", "--insecure", "--port", str(link),
                                "--disable-runtime-dependency-installation"], env=env, cwd=tmp_path,
                               stdout=logs[0], stderr=subprocess.STDOUT)]
     try:
         time.sleep(4)
-        for port, cfg, log in ((p0, f"partition-id=0 data-dir='{data}'", logs[1]), (p1, party1, logs[2])):
+        for port, cfg, log in ((p0, f"partition-id=0 data-dir='{data}' state-dir='{tmp_path / 'p0'}'", logs[1]), (p1, party1, logs[2])):
             procs.append(subprocess.Popen(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}",
                                            "--port", str(port), "--node-config", cfg], env=env, cwd=tmp_path,
                                           stdout=log, stderr=subprocess.STDOUT))

@@ -149,6 +149,7 @@ def cmd_fit(args):
     if getattr(args, "party", None):     # own data: party files aligned on their IDs
         from flower_vfl.cli.own import own_blocks
         train, y, test, yt, info = own_blocks(args)
+        pres, ids = info.pop("_preprocessors"), info.pop("_ids")
         n = len(train)
         cfg = parse_run_config(dict(rc, **{"num-parties": n}))
     else:
@@ -170,7 +171,11 @@ def cmd_fit(args):
         raise ConfigError("--eval-every needs held-out rows: give --labels-test and one --party-test per --party")
     model = _estimator(cfg, privacy, _eval_callback(cfg["eval-every"], test, yt))
     t0 = time.perf_counter()
-    model.fit(train, y)
+    import warnings
+    from flower_vfl.privacy.outcome import PrivatePartyHurts
+    with warnings.catch_warnings():     # said once below, in the CLI's words (the test loss when there is one)
+        warnings.simplefilter("ignore", PrivatePartyHurts)
+        model.fit(train, y)
     final = dict(model.history_[-1], wall_time_s=time.perf_counter() - t0, converged=model.converged_, **info)
     if info:
         final["train_score"] = model.score(train, y)
@@ -182,14 +187,17 @@ def cmd_fit(args):
         final.update(test_loss=metric.mean(f, t), test_accuracy=float(np.mean(metric.predict(f) == metric.predict(t))))
     shown = ("n_aligned", "n_owner", "widths", "round", "objective", "train_score", "test_loss", "test_accuracy")
     print(json.dumps({k: final[k] for k in shown if k in final}))
+    from flower_vfl.privacy.outcome import FIX_API, FIX_CLI, dp_hurts_message
+    msg = None
     if getattr(model, "nonprivate_coef_", None) is not None and test is not None:
         ref = metric.mean(model.decision_function_nonprivate(test), t)
         final["test_loss_nonprivate"] = ref
-        from flower_vfl.privacy.outcome import FIX_CLI, dp_hurts_message
         msg = dp_hurts_message(final["test_loss"], ref, measured="test loss", fix=FIX_CLI)
-        if msg:
-            final["dp_warning"] = msg
-            print("warning: " + final["dp_warning"], file=sys.stderr)
+    elif getattr(model, "dp_warning_", None):       # no held-out rows: the estimator's training-loss check
+        msg = model.dp_warning_.replace(FIX_API, FIX_CLI)
+    if msg:
+        final["dp_warning"] = msg
+        print("warning: " + final["dp_warning"], file=sys.stderr)
     privacy_report = model.privacy_report()
     if privacy_report:
         print_privacy_summary(privacy_report)
@@ -200,6 +208,12 @@ def cmd_fit(args):
         if info:                           # own data: the estimator, for `flower-vfl model show`
             from pathlib import Path
             print(f"wrote {model.save(Path(cfg['out-dir']) / 'model.npz')}")
+    if info and (cfg["model-dir"] or cfg["out-dir"]):   # and the files `flower-vfl predict --model-dir` reads
+        from flower_vfl.cli.own import save_flower_model
+        model_dir = cfg["model-dir"] or cfg["out-dir"]
+        save_flower_model(model_dir, model, train, pres, ids, cfg["loss"], rc)
+        print(f"wrote {model_dir}/label-owner.npz and party-0..{n - 1}.npz (flower-vfl predict --model-dir "
+              f"{model_dir})")
     return 0
 
 
@@ -312,7 +326,10 @@ def cmd_simulate(args):
         with local.simulation_superlink(workdir, {"FLOWER_VFL_NODE_CONFIG": str(path)}) as link:
             run_id = local.submit(app, link.connection, run_config, link.env,
                                   federation_config=f"num-supernodes={num_parties}")
-            record = local.wait_run(run_id, link.connection, link.env, workdir / "logs" / "run.log", echo=sys.stdout)
+            # the log's lines on stdout as they come, the rounds' bar under them on stderr
+            with local.RoundProgress(_max_rounds(rc), echo=sys.stdout) as progress:
+                record = local.wait_run(run_id, link.connection, link.env, workdir / "logs" / "run.log",
+                                        echo=progress, on_line=progress)
         record.setdefault("run-id", run_id)
         if not (local.exit_code(record) and local.ray_did_not_start(record)) or attempt == SIMULATE_ATTEMPTS:
             break
@@ -331,18 +348,30 @@ def cmd_simulate(args):
     return code
 
 
+def _max_rounds(rc: dict) -> int:
+    """The run's ``max-rounds`` (the progress bar's length; a converged run ends it earlier)."""
+    return int(rc.get("max-rounds", SCHEMA["max-rounds"].default))
+
+
 def cmd_deploy_local(args):
     """SuperLink + one SuperNode per party on loopback (TLS, registered keys bound to parties),
     one job, the report collected, every process started stopped; non-zero unless it completed."""
     from flower_vfl.cli.app import app_dir
-    from flower_vfl.deploy.local import deploy_local
+    from flower_vfl.deploy.local import RoundProgress, deploy_local
     rc = _run_config(args)
-    n = int(rc.get("num-parties", RUN_DEFAULTS["num-parties"]))
-    nodes = local_node_configs(dict(rc, **_party_flags(args)), n)
-    res = deploy_local(args.workdir, n, rc, node_configs={m: {k: v for k, v in cfg.items() if k != "partition-id"}
-                                                          for m, cfg in nodes.items()},
-                       app_dir=app_dir(), tls=not args.insecure, auth=not args.insecure, timeout=args.timeout,
-                       isolation=args.isolation, idle_poll=args.idle_poll or None)
+    flags = _party_flags(args)
+    if getattr(args, "party", None):     # own data: each party's files become its SuperNode's node config
+        from flower_vfl.cli.own import own_node_configs
+        rc, nodes, n = own_node_configs(args, rc, lambda k: local_node_configs(dict(rc, **flags), k))
+    else:
+        n = int(rc.get("num-parties", RUN_DEFAULTS["num-parties"]))
+        nodes = local_node_configs(dict(rc, **flags), n)
+    with RoundProgress(_max_rounds(rc), echo=sys.stdout) as progress:      # the rounds as they happen
+        res = deploy_local(args.workdir, n, rc, node_configs={m: {k: v for k, v in cfg.items() if k != "partition-id"}
+                                                              for m, cfg in nodes.items()},
+                           app_dir=app_dir(), tls=not args.insecure, auth=not args.insecure, timeout=args.timeout,
+                           isolation=args.isolation, idle_poll=args.idle_poll or None, echo=progress,
+                           on_line=progress)
     rec = res["record"]
     print(f"run {res['run_id']}: {rec.get('status')}"
           + (f" ({rec['status-details']})" if rec.get("status-details", "N/A") != "N/A" else ""))
@@ -446,7 +475,8 @@ def main(argv=None):
     p.add_argument("path")
     p.set_defaults(fn=cmd_model_show)
     p = sub.add_parser("deploy-local", help="SuperLink + SuperNodes on loopback with TLS and node keys, one job")
-    _add_run_args(p)
+    _add_run_args(p, own=True)
+    add_own_args(p)
     p.add_argument("--workdir", default="runs/deploy-local", help="certificates, keys, logs, out/ (report)")
     p.add_argument("--insecure", action="store_true", help="no TLS and no SuperNode authentication")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the run")
@@ -483,10 +513,7 @@ def main(argv=None):
     p.add_argument("--n-climb", type=int, default=15)
     p.add_argument("--data-dir", default="")
     p.set_defaults(fn=cmd_audit)
-    p = sub.add_parser("report", help="PNG of one run dir, or several overlaid (e.g. ADMM vs SGD)")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders with metrics.csv (+ report.json)")
-    p.add_argument("--out", default="", help="PNG path (default: RUN_DIR/run.png for one run, runs.png for several)")
-    p.set_defaults(fn=cmd_report)
+    __import__("flower_vfl.cli.report", fromlist=["add_parser"]).add_parser(sub)   # flower_vfl/cli/report.py
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

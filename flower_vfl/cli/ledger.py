@@ -31,7 +31,8 @@ def add_parser(sub):
     """Register ``ledger`` on the ``flower-vfl`` command's subparsers."""
     p = sub.add_parser("ledger", help="a party's privacy spend across runs, from its own state-dir")
     p.add_argument("--state-dir", default="", help="the party's state-dir (default: $FLOWER_VFL_STATE_DIR "
-                                                   "or ~/.flower-vfl/party-state)")
+                                                   "or the per-user ~/.flower-vfl/party-state of in-process "
+                                                   "runs and simulate; a SuperNode names its own)")
     p.add_argument("--node-config", default="", help="or the SuperNode's --node-config string (reads state-dir)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--accept-reset", action="store_true",
@@ -136,6 +137,11 @@ def cmd_ledger(args) -> int:
             return 3 if losses else 0
         if losses:
             return 3
+        if not (args.state_dir or args.node_config):
+            print(f"flower-vfl ledger: no party store at {path}, the per-user default of in-process runs and "
+                  "flower-vfl simulate (no private release was ever made there); a SuperNode's ledger is in its "
+                  "node config's state-dir: give --state-dir or --node-config", file=sys.stderr)
+            return 2
         print(f"flower-vfl ledger: no party store at {path} (no private release was ever made there); "
               "give the party's --state-dir", file=sys.stderr)
         return 2

@@ -16,7 +16,8 @@ import json
 
 import numpy as np
 
-__all__ = ["add_own_args", "check_own_flags", "own_parties", "own_blocks", "own_node_configs", "cmd_model_show"]
+__all__ = ["add_own_args", "check_own_flags", "own_parties", "own_blocks", "own_node_configs", "cmd_model_show",
+           "save_flower_model"]
 
 
 def absolute(path: str) -> str:
@@ -155,7 +156,8 @@ def own_blocks(args):
     pres = [Preprocessor(p["preprocess"]) for p in parties]
     own = owner(args.labels)
     train, y, order = _aligned(own, tables("data-path"), pres, "training")
-    info = {"n_aligned": len(order), "n_owner": int(own.n_rows), "widths": [b.shape[1] for b in train]}
+    info = {"n_aligned": len(order), "n_owner": int(own.n_rows), "widths": [b.shape[1] for b in train],
+            "_preprocessors": pres, "_ids": np.asarray(order)}     # for the model files (popped by fit)
     if not getattr(args, "labels_test", ""):
         return train, y, None, None, info
     test, yt, torder = _aligned(owner(args.labels_test), tables("test-path"), pres, "held-out")
@@ -198,3 +200,25 @@ def cmd_model_show(args) -> int:
     from flower_vfl.io.model_files import describe
     print(json.dumps(describe(args.path), indent=2, default=lambda o: np.asarray(o).tolist()))
     return 0
+
+
+def save_flower_model(model_dir, model, train, preprocessors, ids, loss_name: str, run_config: dict) -> list:
+    """The in-process ``fit``'s model as the files a Flower run saves (what ``flower-vfl predict
+    --model-dir`` reads): ``label-owner.npz`` and one ``party-<m>.npz`` per party (a private
+    party's block is its released x̃, as on its own SuperNode). Returns the paths written."""
+    from pathlib import Path
+    from flower_vfl.io import model_files as model_io
+    private = [p is not None for p in (model.privacy if isinstance(model.privacy, list)
+                                       else [model.privacy] * len(train))]
+    run = {"loss": loss_name, "rounds": int(model.history_[-1].get("round", len(model.history_))),
+           "engine": "in-process"}
+    paths = []
+    for m, (D, pre, x) in enumerate(zip(train, preprocessors, model.coef_)):
+        paths.append(model_io.save_party_model(Path(model_dir) / f"party-{m}.npz", m, x, pre.feature_names_,
+                                               pre.to_dict(), model_io.data_fingerprint(D, ids), D.shape[0],
+                                               private=private[m], extra={"run": run}))
+    paths.append(model_io.save_owner_model(Path(model_dir) / "label-owner.npz", np.asarray(model.intercept_), loss_name,
+                                           model.classes_, dict(run_config), list(model.history_),
+                                           extra={"n_train": int(len(ids)), "parties": len(train),
+                                                  "engine": "in-process"}))
+    return paths

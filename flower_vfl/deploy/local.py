@@ -38,7 +38,7 @@ from pathlib import Path
 
 __all__ = ["Processes", "any_alive", "free_port", "make_pki", "write_connection", "submit", "run_status", "wait_run",
            "exit_code", "run_error", "failure_message", "ray_did_not_start", "managed_superlink_pids", "simulation_superlink",
-           "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local"]
+           "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local", "RoundProgress"]
 
 FINISHED = "finished:"
 #: seconds between the SuperExec's task polls on the loopback SuperNodes (Flower's default: 1.0)
@@ -431,6 +431,69 @@ def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0, e
             rec["log_path"] = str(log_path) if log_path else None
 
 
+class RoundProgress:
+    """The run's rounds as they happen, from the ServerApp's log lines (``round k: train_loss=...``,
+    ``final (round k): ...``: :func:`flower_vfl.apps.server.log_round`): a tqdm bar on ``file``
+    (default stderr) up to ``total`` rounds (``max-rounds``; a run that converges earlier ends
+    the bar at its last round), shown from the first round on (a run that fails before has none).
+    Pass it as :func:`wait_run`'s ``on_line``; as its ``echo`` too, the log's lines are printed
+    on ``echo`` above the bar (``tqdm.write``) instead of through it."""
+
+    _ROUND = __import__("re").compile(r"\bround (\d+): train_loss=([-+0-9.eEnaif]+), primal_residual=([-+0-9.eEnaif]+)")
+    _FINAL = __import__("re").compile(r"\bfinal \(round (\d+)\)")
+
+    def __init__(self, total: int, file=None, echo=None):
+        self.total, self.echo = int(total), echo
+        self.file = sys.stderr if file is None else file
+        self.bar = None
+        self.rounds, self._last = 0, None      # the last round's number and when its line came
+
+    def _open(self):
+        from tqdm import tqdm
+        if self.bar is None:
+            self.bar = tqdm(total=self.total, desc="rounds", unit="round", file=self.file, dynamic_ncols=True,
+                            mininterval=0.0, bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed}{postfix}")
+        return self.bar
+
+    def __call__(self, line: str) -> None:
+        m = self._ROUND.search(line)
+        if m:
+            bar, k, now = self._open(), int(m.group(1)), time.monotonic()
+            if k > bar.total:
+                bar.total = k
+            per = "" if self._last is None or k <= self.rounds else f", {(now - self._last) / (k - self.rounds):.1f} s/round"
+            self.rounds, self._last = k, now
+            bar.set_postfix_str(f"train_loss={float(m.group(2)):.4g}, primal={float(m.group(3)):.3g}{per}",
+                                refresh=False)
+            bar.update(k - bar.n)
+            return
+        m = self._FINAL.search(line)
+        if m and self.bar is not None:
+            self.bar.total = int(m.group(1))
+            self.bar.update(self.bar.total - self.bar.n)
+            self.close()
+
+    def write(self, text: str) -> None:
+        """A text stream for :func:`wait_run`'s ``echo``: each line above the bar."""
+        from tqdm import tqdm
+        text = text.rstrip("\n")
+        if text and self.echo is not None:
+            tqdm.write(text, file=self.echo)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 #: a traceback's closing line, ``Name: message`` (``flwr log`` prints them unindented)
 _EXC_LINE = __import__("re").compile(r"^([A-Za-z_][\w.]*): (\S.*)$")
 #: a one-line error of flower_vfl.errors on a Flower log line (apps' CleanUserErrors filter)
@@ -508,10 +571,11 @@ def _node_config(items: dict) -> str:
 
 def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None, app_dir=".", tls=True,
                  auth=True, bind_keys=True, timeout=1800.0, processes=None, node_keys=None,
-                 isolation="warm", idle_poll=0.5) -> dict:
+                 isolation="warm", idle_poll=0.5, echo=None, on_line=None) -> dict:
     """SuperLink + ``num_parties`` SuperNodes on loopback, one job, everything stopped after.
 
-    ``node_configs[m]`` (extra node-config keys of party m); ``node_keys[m]`` (which generated
+    ``node_configs[m]`` (extra node-config keys of party m; ``state-dir`` defaults to
+    ``workdir/state/party<m>``); ``node_keys[m]`` (which generated
     key node m uses: tests swap them). Returns ``{"record", "exit_code", "run_id", "out_dir",
     "logs", "fingerprints"}``. With ``auth`` the SuperNode keys are registered with
     ``flwr supernode register`` and, with ``bind_keys``, a ``party-keys`` file binds party m to
@@ -522,6 +586,9 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
     interpreter that has already imported flwr, numpy and scipy; ~2x faster rounds, see
     docs/benchmarks.md) or ``'subprocess'`` (Flower's default: the SuperNode's SuperExec starts
     a new ``flwr-clientapp`` interpreter per message).
+
+    ``echo`` / ``on_line``: the run's log lines as they come (:func:`wait_run`; e.g. a
+    :class:`RoundProgress`).
 
     ``idle_poll``: seconds an idle SuperNode waits between pulls (default 0.5): the SuperNodes
     are started as ``flower-vfl-supernode --idle-poll`` (:mod:`flower_vfl.deploy.supernode`, Flower's
@@ -570,6 +637,9 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
             run_config.setdefault("party-keys", str(keys))
         for m in range(num_parties):
             nc = {"partition-id": m, **(node_configs or {}).get(m, {})}
+            # every SuperNode its own state folder (a deployed party refuses to start without one:
+            # flower_vfl.privacy.store.default_state_dir), unless the caller names it
+            nc.setdefault("state-dir", str(workdir / "state" / f"party{m}"))
             cmd = ["flower-supernode"] if idle_poll is None else \
                 [sys.executable, "-m", "flower_vfl.deploy.supernode", "--idle-poll", str(idle_poll)]
             cmd += ["--superlink", f"127.0.0.1:{link}", "--port", free_port(), "--node-config", _node_config(nc)]
@@ -584,8 +654,8 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
                                          "--runtime-api-address", f"127.0.0.1:{cmd[cmd.index('--port') + 1]}"],
                             env, workdir)
         run_id = submit(Path(app_dir).resolve(), conn, _node_config(run_config), env)
-        record = wait_run(run_id, conn, env, logs / "run.log", timeout=timeout)
-        return {"record": record, "exit_code": exit_code(record), "run_id": run_id,
+        rec = wait_run(run_id, conn, env, logs / "run.log", timeout=timeout, echo=echo, on_line=on_line)
+        return {"record": rec, "exit_code": exit_code(rec), "run_id": run_id,
                 "out_dir": run_config["out-dir"], "logs": logs,
                 "fingerprints": [n["fingerprint"] for n in pki["nodes"]] if pki else []}
     finally:

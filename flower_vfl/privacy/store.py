@@ -44,7 +44,7 @@ import numpy as np
 
 from flower_vfl.errors import UserError
 
-__all__ = ["Answer", "CountJournal", "open_journaled", "LedgerMissing", "PartyStore", "StoreDiskError", "StoreError", "accept_reset",
+__all__ = ["Answer", "CountJournal", "StateDirRequired", "deployed_supernode", "open_journaled", "LedgerMissing", "PartyStore", "StoreDiskError", "StoreError", "accept_reset",
            "default_state_dir", "disk_errors", "journal_check", "pack_arrays", "unpack_arrays"]
 
 #: bumped when the tables change; a file of another version is refused, never silently reused
@@ -330,10 +330,40 @@ def _reset_count_journals(folder: Path) -> list:
     return archived
 
 
+class StateDirRequired(StoreError):
+    """A deployed SuperNode's ClientApp without node config ``state-dir`` (nor
+    ``$FLOWER_VFL_STATE_DIR``): the per-user default would be shared by every SuperNode this
+    account runs, and their ledgers, PSI logs and caches with it."""
+
+
+#: the processes that run a deployed SuperNode's ClientApp: Flower's (``--isolation subprocess``
+#: starts ``flwr-clientapp``; in-process isolation runs it in ``flower-supernode``) and the warm
+#: executor's forks (``python -m flower_vfl.deploy.warm_exec``)
+DEPLOYED_PROCESSES = ("flwr-clientapp", "flower-supernode", "warm_exec.py")
+
+
+def deployed_supernode() -> bool:
+    """Whether this process runs a deployed SuperNode's ClientApp (not a simulation, not in-process)."""
+    import sys
+    return Path(sys.argv[0] if sys.argv else "").name in DEPLOYED_PROCESSES
+
+
 def default_state_dir() -> Path:
-    """``$FLOWER_VFL_STATE_DIR`` or ``~/.flower-vfl/party-state`` (the party's own disk)."""
+    """The party's state folder when its node config names none: ``$FLOWER_VFL_STATE_DIR``, else
+    the per-user ``~/.flower-vfl/party-state`` (in-process, the CLI, Flower's simulation: one
+    operator plays every party). A deployed SuperNode must name its own folder (node config
+    ``state-dir``): raises :class:`StateDirRequired` there, before the party reads anything."""
     env = os.environ.get("FLOWER_VFL_STATE_DIR")
-    return Path(env) if env else Path.home() / ".flower-vfl" / "party-state"
+    if env:
+        return Path(env)
+    if deployed_supernode():
+        raise StateDirRequired(
+            "this SuperNode's node config has no state-dir: a deployed party keeps its privacy ledger, PSI "
+            "log and block cache in a folder of its own (the per-user default ~/.flower-vfl/party-state would "
+            "be shared by every SuperNode of this account). Start the SuperNode with --node-config "
+            "\"partition-id=<m> ... state-dir=/path/to/party-<m>-state\" (one folder per SuperNode, kept "
+            "across runs), or set FLOWER_VFL_STATE_DIR for its process")
+    return Path.home() / ".flower-vfl" / "party-state"
 
 
 def pack_arrays(arrays: dict) -> bytes:
