@@ -20,6 +20,7 @@ format :mod:`flower_vfl.io.model_files`.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -41,7 +42,9 @@ STATE_ALIGN = "vfl.align."
 STATE_ALIGN_DIGEST = "vfl.align_digest."     # + split: the digest of the agreed order (psi_order)
 #: the predict request's field naming the agreed scoring order (psi.ids_digest), under secagg
 ORDER_DIGEST = "order-digest"
-_TABLES: OrderedDict = OrderedDict()     # (source, mtime) -> PartyTable, while the process lives
+#: (source, its files' size, mtime, ctime, inode) -> PartyTable, while the process lives (ctime
+#: changes with every write and every utime, so a file rewritten in place is read again)
+_TABLES: OrderedDict = OrderedDict()
 
 
 #: builds the party's client from its Context (set by flower_vfl.apps.client: make_client)
@@ -74,7 +77,10 @@ def _table(context: Context, split: str):
     src = party_source(context, split)
     if not Path(src.path).is_file():
         return read_party(src)                       # raises the DataError naming the file
-    key = (src, os.stat(src.path).st_mtime_ns)
+    from flower_vfl.io.party_cache import files_of
+    stats = tuple((st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+                  for st in (os.stat(f) for f in files_of(src) if f.is_file()))
+    key = (src, stats)
     if key not in _TABLES:
         _TABLES[key] = read_party(src)
         while len(_TABLES) > 6:
@@ -85,26 +91,55 @@ def _table(context: Context, split: str):
 def _aligned_idx(context: Context, split: str, table) -> np.ndarray:
     rec = context.state.get(STATE_ALIGN + split) if hasattr(context.state, "get") else None
     if rec is None:
-        raise DataError(f"party {_party_id(context)}: the rows of {table.path} are not aligned for split "
-                        f"{split!r}; the run must start with the PSI step (the label owner's run config names its "
-                        "labels-path, or score-ids-path for mode=predict)")
+        raise DataError(f"party {_party_id(context)}: the rows of {getattr(table, 'path', table)} are not aligned "
+                        f"for split {split!r}; the run must start with the PSI step (the label owner's run config "
+                        "names its labels-path, or score-ids-path for mode=predict)")
     return rec["idx"].numpy().astype(np.int64)
 
 
-def own_blocks(context: Context):
-    """(D, D_test, preprocessor, ids): the party's aligned training (and held-out) rows,
-    preprocessed with statistics fitted on its aligned training rows."""
+def _order_digest(context: Context, split: str) -> str:
+    rec = context.state.get(STATE_ALIGN_DIGEST + split) if hasattr(context.state, "get") else None
+    return "" if rec is None else str(rec.get("digest", ""))
+
+
+def _fresh_own_blocks(context: Context, idx, split_test, jdx):
+    """Parse, align and preprocess the party's files (what the block cache keeps)."""
     tr = _table(context, "train")
-    idx = _aligned_idx(context, "train", tr)
     cat = {c: v[idx] for c, v in tr.categorical.items()}
     pre = Preprocessor(str(party_source(context, "train").preprocess))
     D = pre.fit_transform(tr.X[idx], tr.columns, cat)
     D_test = None
-    if node_cfg(context).get("test-path") and (STATE_ALIGN + "test") in context.state:
+    if split_test:
         te = _table(context, "test")
-        jdx = _aligned_idx(context, "test", te)
         D_test = pre.transform(te.X[jdx], {c: v[jdx] for c, v in te.categorical.items()})
-    return D, D_test, pre, tr.ids[idx]
+    return D, D_test, {"preprocessing": np.array(json.dumps(pre.to_dict())), "ids": tr.ids[idx]}
+
+
+def own_blocks(context: Context):
+    """(D, D_test, preprocessor, ids): the party's aligned training (and held-out) rows,
+    preprocessed with statistics fitted on its aligned training rows.
+
+    Through the party's block cache (:func:`flower_vfl.io.party_cache.cached_own_block`, in its
+    ``state-dir``): on a real SuperNode every message is a fresh process, and parsing, aligning and
+    preprocessing the files again cost most of an own-data round (docs/benchmarks.md, "Own-data
+    rounds on real nodes"). The key is what this party's node config declares (file, ID column,
+    columns, preprocessing), its files' content, and the row order it agreed to at the PSI step."""
+    from flower_vfl.io.party_cache import cached_own_block, own_block_key
+    src = party_source(context, "train")
+    idx = _aligned_idx(context, "train", src.path)
+    test = bool(node_cfg(context).get("test-path")) and (STATE_ALIGN + "test") in context.state
+    parts = [("train", src, idx, _order_digest(context, "train"))]
+    jdx = None
+    if test:
+        tsrc = party_source(context, "test")
+        jdx = _aligned_idx(context, "test", tsrc.path)
+        parts.append(("test", tsrc, jdx, _order_digest(context, "test")))
+    key = own_block_key(parts, code_files=(__file__,))
+    D, D_test, extra = cached_own_block(key, src.path, src.id_column,
+                                        lambda: _fresh_own_blocks(context, idx, test, jdx),
+                                        node_cfg(context).get("state-dir") or None)
+    pre = Preprocessor.from_dict(json.loads(str(extra["preprocessing"])))
+    return D, D_test, pre, extra["ids"]
 
 
 # ------------------------------------------------------------------------ PSI handlers
