@@ -38,7 +38,7 @@ from pathlib import Path
 
 __all__ = ["Processes", "any_alive", "free_port", "make_pki", "write_connection", "submit", "run_status", "wait_run",
            "exit_code", "run_error", "failure_message", "ray_did_not_start", "managed_superlink_pids", "simulation_superlink",
-           "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local", "RoundProgress"]
+           "party_is_private", "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local", "RoundProgress"]
 
 FINISHED = "finished:"
 #: seconds between the SuperExec's task polls on the loopback SuperNodes (Flower's default: 1.0)
@@ -569,6 +569,17 @@ def _node_config(items: dict) -> str:
                     .replace('"', "'") for k, v in items.items())
 
 
+def party_is_private(party: int, run_config: dict, node_config: dict) -> bool:
+    """Whether party ``party`` with this node config releases noisy values in a run of this run
+    config (:func:`flower_vfl.config.settings.privacy_from_config`; a party asked to be private
+    without a budget refuses to start, and counts as private here)."""
+    from flower_vfl.config.settings import privacy_from_config
+    try:
+        return privacy_from_config(party, run_config, node_config) is not None
+    except Exception:               # noqa: BLE001 - the party itself refuses, with the message
+        return True
+
+
 def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None, app_dir=".", tls=True,
                  auth=True, bind_keys=True, timeout=1800.0, processes=None, node_keys=None,
                  isolation="warm", idle_poll=0.5, echo=None, on_line=None) -> dict:
@@ -585,7 +596,10 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
     :mod:`flower_vfl.deploy.warm_exec`, which forks each message's ClientApp process from an
     interpreter that has already imported flwr, numpy and scipy; ~2x faster rounds, see
     docs/benchmarks.md) or ``'subprocess'`` (Flower's default: the SuperNode's SuperExec starts
-    a new ``flwr-clientapp`` interpreter per message).
+    a new ``flwr-clientapp`` interpreter per message). A warm executor imports the accountants'
+    libraries (dp-accounting, opacus: torch) at start only for a party this node config and run
+    config make private (:func:`party_is_private`; ``--accountants eager``); the others' executors
+    (``auto``) import them only if one of their messages did.
 
     ``echo`` / ``on_line``: the run's log lines as they come (:func:`wait_run`; e.g. a
     :class:`RoundProgress`).
@@ -650,8 +664,10 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
                 cmd += ["--isolation", "process"]
             procs.start(f"node{m}", cmd, env, workdir)
             if isolation == "warm":      # the node's Runtime API is plain HTTP on loopback (its --port)
+                # the accountants' libraries (torch) only in a private party's executor, from the start
                 procs.start(f"exec{m}", [sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--insecure",
-                                         "--runtime-api-address", f"127.0.0.1:{cmd[cmd.index('--port') + 1]}"],
+                                         "--runtime-api-address", f"127.0.0.1:{cmd[cmd.index('--port') + 1]}",
+                                         "--accountants", "eager" if party_is_private(m, run_config, nc) else "auto"],
                             env, workdir)
         run_id = submit(Path(app_dir).resolve(), conn, _node_config(run_config), env)
         rec = wait_run(run_id, conn, env, logs / "run.log", timeout=timeout, echo=echo, on_line=on_line)

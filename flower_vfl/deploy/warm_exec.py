@@ -32,9 +32,17 @@ Also (each checked against the Flower release, 1.41.x / 1.42.x; any other runs F
 unpatched, with a warning): the SuperExec asks its SuperNode for the next task every 10 ms for 2 s
 after a launch or a ClientApp's exit (then at Flower's interval); a forked ClientApp does not
 extract and verify a FAB whose bytes it already installed; a ClientApp's pull of an object its
-SuperNode does not hold yet is retried after 10 ms (Flower: 1 s); and opacus' accountants (torch)
-are imported here once when installed, as a private party reports its ε by every accountant
-(``--lean``: not).
+SuperNode does not hold yet is retried after 10 ms (Flower: 1 s).
+
+Memory (``--accountants``): a private party's reply reports its ε by every accountant (opacus'
+'rdp' and 'prv' import torch: ~3-4 s and ~235 MB), so opacus' accountants are imported here for a
+private party only: ``auto`` (default) imports them here once a
+forked ClientApp of this node imported them (its first private message; a non-private party's
+executor never imports them), ``eager`` at start (``flower-vfl deploy-local`` passes it for a party
+whose node config makes it private), ``off`` (or ``--lean``) never. Each forked child freezes the
+objects it inherits out of Python's cyclic garbage collector (``gc.freeze()``) before anything
+else, so a collection in the child does not write to, and copy, the pages it shares with this
+process.
 
 Other task types (and non-POSIX systems) fall back to Flower's subprocess launch.
 """
@@ -52,10 +60,14 @@ __all__ = ["main"]
 WARM_IMPORTS = ("flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "flwr.app", "numpy",
                 "scipy.sparse", "scipy.sparse.linalg", "scipy.linalg", "scipy.special", "threadpoolctl",
                 "dp_accounting", "dp_accounting.pld")
-#: imported too when installed: a private party's reply reports its ε by every accountant, and
-#: opacus' ('rdp', 'prv') import torch, ~3-4 s in every message's process otherwise
-#: (``--lean`` skips them: less memory, slower private replies)
-WARM_OPTIONAL = ("opacus.accountants",)
+#: what only a private party's reply imports (it reports its ε by every accountant; opacus' 'rdp'
+#: and 'prv' import torch, ~3-4 s and ~235 MB in every message's process otherwise): imported here
+#: only for a private party (``--accountants``: ``auto`` once a forked ClientApp imported them,
+#: ``eager`` at start, ``off`` never), when installed
+WARM_PRIVATE = ("opacus.accountants",)
+#: the previous name of :data:`WARM_PRIVATE`
+WARM_OPTIONAL = WARM_PRIVATE
+ACCOUNTANTS = ("auto", "eager", "off")
 #: the Flower releases whose SuperExec loop this was read in (flwr/supercore/superexec/run_superexec.py)
 PATCHED_FLWR = ("1.41.", "1.42.")
 FLOWER_TASK_SLEEP = "time.sleep(task_poll_interval)"
@@ -161,9 +173,14 @@ class AppPreloader:
 
 
 def _child_after_fork(preloaded) -> None:
-    """In a forked child, before Flower's ClientApp code: numpy's global RandomState from fresh OS
+    """In a forked child, before Flower's ClientApp code: the objects inherited from the warm
+    process frozen out of the cyclic garbage collector (a collection here would write to their
+    headers and copy the pages this child shares with the warm process: ~95 MB of a child forked
+    from a process that imported torch, ~2 MB frozen); numpy's global RandomState from fresh OS
     entropy (nothing of ours draws from it; no two children share it anyway); no ``flower_vfl``
     module but a preloaded app's (``preloaded``: folder -> tops, :class:`AppPreloader`)."""
+    import gc
+    gc.freeze()
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()                                  # None: OS entropy
@@ -172,17 +189,20 @@ def _child_after_fork(preloaded) -> None:
             del sys.modules[name]
 
 
-def _report_bundle_modules(preloaded, wfd: int):
+def _report_bundle_modules(preloaded, wfd: int, bundles: bool = True, learn=()):
     """In a forked child: Flower loads the ClientApp with ``load_app(ref, error, project_dir)``;
     before that, drop the preloaded apps whose code this task would not import; at the end, tell
     the warm process (pipe ``wfd``) the task's bundle folder and the modules it imported from it,
     or, when the ClientApp's package was imported from outside the bundle (an installed package),
-    that package's ``sys.path`` root and modules (returns that report, called before the child exits)."""
+    that package's ``sys.path`` root and modules (``bundles``), and which of ``learn`` (module names)
+    it imported that the warm process had not (``"warm"``; returns that report, called before the
+    child exits)."""
     import json
 
     import flwr.clientapp.utils as cu
 
     load, seen = cu.load_app, {}
+    had = {n for n in learn if n in sys.modules}
 
     def load_app(ref, error_type, project_dir=None):
         if project_dir is not None:
@@ -194,16 +214,21 @@ def _report_bundle_modules(preloaded, wfd: int):
         return load(ref, error_type, project_dir)
 
     def report():
-        if "dir" not in seen:
+        info = {}
+        if bundles and "dir" in seen:
+            info = {"dir": seen["dir"], "modules": _bundle_modules(seen["dir"])}
+            top = sys.modules.get(seen["top"])
+            where = getattr(top, "__file__", None)
+            if isinstance(where, str) and not _under(where, seen["dir"]):
+                root = os.path.dirname(os.path.dirname(where)) if os.path.basename(where) == "__init__.py" \
+                    else os.path.dirname(where)
+                info["installed"] = {"root": root, "top": seen["top"],
+                                     "modules": _bundle_modules(root, {seen["top"]})}
+        warm = [n for n in learn if n in sys.modules and n not in had]
+        if warm:
+            info["warm"] = warm
+        if not info:
             return
-        info = {"dir": seen["dir"], "modules": _bundle_modules(seen["dir"])}
-        top = sys.modules.get(seen["top"])
-        where = getattr(top, "__file__", None)
-        if isinstance(where, str) and not _under(where, seen["dir"]):
-            root = os.path.dirname(os.path.dirname(where)) if os.path.basename(where) == "__init__.py" \
-                else os.path.dirname(where)
-            info["installed"] = {"root": root, "top": seen["top"],
-                                 "modules": _bundle_modules(root, {seen["top"]})}
         try:
             os.write(wfd, json.dumps(info).encode()[:60000])
         except OSError:
@@ -307,8 +332,19 @@ def _time_clientapp_calls(rec: dict) -> None:
         rc.get_load_client_app_fn = lambda *a, **k: stage("load_client_app", load(*a, **k))
 
 
-def _timing_line(rec: dict) -> None:
+def _timing_line(rec: dict, tops_at_fork=None) -> None:
+    """Also the child's peak and current RSS (MB) and, with ``tops_at_fork``, the top-level
+    modules it imported that the warm process had not."""
     import json
+    try:
+        with open("/proc/self/status") as fh:
+            status = fh.read().splitlines()
+        for key, name in (("VmHWM:", "peak_rss_mb"), ("VmRSS:", "rss_mb")):
+            rec[name] = next(int(x.split()[1]) for x in status if x.startswith(key)) / 1024
+    except (OSError, StopIteration, ValueError):
+        pass
+    if tops_at_fork is not None:
+        rec["new_modules"] = sorted({m.split(".")[0] for m in sys.modules} - tops_at_fork)
     try:
         with open(os.environ[TIMING_ENV], "a") as fh:
             fh.write(json.dumps(rec) + "\n")
@@ -316,7 +352,30 @@ def _timing_line(rec: dict) -> None:
         pass
 
 
-def _fork_executor(clock=None, preloader=None):
+def import_private_libraries(names=WARM_PRIVATE) -> list[str]:
+    """Import the installed ones among ``names`` (of :data:`WARM_PRIVATE`) in this process; returns
+    those newly imported."""
+    import importlib
+    import importlib.util
+
+    new = []
+    for mod in names:
+        if mod not in WARM_PRIVATE or mod in sys.modules:
+            continue
+        try:
+            if importlib.util.find_spec(mod.split(".")[0]) is None:
+                continue
+            importlib.import_module(mod)
+        except Exception as exc:             # noqa: BLE001 - a forked child imports it itself then
+            import warnings
+            warnings.warn(f"flower_vfl.deploy.warm_exec: importing {mod} failed ({type(exc).__name__}: "
+                          f"{exc}); each private message's process imports it itself", stacklevel=1)
+            continue
+        new.append(mod)
+    return new
+
+
+def _fork_executor(clock=None, preloader=None, learn=False):
     import time
     from logging import INFO
 
@@ -330,8 +389,9 @@ def _fork_executor(clock=None, preloader=None):
     class ForkExecutor(SubprocessExecutor):
         """ClientApp tasks in a forked child of this warm process; the rest as Flower does."""
 
-        def __init__(self, *args, clock=None, preloader=None, **kwargs):
+        def __init__(self, *args, clock=None, preloader=None, learn=False, **kwargs):
             super().__init__(*args, **kwargs)
+            self._learn = learn                 # import WARM_PRIVATE here once a child imported them
             self._forked: dict[int, int | None] = {}   # pid of a child launch() forked -> its pipe
             self._clock = clock                 # the loop's _HotTime: a launch / an exit -> hot
             self._preloader = preloader         # AppPreloader, or None: every child imports its app
@@ -343,7 +403,7 @@ def _fork_executor(clock=None, preloader=None):
             t0, t_fork = time.monotonic(), time.time()
             if self._clock is not None:
                 self._clock.active()
-            rfd, wfd = os.pipe() if self._preloader is not None else (None, None)
+            rfd, wfd = os.pipe() if self._preloader is not None or self._learn else (None, None)
             preloaded = dict(self._preloader.apps) if self._preloader is not None else {}
             pid = os.fork()
             if pid:
@@ -355,6 +415,7 @@ def _fork_executor(clock=None, preloader=None):
             code, report = 0, None
             timing = {"who": "party", "task": spec.task_id, "pid": os.getpid(), "t_fork": t_fork} \
                 if os.environ.get(TIMING_ENV) else None
+            tops = {m.split(".")[0] for m in sys.modules} if timing is not None else None
             if rfd is not None:
                 os.close(rfd)
             try:                                      # the child: what flwr-clientapp's main does
@@ -362,7 +423,8 @@ def _fork_executor(clock=None, preloader=None):
                 # package as started, nor of another preloaded bundle; numpy's global RNG reseeded
                 _child_after_fork(preloaded)
                 if wfd is not None:
-                    report = _report_bundle_modules(preloaded, wfd)
+                    report = _report_bundle_modules(preloaded, wfd, bundles=self._preloader is not None,
+                                                    learn=WARM_PRIVATE if self._learn else ())
                 _reuse_installed_fabs()
                 if timing is not None:
                     _time_clientapp_calls(timing)
@@ -378,7 +440,7 @@ def _fork_executor(clock=None, preloader=None):
                     log(INFO, "[warm_exec] task %d: forked ClientApp and its exit handlers done in %.3f s "
                         "(exit %s)", spec.task_id, time.monotonic() - t0, code)
                     if timing is not None:
-                        _timing_line({**timing, "t_exit": time.time(), "exit": code})
+                        _timing_line({**timing, "t_exit": time.time(), "exit": code}, tops)
                     if report is not None and code == 0:
                         report()
                     sys.stdout.flush()
@@ -422,6 +484,15 @@ def _fork_executor(clock=None, preloader=None):
             if not isinstance(info, dict):
                 return
             t = time.monotonic()
+            warm = info.get("warm")
+            if self._learn and isinstance(warm, list):
+                new = import_private_libraries([n for n in warm if isinstance(n, str)])
+                if new:
+                    log(INFO, "[warm_exec] a ClientApp of this node imported %s (a private party): imported here "
+                        "in %.3f s, the next messages are forked with them", ", ".join(new), time.monotonic() - t)
+                    t = time.monotonic()
+            if self._preloader is None:
+                return
             inst = info.get("installed")
             if isinstance(inst, dict) and isinstance(inst.get("root"), str) and isinstance(inst.get("top"), str) \
                     and isinstance(inst.get("modules"), list):
@@ -434,7 +505,7 @@ def _fork_executor(clock=None, preloader=None):
                 log(INFO, "[warm_exec] imported %d modules of the app in %s here in %.3f s "
                     "(the next messages of that bundle are forked with them)", n, where, time.monotonic() - t)
 
-    return ForkExecutor(clock=clock, preloader=preloader)
+    return ForkExecutor(clock=clock, preloader=preloader, learn=learn)
 
 
 def main(argv=None) -> None:
@@ -443,9 +514,12 @@ def main(argv=None) -> None:
     ap.add_argument("--insecure", action="store_true")
     ap.add_argument("--root-certificates", default=None)
     ap.add_argument("--parent-pid", type=int, default=None)
-    ap.add_argument("--lean", action="store_true",
-                    help=f"do not pre-import {', '.join(WARM_OPTIONAL)} (torch): less memory, ~3-4 s more "
-                         "per private party's message")
+    ap.add_argument("--accountants", choices=ACCOUNTANTS, default="auto",
+                    help=f"when to import {', '.join(WARM_PRIVATE)} (opacus: torch, ~235 MB) here, for a private "
+                         "party's messages: auto (default: once a forked ClientApp of this node imported them, "
+                         "i.e. after its first private message; never for a non-private party), eager (at start), "
+                         "off (never: ~3-4 s more per private message)")
+    ap.add_argument("--lean", action="store_true", help="the same as --accountants off")
     ap.add_argument("--no-preload", action="store_true",
                     help="do not import an app bundle's modules here: every message's process imports them "
                          "(as flwr-clientapp does; ~0.5-1 s a message)")
@@ -453,7 +527,6 @@ def main(argv=None) -> None:
     from flower_vfl.deploy.supernode import telemetry_off_by_default
     telemetry_off = telemetry_off_by_default()
     import importlib
-    import importlib.util
     import inspect
     import warnings
 
@@ -467,19 +540,18 @@ def main(argv=None) -> None:
                       f"({', '.join(v + 'x' for v in PATCHED_FLWR)}) or its SuperExec loop changed; running "
                       "Flower's SuperExec unpatched (a new flwr-clientapp process per message)", stacklevel=1)
     else:
+        accountants = "off" if args.lean else args.accountants
         for mod in WARM_IMPORTS:
             importlib.import_module(mod)
-        if not args.lean:
-            for mod in WARM_OPTIONAL:
-                if importlib.util.find_spec(mod.split(".")[0]) is not None:
-                    importlib.import_module(mod)
+        if accountants == "eager":
+            import_private_libraries()
         from flower_vfl.deploy.supernode import fast_object_retries
         fast_object_retries()            # inherited by every forked ClientApp: its pulls from its node
         if telemetry_off:                # Flower's event() still gathers ids and platform data (~0.4 s
             from flwr.supercore.telemetry import EventType, create_event   # first time): once, here
             create_event(EventType.FLWR_CLIENTAPP_RUN_ENTER, None)         # (off: nothing is sent)
         clock = _HotTime()
-        executor = _fork_executor(clock, None if args.no_preload else AppPreloader())
+        executor = _fork_executor(clock, None if args.no_preload else AppPreloader(), learn=accountants == "auto")
         rs.get_executor = lambda *a, **k: executor     # the ClientApp launch
         rs.time = clock                                # the task poll: hot after a launch / an exit
     rs.run_superexec(runtime_api_address=args.runtime_api_address, insecure=args.insecure,
