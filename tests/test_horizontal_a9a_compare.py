@@ -1,5 +1,5 @@
 """simulations/horizontal_vs_vertical_a9a.py runs every cell of one agent count and T in one
-batched engine run (fit_many); each cell must equal its own run_dpiadmm exactly, and the privacy
+batched engine run (fit_many); each cell must equal its own run_dpiadmm (to round-off, 1e-13), and the privacy
 figure is the agents' ledger total (PLD) at the requested total epsilon."""
 
 import sys
@@ -34,7 +34,10 @@ def test_batched_cells_equal_each_cell_alone(parts):
         alone = run_dpiadmm(*parts, p, T, agent_seeds(11, 1 if total is None else 2, 3), K=2)
         assert eb == eb1
         assert W.shape == alone.W.shape
-        assert np.array_equal(W, alone.W), name
+        # equal to round-off: the non-private cell's batched GEMMs sum in another order than the
+        # one-cell run's on some machines (6.9e-18 on the 2026-11-26 machine, also at the tree of
+        # df05b59 whose CI passed bitwise elsewhere); the private cells match exactly there
+        np.testing.assert_allclose(W, alone.W, rtol=0, atol=1e-13, err_msg=name)
         if total is None:
             assert eb is None and spent is None
         else:
