@@ -1,7 +1,7 @@
 """The round loop written once (core/rounds.py) keeps the numbers: the engine and the Flower
 strategy give bitwise each other's trajectories, private parties included (same noise draw in
-both paths), and on breast cancer (standardized columns) bitwise those of the code before the
-refactor (tests/data/trajectories_ref.npz, written by benchmarks/trajectory_check.py under the
+both paths), and on breast cancer (standardized columns) those of the code before the
+refactor (bitwise on the machine that wrote them, to 1e-9 relative elsewhere) (tests/data/trajectories_ref.npz, written by benchmarks/trajectory_check.py under the
 reference tree).
 
 a9a's non-private party now solves its x-update with centred columns (core/xsolve.py, issue 24:
@@ -24,6 +24,10 @@ tc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tc)
 REF = dict(np.load(ROOT / "tests" / "data" / "trajectories_ref.npz"))
 A9A = ROOT.parent / "shared" / "data" / "a9a"
+#: the reference was written on another machine: its BLAS/SIMD sums in another order, so the
+#: trajectories match it to round-off (1.4e-12 relative at most on the 2026-11-26 machine),
+#: bitwise where the machine is the same; engine and Flower stay bitwise equal on any machine
+REF_RTOL = 1e-9
 #: the one change: the engine's history of a private run is now the central node's (train_loss
 #: on the released s_m, no objective: a private party's lam R(x_m) is not released), as Flower's
 CHANGED = {"train_loss", "objective"}
@@ -66,12 +70,13 @@ def check(case, private, monkeypatch, data_dir=None):
     if case == "a9a":
         check_against_optimum(got, tag, private, data_dir)
     for key, value in (got.items() if case != "a9a" else ()):
+        if key.endswith("decision_sha256"):
+            continue                   # a hash: bitwise only; the same machine's check is below
         ref = REF[f"{tag}/{key}"]
         if private and key == "engine/history":
             keep = [j for j, c in enumerate(tc.COLUMNS) if c not in CHANGED]
-            assert np.array_equal(value[:, keep], ref[:, keep]), key
-        else:
-            assert np.array_equal(value, ref, equal_nan=True), key
+            value, ref = value[:, keep], ref[:, keep]
+        np.testing.assert_allclose(value, ref, rtol=REF_RTOL, atol=0, equal_nan=True, err_msg=key)
     for what in ("history", "coef", "intercept", "decision_sha256", "decision_head"):
         assert np.array_equal(got["engine/" + what], got["flower/" + what], equal_nan=True), what
     if private:
@@ -79,11 +84,11 @@ def check(case, private, monkeypatch, data_dir=None):
 
 
 @pytest.mark.parametrize("private", [False, True])
-def test_breast_cancer_trajectories_are_the_references_bitwise(private, monkeypatch):
+def test_breast_cancer_trajectories_are_the_references(private, monkeypatch):
     check("bc", private, monkeypatch)
 
 
 @pytest.mark.skipif(not (A9A / "a9a").is_file(), reason=f"a9a data not in {A9A}")
 @pytest.mark.parametrize("private", [False, True])
-def test_a9a_paper_split_trajectories_are_the_references_bitwise(private, monkeypatch):
+def test_a9a_paper_split_trajectories_are_the_references(private, monkeypatch):
     check("a9a", private, monkeypatch, str(A9A))
