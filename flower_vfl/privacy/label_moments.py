@@ -28,19 +28,11 @@ to share here (docs/privacy_parties.md).
 
 from __future__ import annotations
 
-import hashlib
 import math
-from dataclasses import asdict
 
 import numpy as np
 
-from flower_vfl.core.scoring import normalize_rows
-from flower_vfl.privacy.accounting import noise_multiplier_for
-from flower_vfl.privacy.boundary import InvalidMessage
-from flower_vfl.privacy.ledger import Budget, Ledger
-from flower_vfl.privacy.mechanism import GaussianOutputMechanism
-from flower_vfl.privacy.party import PlanExceeded, PrivacyConfig, ReplayRefused
-from flower_vfl.privacy.store import PartyStore
+from flower_vfl.privacy.ssp import OneReleaseParty
 
 __all__ = ["MomentParty", "moment_sensitivity", "UNIT"]
 
@@ -55,7 +47,7 @@ def moment_sensitivity(c_v: float) -> float:
     return 2.0 * float(c_v)
 
 
-class MomentParty:
+class MomentParty(OneReleaseParty):
     """One private party: one release of its noisy label moment per run, charged in its own ledger.
 
     Parameters
@@ -71,74 +63,18 @@ class MomentParty:
         ``None``: ``in-process:<party_id>`` in an in-memory store).
     """
 
-    def __init__(self, D, config: PrivacyConfig, party_id=0, store=None, run="local", source=None, about=None):
-        self.config = config.validate()
-        if config.calibration != "strict" or config.noise_form != "output":
-            raise ValueError("a moment party is differentially private only with calibration='strict' and "
-                             f"noise_form='output'; got calibration={config.calibration!r}, "
-                             f"noise_form={config.noise_form!r}")
-        if int(config.eval_rounds) != 1 or int(config.train_rounds) != 0:
-            raise ValueError("a moment party makes exactly one release per run: give train_rounds=0, "
-                             f"eval_rounds=1; got train_rounds={config.train_rounds!r}, "
-                             f"eval_rounds={config.eval_rounds!r}")
-        self.party_id = party_id
-        self.D = normalize_rows(D)
-        self.n, self.d = self.D.shape
-        #: the noise multiplier of the one release, from the party's accountant
-        self.z = noise_multiplier_for(config.epsilon, config.delta, 1, config.accountant)
-        self.sensitivity = moment_sensitivity(config.c_v)
-        self.sigma = self.z * self.sensitivity
-        self.mechanism = GaussianOutputMechanism(1.0, party_id, seed=config.seed)
-        store = store if isinstance(store, PartyStore) else PartyStore(store or ":memory:")
-        self.run = str(run)
-        self.ledger = Ledger(store, source or f"in-process:{party_id}",
-                             Budget(config.epsilon, config.delta, config.accountant), party_id, about)
-        self._answer = None
-
-    def _check_target(self, v):
-        try:
-            v = np.asarray(v, dtype=float)
-        except (TypeError, ValueError):
-            raise InvalidMessage(f"party {self.party_id}: the target must be a numeric vector", field="v")
-        if v.shape != (self.n,):
-            raise InvalidMessage(f"party {self.party_id}: the target has shape {v.shape}; expected ({self.n},) "
-                                 "(one value per training row)", field="v")
-        if not np.all(np.isfinite(v)):
-            raise InvalidMessage(f"party {self.party_id}: the target has NaN or inf values", field="v")
-        return np.clip(v, -self.config.c_v, self.config.c_v)
+    WHAT, TAG, RELEASE = "a moment party", "moment", "moment"
+    UNIT = UNIT
+    _sensitivity = staticmethod(moment_sensitivity)
 
     def statistic(self, v):
         """The noise-free D^T clip(v) (for tests and audits; never sent)."""
         return np.asarray(self.D.T @ self._check_target(v), dtype=float).ravel()
 
-    def release(self, round, v):
-        """Release ``g~ = D^T clip(v) + N(0, sigma^2 I)`` once; an identical re-send gets the stored answer.
-
-        Refuses (nothing charged) a malformed target, a second release in this run with another
-        target or round (:class:`ReplayRefused` / :class:`PlanExceeded`) and a release over budget
-        (:class:`~flower_vfl.privacy.ledger.BudgetExceeded`).
-        """
-        if isinstance(round, bool) or not isinstance(round, (int, np.integer)) or round < 0:
-            raise InvalidMessage(f"party {self.party_id}: round={round!r} must be an integer >= 0", field="round")
-        v = self._check_target(v)
-        h = hashlib.sha256(b"moment|%s|%d|" % (self.run.encode(), int(round)) + v.tobytes()).hexdigest()
-        prior = self.ledger.answer(self.run, int(round), "eval")
-        if prior is not None:
-            if prior.inputs_hash != h:
-                raise ReplayRefused(f"party {self.party_id} already answered round {round} with another target; "
-                                    "a second answer would reveal the noise, so it is refused")
-            return self._unpack(prior.payload)
-        if any(e.run == self.run and e.kind == "eval" for e in self.ledger.entries):
-            raise PlanExceeded(f"party {self.party_id} refuses a second moment release in run {self.run!r}: "
-                               "its plan allows one release per run")
-        self.ledger.check(self.ledger.entries, round=int(round), kind="eval", mechanism="gaussian",
-                          noise_multiplier=self.z)
+    def _payload(self, v, rng):
+        """g~ = D^T v + N(0, sigma^2 I): what :meth:`release` sends."""
         g = np.asarray(self.D.T @ v, dtype=float).ravel()
-        rng = self.mechanism.rng(int(round), "eval")
-        payload = {"g_tilde": g + self.sigma * rng.standard_normal(self.d)}
-        self.ledger.commit(self.run, int(round), "eval", h, unit=UNIT, noise_multiplier=self.z, sigma=self.sigma,
-                           sensitivity=self.sensitivity, payload=payload)
-        return self._unpack(payload)
+        return {"g_tilde": g + self.sigma * rng.standard_normal(self.d)}
 
     def _unpack(self, payload):
         self._answer = np.asarray(payload["g_tilde"], float)
@@ -155,26 +91,8 @@ class MomentParty:
 
     def report(self) -> dict:
         """What the party tells the label owner and the run report (no data, no noise seed)."""
-        cfg = {k: v for k, v in asdict(self.config).items()
-               if k in ("epsilon", "delta", "accountant", "c_v", "eval_rounds")}
-        this_run = [e for e in self.ledger.entries if e.run == self.run]
-        return {
-            "party_id": self.party_id,
-            "mechanism": "Gaussian on the label moment D^T v (one release)",
-            "config": cfg,
-            "neighbouring_relation": "sample-level: one row of D_m replaced (both rows of norm <= 1); the "
-                                     "target v is fixed by the transcript",
-            "protects": "features of each training row of this party (row-level DP), against a server "
-                        "colluding with any other party (each party adds its whole noise)",
-            "does_not_protect": "labels (the target is a function of them); the rows of the unlabelled pool "
-                                "and of every scored row",
-            "noise_multiplier": self.z,
-            "sensitivity": self.sensitivity,
-            "sigma": self.sigma,
-            "ledger": {"entries": [{"round": e.round, "kind": e.kind, "sigma": e.sigma,
-                                    "sensitivity": e.sensitivity, "noise_multiplier": e.noise_multiplier}
-                                   for e in this_run],
-                       "releases_all_runs": len(self.ledger.entries)},
-            "totals": self.ledger.totals(),
-            "remaining_epsilon": self.ledger.remaining(),
-        }
+        return self._report("Gaussian on the label moment D^T v (one release)",
+                            "features of each training row of this party (row-level DP), against a server "
+                            "colluding with any other party (each party adds its whole noise)",
+                            "labels (the target is a function of them); the rows of the unlabelled pool "
+                            "and of every scored row")

@@ -48,7 +48,7 @@ from flower_vfl.privacy.mechanism import GaussianOutputMechanism
 from flower_vfl.privacy.party import PlanExceeded, PrivacyConfig, ReplayRefused
 from flower_vfl.privacy.store import PartyStore
 
-__all__ = ["SSPParty", "ssp_sensitivity", "ssp_ridge", "DEFAULT_RIDGE"]
+__all__ = ["OneReleaseParty", "SSPParty", "ssp_sensitivity", "ssp_ridge", "DEFAULT_RIDGE"]
 
 #: lam' = DEFAULT_RIDGE * sigma * sqrt(d): chosen on a 20 % validation split of the a9a TRAINING set over
 #: {0.5, 1, 1.5, 2, 3, 5} x c_v {0.5, 0.75, 1, 1.5} at epsilon {0.25, 1, 4} (flat optimum; docs/privacy_parties.md)
@@ -70,7 +70,112 @@ def ssp_ridge(sigma: float, d: int, ridge: float = DEFAULT_RIDGE) -> float:
     return float(ridge) * float(sigma) * math.sqrt(int(d))
 
 
-class SSPParty:
+class OneReleaseParty:
+    """What a private party that makes one release per run of a statistic of (D, clip(v)) shares
+    (:class:`SSPParty`, :class:`~flower_vfl.privacy.label_moments.MomentParty`): the checks of its
+    config, its row-normalized block, the noise multiplier from its accountant, its one ledger,
+    the target's check and clip, and the release's replay / plan / budget rule. A subclass gives
+    :attr:`WHAT`, :attr:`TAG`, :attr:`UNIT`, :meth:`_sensitivity`, :meth:`_payload` and :meth:`_unpack`."""
+
+    WHAT, TAG, RELEASE, UNIT = "a one-release party", "one-release", "one-release", "one-release:row"
+
+    def __init__(self, D, config: PrivacyConfig, party_id=0, store=None, run="local", source=None, about=None):
+        self.config = config.validate()
+        if config.calibration != "strict" or config.noise_form != "output":
+            raise ValueError(f"{self.WHAT} is differentially private only with calibration='strict' and "
+                             f"noise_form='output'; got calibration={config.calibration!r}, "
+                             f"noise_form={config.noise_form!r}")
+        if int(config.eval_rounds) != 1 or int(config.train_rounds) != 0:
+            raise ValueError(f"{self.WHAT} makes exactly one release per run: give train_rounds=0, "
+                             f"eval_rounds=1; got train_rounds={config.train_rounds!r}, "
+                             f"eval_rounds={config.eval_rounds!r}")
+        self._check_settings()
+        self.party_id = party_id
+        self.D = normalize_rows(D)
+        self.n, self.d = self.D.shape
+        #: the noise multiplier of the one release, from the party's accountant
+        self.z = noise_multiplier_for(config.epsilon, config.delta, 1, config.accountant)
+        self.sensitivity = self._sensitivity(config.c_v)
+        self.sigma = self.z * self.sensitivity
+        self.mechanism = GaussianOutputMechanism(1.0, party_id, seed=config.seed)
+        store = store if isinstance(store, PartyStore) else PartyStore(store or ":memory:")
+        self.run = str(run)
+        self.ledger = Ledger(store, source or f"in-process:{party_id}",
+                             Budget(config.epsilon, config.delta, config.accountant), party_id, about)
+        self._answer = None
+
+    def _check_settings(self):
+        """A subclass's own settings, checked before anything is set up."""
+
+    def _check_target(self, v):
+        try:
+            v = np.asarray(v, dtype=float)
+        except (TypeError, ValueError):
+            raise InvalidMessage(f"party {self.party_id}: the target must be a numeric vector", field="v")
+        if v.shape != (self.n,):
+            raise InvalidMessage(f"party {self.party_id}: the target has shape {v.shape}; expected ({self.n},) "
+                                 "(one value per training row)", field="v")
+        if not np.all(np.isfinite(v)):
+            raise InvalidMessage(f"party {self.party_id}: the target has NaN or inf values", field="v")
+        return np.clip(v, -self.config.c_v, self.config.c_v)
+
+    def release(self, round, v):
+        """Release the statistic of ``clip(v)`` once; an identical re-send gets the stored answer.
+
+        Refuses (nothing charged) a malformed target, a second release in this run with another
+        target or round (:class:`ReplayRefused` / :class:`PlanExceeded`) and a release over budget
+        (:class:`~flower_vfl.privacy.ledger.BudgetExceeded`).
+        """
+        if isinstance(round, bool) or not isinstance(round, (int, np.integer)) or round < 0:
+            raise InvalidMessage(f"party {self.party_id}: round={round!r} must be an integer >= 0", field="round")
+        v = self._check_target(v)
+        h = hashlib.sha256(b"%s|%s|%d|" % (self.TAG.encode(), self.run.encode(), int(round)) + v.tobytes()).hexdigest()
+        prior = self.ledger.answer(self.run, int(round), "eval")
+        if prior is not None:
+            if prior.inputs_hash != h:
+                raise ReplayRefused(f"party {self.party_id} already answered round {round} with another target; "
+                                    "a second answer would reveal the noise, so it is refused")
+            return self._unpack(prior.payload)
+        if any(e.run == self.run and e.kind == "eval" for e in self.ledger.entries):
+            raise PlanExceeded(f"party {self.party_id} refuses a second {self.RELEASE} release in run "
+                               f"{self.run!r}: its plan allows one release per run")
+        self.ledger.check(self.ledger.entries, round=int(round), kind="eval", mechanism="gaussian",
+                          noise_multiplier=self.z)
+        payload = self._payload(v, self.mechanism.rng(int(round), "eval"))
+        self.ledger.commit(self.run, int(round), "eval", h, unit=self.UNIT, noise_multiplier=self.z,
+                           sigma=self.sigma, sensitivity=self.sensitivity, payload=payload)
+        return self._unpack(payload)
+
+    def _report(self, mechanism, protects, does_not_protect, **extra) -> dict:
+        """The report both subclasses give (no data, no noise seed)."""
+        cfg = {k: v for k, v in asdict(self.config).items()
+               if k in ("epsilon", "delta", "accountant", "c_v", "eval_rounds")}
+        this_run = [e for e in self.ledger.entries if e.run == self.run]
+        rep = {
+            "party_id": self.party_id,
+            "mechanism": mechanism,
+            "config": dict(cfg, **extra.pop("config", {})),
+            "neighbouring_relation": "sample-level: one row of D_m replaced (both rows of norm <= 1); the "
+                                     "target v is fixed by the transcript",
+            "protects": protects,
+            "does_not_protect": does_not_protect,
+            "noise_multiplier": self.z,
+            "sensitivity": self.sensitivity,
+            "sigma": self.sigma,
+        }
+        rep.update(extra)
+        rep.update({
+            "ledger": {"entries": [{"round": e.round, "kind": e.kind, "sigma": e.sigma,
+                                    "sensitivity": e.sensitivity, "noise_multiplier": e.noise_multiplier}
+                                   for e in this_run],
+                       "releases_all_runs": len(self.ledger.entries)},
+            "totals": self.ledger.totals(),
+            "remaining_epsilon": self.ledger.remaining(),
+        })
+        return rep
+
+
+class SSPParty(OneReleaseParty):
     """One private party: one SSP release of its ridge fit per run, charged in its own ledger.
 
     Parameters
@@ -89,76 +194,30 @@ class SSPParty:
         source; ``None``: ``in-process:<party_id>`` in an in-memory store).
     """
 
+    WHAT, TAG, RELEASE = "an SSP party", "ssp", "SSP"
+    UNIT = UNIT
+
     def __init__(self, D, config: PrivacyConfig, ridge: float = DEFAULT_RIDGE, party_id=0, store=None,
                  run="local", source=None, about=None):
-        self.config = config.validate()
-        if config.calibration != "strict" or config.noise_form != "output":
-            raise ValueError("an SSP party is differentially private only with calibration='strict' and "
-                             f"noise_form='output'; got calibration={config.calibration!r}, "
-                             f"noise_form={config.noise_form!r}")
-        if int(config.eval_rounds) != 1 or int(config.train_rounds) != 0:
-            raise ValueError("an SSP party makes exactly one release per run: give train_rounds=0, "
-                             f"eval_rounds=1; got train_rounds={config.train_rounds!r}, "
-                             f"eval_rounds={config.eval_rounds!r}")
+        self.ridge = ridge
+        super().__init__(D, config, party_id, store, run, source, about)
+        self.ridge = float(ridge)
+        self.lam = ssp_ridge(self.sigma, self.d, self.ridge)
+
+    def _check_settings(self):
+        ridge = self.ridge
         if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge > 0):
             raise ValueError(f"ridge must be a finite number > 0; got ridge={ridge!r}")
-        self.party_id = party_id
-        self.ridge = float(ridge)
-        self.D = normalize_rows(D)
-        self.n, self.d = self.D.shape
-        #: the noise multiplier of the one release, from the party's accountant
-        self.z = noise_multiplier_for(config.epsilon, config.delta, 1, config.accountant)
-        self.sensitivity = ssp_sensitivity(config.c_v)
-        self.sigma = self.z * self.sensitivity
-        self.lam = ssp_ridge(self.sigma, self.d, self.ridge)
-        self.mechanism = GaussianOutputMechanism(1.0, party_id, seed=config.seed)
-        store = store if isinstance(store, PartyStore) else PartyStore(store or ":memory:")
-        self.run = str(run)
-        self.ledger = Ledger(store, source or f"in-process:{party_id}",
-                             Budget(config.epsilon, config.delta, config.accountant), party_id, about)
-        self._answer = None
+
+    _sensitivity = staticmethod(ssp_sensitivity)
 
     # ------------------------------------------------------------------ the release
-    def _check_target(self, v):
-        try:
-            v = np.asarray(v, dtype=float)
-        except (TypeError, ValueError):
-            raise InvalidMessage(f"party {self.party_id}: the target must be a numeric vector", field="v")
-        if v.shape != (self.n,):
-            raise InvalidMessage(f"party {self.party_id}: the target has shape {v.shape}; expected ({self.n},) "
-                                 "(one value per training row)", field="v")
-        if not np.all(np.isfinite(v)):
-            raise InvalidMessage(f"party {self.party_id}: the target has NaN or inf values", field="v")
-        return np.clip(v, -self.config.c_v, self.config.c_v)
-
-    def release(self, round, v):
-        """Fit and release ``(x~, x~^T g~)`` once; an identical re-send gets the stored answer.
-
-        Refuses (nothing charged) a malformed target, a second release in this run with another
-        target or round (:class:`ReplayRefused` / :class:`PlanExceeded`) and a release over budget
-        (:class:`~flower_vfl.privacy.ledger.BudgetExceeded`).
-        """
-        if isinstance(round, bool) or not isinstance(round, (int, np.integer)) or round < 0:
-            raise InvalidMessage(f"party {self.party_id}: round={round!r} must be an integer >= 0", field="round")
-        v = self._check_target(v)
-        h = hashlib.sha256(b"ssp|%s|%d|" % (self.run.encode(), int(round)) + v.tobytes()).hexdigest()
-        prior = self.ledger.answer(self.run, int(round), "eval")
-        if prior is not None:
-            if prior.inputs_hash != h:
-                raise ReplayRefused(f"party {self.party_id} already answered round {round} with another target; "
-                                    "a second answer would reveal the noise, so it is refused")
-            return self._unpack(prior.payload)
-        done = [e for e in self.ledger.entries if e.run == self.run and e.kind == "eval"]
-        if done:
-            raise PlanExceeded(f"party {self.party_id} refuses a second SSP release in run {self.run!r}: "
-                               "its plan allows one release per run")
-        self.ledger.check(self.ledger.entries, round=int(round), kind="eval", mechanism="gaussian",
-                          noise_multiplier=self.z)
+    def _payload(self, v, rng):
+        """(x~, x~^T g~) from the noisy (triu(D^T D), D^T v): what :meth:`release` sends."""
         D = self.D
         G = D.T @ D
         G = np.asarray(G.toarray() if hasattr(G, "toarray") else G, dtype=float)
         g = np.asarray(D.T @ v, dtype=float).ravel()
-        rng = self.mechanism.rng(int(round), "eval")
         E = np.triu(rng.standard_normal((self.d, self.d)))
         G_noisy = G + self.sigma * (E + np.triu(E, 1).T)          # noise on the upper triangle, mirrored
         g_noisy = g + self.sigma * rng.standard_normal(self.d)
@@ -166,10 +225,7 @@ class SSPParty:
         if not (np.all(np.isfinite(x_tilde)) and math.isfinite(xg)):
             raise InvalidMessage(f"party {self.party_id}: the release would not be finite; refused, nothing "
                                  "charged", field="v")
-        payload = {"x_tilde": x_tilde, "xg": np.array([xg])}
-        self.ledger.commit(self.run, int(round), "eval", h, unit=UNIT, noise_multiplier=self.z, sigma=self.sigma,
-                           sensitivity=self.sensitivity, payload=payload)
-        return self._unpack(payload)
+        return {"x_tilde": x_tilde, "xg": np.array([xg])}
 
     def _solve(self, G_noisy, g_noisy):
         """x~ = (G~_+ + lam' I)^{-1} g~ with G~_+ the PSD part of the noisy Gram; and x~^T g~."""
@@ -199,25 +255,7 @@ class SSPParty:
     # ------------------------------------------------------------------ reporting
     def report(self) -> dict:
         """What the party tells the label owner and the run report (no data, no noise seed)."""
-        cfg = {k: v for k, v in asdict(self.config).items()
-               if k in ("epsilon", "delta", "accountant", "c_v", "eval_rounds")}
-        this_run = [e for e in self.ledger.entries if e.run == self.run]
-        return {
-            "party_id": self.party_id,
-            "mechanism": "sufficient-statistics perturbation (Gaussian on triu(D^T D), D^T v), one release",
-            "config": dict(cfg, ridge=self.ridge),
-            "neighbouring_relation": "sample-level: one row of D_m replaced (both rows of norm <= 1); the "
-                                     "target v is fixed by the transcript",
-            "protects": "features of each training row of this party (row-level DP)",
-            "does_not_protect": "labels (the target is a function of them); the scores of rows that are scored",
-            "noise_multiplier": self.z,
-            "sensitivity": self.sensitivity,
-            "sigma": self.sigma,
-            "lam_post": self.lam,
-            "ledger": {"entries": [{"round": e.round, "kind": e.kind, "sigma": e.sigma,
-                                    "sensitivity": e.sensitivity, "noise_multiplier": e.noise_multiplier}
-                                   for e in this_run],
-                       "releases_all_runs": len(self.ledger.entries)},
-            "totals": self.ledger.totals(),
-            "remaining_epsilon": self.ledger.remaining(),
-        }
+        return self._report("sufficient-statistics perturbation (Gaussian on triu(D^T D), D^T v), one release",
+                            "features of each training row of this party (row-level DP)",
+                            "labels (the target is a function of them); the scores of rows that are scored",
+                            config={"ridge": self.ridge}, lam_post=self.lam)
