@@ -33,7 +33,7 @@ from scipy.special import expit, logit
 from flower_vfl.core.scoring import normalize_rows
 from flower_vfl.core.validation import check_blocks
 from flower_vfl.privacy.label_moments import MomentParty
-from flower_vfl.privacy.party import PrivacyConfig
+from flower_vfl.estimator.stacked import binary_targets
 
 __all__ = ["MomentMatchingLogistic", "solve_moment_logistic", "DEFAULT_LAM"]
 
@@ -116,17 +116,7 @@ class MomentMatchingLogistic:
     def fit(self, X_blocks, y, pool_blocks):
         """Each party's one release, then the fit on ``pool_blocks`` (unlabelled rows)."""
         blocks = check_blocks(X_blocks, n_rows=np.shape(y)[0])
-        if self.privacy is None or len(self.privacy) != len(blocks) or \
-                not all(isinstance(c, PrivacyConfig) for c in self.privacy):
-            raise ValueError(f"privacy must list one PrivacyConfig per block ({len(blocks)} blocks); got "
-                             f"{self.privacy!r}")
-        y = np.asarray(y)
-        self.classes_ = np.unique(y)
-        if self.classes_.size != 2:
-            raise ValueError(f"y has {self.classes_.size} classes; this route is binary")
-        t = (y == self.classes_[1]).astype(float)
-        self.n_train_ = t.size
-        self.pi_ = float(t.mean())
+        t = binary_targets(self, blocks, y)
         self._parties, self._kappa = [], []
         for m, (D, cfg) in enumerate(zip(blocks, self.privacy)):
             if cfg.seed is None and self.random_state is not None:

@@ -71,6 +71,23 @@ def lda_calibration(S, xg_over_n, pi):
     return k * beta, float(logit(pi) - k * (mu1 + mu0) / 2)
 
 
+def binary_targets(model, blocks, y):
+    """Check ``model.privacy`` (one PrivacyConfig per block) and the binary ``y``; set
+    ``classes_``, ``n_train_`` and ``pi_`` on ``model`` and return t (1.0 for classes_[1])."""
+    if model.privacy is None or len(model.privacy) != len(blocks) or \
+            not all(isinstance(c, PrivacyConfig) for c in model.privacy):
+        raise ValueError(f"privacy must list one PrivacyConfig per block ({len(blocks)} blocks); got "
+                         f"{model.privacy!r}")
+    y = np.asarray(y)
+    model.classes_ = np.unique(y)
+    if model.classes_.size != 2:
+        raise ValueError(f"y has {model.classes_.size} classes; this route is binary")
+    t = (y == model.classes_[1]).astype(float)
+    model.n_train_ = t.size
+    model.pi_ = float(t.mean())
+    return t
+
+
 class StackedPrivateParties:
     """Binary logistic model over vertically split private parties (the label owner has labels only).
 
@@ -103,17 +120,7 @@ class StackedPrivateParties:
     def fit(self, X_blocks, y, calibration_blocks):
         """Each party's one release, then the calibration on ``calibration_blocks`` (unlabelled rows)."""
         blocks = check_blocks(X_blocks, n_rows=np.shape(y)[0])
-        if self.privacy is None or len(self.privacy) != len(blocks) or \
-                not all(isinstance(c, PrivacyConfig) for c in self.privacy):
-            raise ValueError(f"privacy must list one PrivacyConfig per block ({len(blocks)} blocks); got "
-                             f"{self.privacy!r}")
-        y = np.asarray(y)
-        self.classes_ = np.unique(y)
-        if self.classes_.size != 2:
-            raise ValueError(f"y has {self.classes_.size} classes; this route is binary")
-        t = (y == self.classes_[1]).astype(float)
-        self.n_train_ = t.size
-        self.pi_ = float(t.mean())
+        t = binary_targets(self, blocks, y)
         self._parties, self._kappa, self._xg = [], [], []
         for m, (D, cfg) in enumerate(zip(blocks, self.privacy)):
             if cfg.seed is None and self.random_state is not None:
