@@ -2,8 +2,8 @@
 SuperNode keys bound to parties, honest exit status, and faults (a SuperNode killed and
 restarted, a party that never returns, the SuperLink and the ServerApp killed and the run
 resumed). Every process is started in its own session and stopped by process group; the
-tests check that none is left. breast_cancer keeps each round cheap (a round still costs a
-few seconds: each message starts a process and idle SuperNodes poll every 3 s)."""
+tests check that none is left. breast_cancer keeps each round cheap; the SuperNodes run as
+``deploy-local`` runs them (ClientApps forked by a warm executor, a 0.5 s idle poll)."""
 
 import json
 import shutil
@@ -16,13 +16,16 @@ import pytest
 
 from flower_vfl import VerticalADMM
 from flower_vfl.io.data import labels, party_block
-from flower_vfl.deploy.local import (Processes, any_alive, deploy_local, free_port, make_pki, submit, wait_run,
-                               write_connection)
+from flower_vfl.deploy.local import (Processes, any_alive, deploy_local, free_port, loopback_env, make_pki,
+                                     start_supernode, submit, wait_run, write_connection)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("flower-superlink") is None, reason="Flower binaries not on PATH")]
 ROOT = Path(__file__).resolve().parents[1]
 BC = {"dataset": "breast_cancer", "num-parties": 2}
+#: the fault tests' SuperNodes announce a heartbeat every 10 s (Flower: 30): the SuperLink takes a
+#: killed node for gone ~20 s after its last heartbeat, not ~60 s
+HEARTBEAT_S = 10
 
 
 def reference(rounds):
@@ -83,14 +86,15 @@ def test_unregistered_key_is_refused(tmp_path):
 
 
 class Loopback:
-    """A SuperLink and 2 SuperNodes (insecure, to keep the fault tests short)."""
+    """A SuperLink and 2 SuperNodes (insecure, to keep the fault tests short), each SuperNode run
+    as ``deploy-local`` runs it (flower-vfl's SuperNode, 0.5 s idle poll, its ClientApps forked by
+    a warm executor: two process groups, killed together), with a 10 s heartbeat."""
 
     def __init__(self, tmp_path):
-        import os
         self.tmp = tmp_path
         self.link = free_port()
         self.home = tmp_path / "flwr_home"
-        self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+        self.env = loopback_env(self.home)
         self.conn = write_connection(self.home, "loopback", f"127.0.0.1:{self.link}")
         self.procs = Processes(tmp_path / "logs")
 
@@ -100,10 +104,14 @@ class Loopback:
         time.sleep(4)
 
     def node(self, m, name=None):
-        self.procs.start(name or f"node{m}", ["flower-supernode", "--insecure", "--superlink",
-                                              f"127.0.0.1:{self.link}", "--port", free_port(), "--node-config",
-                                              f"partition-id={m} state-dir='{self.tmp / f'party{m}-state'}'"],
-                         self.env, self.tmp)
+        start_supernode(self.procs, name or f"node{m}", f"127.0.0.1:{self.link}",
+                        {"partition-id": m, "state-dir": str(self.tmp / f"party{m}-state")}, self.env, self.tmp,
+                        heartbeat=HEARTBEAT_S)
+
+    def kill(self, name):
+        """SIGKILL a SuperNode's process group and its executor's."""
+        for n in (name, f"{name}-exec"):
+            self.procs.stop(n, sig=signal.SIGKILL)
 
     def nodes_up(self, names=("node0", "node1"), timeout=120):
         """Wait until each SuperNode has its node id from the SuperLink (a short party-wait at
@@ -151,7 +159,7 @@ def test_supernode_killed_and_restarted_gives_the_same_result(tmp_path):
         run_id = lb.submit(f"dataset='breast_cancer' max-rounds=3 out-dir='{out}' round-timeout=90.0 "
                            "party-wait=300.0")
         _wait_round(out / "report.json", 1)
-        lb.procs.stop("node1", sig=signal.SIGKILL)
+        lb.kill("node1")
         lb.node(1, "node1-restarted")
         record = lb.wait(run_id)
     finally:
@@ -171,7 +179,7 @@ def test_party_that_never_returns_fails_the_run_with_a_checkpoint(tmp_path):
         run_id = lb.submit(f"dataset='breast_cancer' max-rounds=30 out-dir='{out}' round-timeout=90.0 "
                            "party-wait=5.0")
         _wait_round(out / "report.json", 1)
-        lb.procs.stop("node1", sig=signal.SIGKILL)
+        lb.kill("node1")
         record = lb.wait(run_id)
     finally:
         lb.procs.stop_all()
@@ -196,8 +204,9 @@ def test_superlink_and_server_app_killed_then_resumed(tmp_path):
         lb.node(1)
         lb.submit(f"dataset='breast_cancer' max-rounds=3 out-dir='{out}'")
         _wait_round(out / "report.json", 1)
-        for name in ("superlink", "node0", "node1"):
-            lb.procs.stop(name, sig=signal.SIGKILL)
+        lb.procs.stop("superlink", sig=signal.SIGKILL)
+        for name in ("node0", "node1"):
+            lb.kill(name)
         done = len(json.loads((out / "report.json").read_text())["rounds"])
         lb.superlink("superlink2")
         lb.node(0, "node0b")

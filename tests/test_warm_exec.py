@@ -200,6 +200,45 @@ def test_supernode_launcher_refuses_a_bad_idle_poll(argv, message, capsys):
     assert capsys.readouterr().err.strip() == f"flower-vfl-supernode: {message}"
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--heartbeat", "5"], "--heartbeat='5': seconds between heartbeats must be in [10, 1800] (the SuperLink "
+                           "refuses others); leave it out for Flower's 30 s"),
+    (["--heartbeat=often"], "--heartbeat='often': seconds between heartbeats must be in [10, 1800] (the "
+                            "SuperLink refuses others); leave it out for Flower's 30 s"),
+    (["--heartbeat"], "--heartbeat needs a value in seconds (default Flower's 30)"),
+])
+def test_supernode_launcher_refuses_a_bad_heartbeat(argv, message, capsys):
+    from flower_vfl.deploy import supernode
+
+    assert supernode.main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"flower-vfl-supernode: {message}"
+
+
+def test_supernode_heartbeat_sets_the_interval_the_node_announces_and_keeps(monkeypatch):
+    """--heartbeat 10: both of Flower's copies of the interval (the one sent to the SuperLink at
+    activation and heartbeat, and the one the heartbeat loop paces itself by) say 10; another
+    Flower release keeps 30 and says so."""
+    import flwr
+    import flwr.supercore.heartbeat as hb
+    import flwr.supernode.fleet_http_connection as conn
+
+    from flower_vfl.deploy import supernode
+
+    for m in (conn, hb):
+        monkeypatch.setattr(m, "HEARTBEAT_DEFAULT_INTERVAL", 30)
+    assert supernode._split_args(["--heartbeat", "10", "--insecure"])[2:] == (10.0, ["--insecure"])
+    assert supernode._split_args(["--insecure"])[2] is None
+    assert supernode.set_heartbeat(10) is True
+    assert conn.HEARTBEAT_DEFAULT_INTERVAL == hb.HEARTBEAT_DEFAULT_INTERVAL == 10.0
+    for m in (conn, hb):
+        monkeypatch.setattr(m, "HEARTBEAT_DEFAULT_INTERVAL", 30)
+    monkeypatch.setattr(flwr, "__version__", "1.99.0")
+    with pytest.warns(UserWarning, match=r"flwr 1\.99\.0's heartbeat is not the one this was read in .*--heartbeat "
+                                         r"ignored, Flower's interval kept"):
+        assert supernode.set_heartbeat(10) is False
+    assert conn.HEARTBEAT_DEFAULT_INTERVAL == hb.HEARTBEAT_DEFAULT_INTERVAL == 30
+
+
 def test_deploy_local_refuses_a_bad_idle_poll(tmp_path):
     with pytest.raises(ValueError, match=r"^--idle-poll=5 is out of range"):
         deploy_local(tmp_path, 2, {"dataset": "breast_cancer"}, idle_poll=5)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 __all__ = ["Processes", "any_alive", "free_port", "make_pki", "write_connection", "submit", "run_status", "wait_run",
            "exit_code", "run_error", "failure_message", "ray_did_not_start", "managed_superlink_pids", "simulation_superlink",
-           "party_is_private", "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local", "RoundProgress"]
+           "party_is_private", "loopback_env", "start_supernode", "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local", "RoundProgress"]
 
 FINISHED = "finished:"
 #: seconds between the SuperExec's task polls on the loopback SuperNodes (Flower's default: 1.0)
@@ -565,6 +565,7 @@ def exit_code(record: dict) -> int:
 
 
 def _node_config(items: dict) -> str:
+    items = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in items.items()}
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
                     .replace('"', "'") for k, v in items.items())
 
@@ -578,6 +579,55 @@ def party_is_private(party: int, run_config: dict, node_config: dict) -> bool:
         return privacy_from_config(party, run_config, node_config) is not None
     except Exception:               # noqa: BLE001 - the party itself refuses, with the message
         return True
+
+
+def loopback_env(flwr_home) -> dict:
+    """The environment of Flower processes started here: their own ``FLWR_HOME``, no runtime
+    dependency installation, a 0.2 s SuperExec task poll and this interpreter's bin folder first."""
+    env = dict(os.environ, FLWR_HOME=str(flwr_home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    # the SuperNode's flower-superexec (it inherits this environment) asks for a task every 1 s
+    # by default: up to 1 s lost before each message's ClientApp starts (docs/benchmarks.md)
+    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", SUPEREXEC_POLL_S)
+    # Flower's commands (and the flwr-clientapp each message starts) from this interpreter's
+    # own bin folder first: a version-manager shim (pyenv) on PATH costs ~0.2 s per start
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def start_supernode(procs: Processes, name: str, superlink: str, node_config, env, cwd, *, exec_name=None,
+                    root_certificates=None, auth_key=None, idle_poll=0.5, isolation="warm", accountants="auto",
+                    heartbeat=None, node_main=None):
+    """One party's SuperNode as ``deploy-local`` runs it, started by ``procs`` under ``name``
+    (and, with ``isolation='warm'``, its warm executor under ``exec_name``, default
+    ``<name>-exec``: two process groups; stop both). ``node_config``: a dict (or the
+    ``--node-config`` text); ``root_certificates`` None means ``--insecure``; ``auth_key``: the
+    node's registered private key; ``idle_poll`` None starts Flower's ``flower-supernode`` as
+    shipped; ``heartbeat``: seconds between the node's heartbeats (``flower-vfl-supernode
+    --heartbeat``; None: Flower's 30 s); ``node_main``: the interpreter arguments that run
+    flower-vfl's SuperNode (default ``-m flower_vfl.deploy.supernode``). Returns the SuperNode's
+    Popen."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation={isolation!r}; choose one of {ISOLATIONS}")
+    port = free_port()
+    nc = node_config if isinstance(node_config, str) else _node_config(node_config)
+    cmd = ["flower-supernode"] if idle_poll is None else \
+        [sys.executable, *(node_main or ["-m", "flower_vfl.deploy.supernode"]), "--idle-poll", str(idle_poll)]
+    if heartbeat is not None:
+        if idle_poll is None:
+            raise ValueError("heartbeat needs flower-vfl's SuperNode (idle_poll not None): Flower's has no such flag")
+        cmd += ["--heartbeat", str(heartbeat)]
+    cmd += ["--superlink", superlink, "--port", port, "--node-config", nc]
+    cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
+    if auth_key:
+        cmd += ["--auth-supernode-private-key", str(auth_key)]
+    if isolation == "warm":
+        cmd += ["--isolation", "process"]
+    proc = procs.start(name, cmd, env, cwd)
+    if isolation == "warm":      # the node's Runtime API is plain HTTP on loopback (its --port)
+        procs.start(exec_name or f"{name}-exec",
+                    [sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--insecure",
+                     "--runtime-api-address", f"127.0.0.1:{port}", "--accountants", accountants], env, cwd)
+    return proc
 
 
 def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None, app_dir=".", tls=True,
@@ -616,13 +666,7 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
         idle_poll = check_idle_poll(idle_poll)
     workdir = Path(workdir).resolve()
     home, logs = workdir / "flwr_home", workdir / "logs"
-    env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    # the SuperNode's flower-superexec (it inherits this environment) asks for a task every 1 s
-    # by default: up to 1 s lost before each message's ClientApp starts (docs/benchmarks.md)
-    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", SUPEREXEC_POLL_S)
-    # Flower's commands (and the flwr-clientapp each message starts) from this interpreter's
-    # own bin folder first: a version-manager shim (pyenv) on PATH costs ~0.2 s per start
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env = loopback_env(home)
     link = free_port()
     pki = make_pki(workdir / "pki", num_parties) if (tls or auth) else None
     conn = write_connection(home, "loopback", f"127.0.0.1:{link}", pki["ca"] if tls else None)
@@ -654,21 +698,12 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
             # every SuperNode its own state folder (a deployed party refuses to start without one:
             # flower_vfl.privacy.store.default_state_dir), unless the caller names it
             nc.setdefault("state-dir", str(workdir / "state" / f"party{m}"))
-            cmd = ["flower-supernode"] if idle_poll is None else \
-                [sys.executable, "-m", "flower_vfl.deploy.supernode", "--idle-poll", str(idle_poll)]
-            cmd += ["--superlink", f"127.0.0.1:{link}", "--port", free_port(), "--node-config", _node_config(nc)]
-            cmd += ["--root-certificates", pki["ca"]] if tls else ["--insecure"]
-            if auth:
-                cmd += ["--auth-supernode-private-key", pki["nodes"][(node_keys or {}).get(m, m)]["private"]]
-            if isolation == "warm":
-                cmd += ["--isolation", "process"]
-            procs.start(f"node{m}", cmd, env, workdir)
-            if isolation == "warm":      # the node's Runtime API is plain HTTP on loopback (its --port)
-                # the accountants' libraries (torch) only in a private party's executor, from the start
-                procs.start(f"exec{m}", [sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--insecure",
-                                         "--runtime-api-address", f"127.0.0.1:{cmd[cmd.index('--port') + 1]}",
-                                         "--accountants", "eager" if party_is_private(m, run_config, nc) else "auto"],
-                            env, workdir)
+            start_supernode(procs, f"node{m}", f"127.0.0.1:{link}", nc, env, workdir, exec_name=f"exec{m}",
+                            root_certificates=pki["ca"] if tls else None,
+                            auth_key=pki["nodes"][(node_keys or {}).get(m, m)]["private"] if auth else None,
+                            idle_poll=idle_poll, isolation=isolation,
+                            # the accountants' libraries (torch) only in a private party's executor
+                            accountants="eager" if party_is_private(m, run_config, nc) else "auto")
         run_id = submit(Path(app_dir).resolve(), conn, _node_config(run_config), env)
         rec = wait_run(run_id, conn, env, logs / "run.log", timeout=timeout, echo=echo, on_line=on_line)
         return {"record": rec, "exit_code": exit_code(rec), "run_id": run_id,

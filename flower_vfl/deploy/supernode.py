@@ -19,6 +19,12 @@ behaviour, except for the sleeps *inside that one module*:
     flower-vfl-supernode --idle-poll 0.5 --superlink link.example.org:9092 \\
         --root-certificates ca.crt --node-config "partition-id=1 data-path='...'"
 
+- ``--heartbeat`` (default: Flower's 30 s): seconds between the node's heartbeats as it announces
+  them to the SuperLink (10..1800, the SuperLink's range). The SuperLink marks a node offline two
+  intervals after its last heartbeat, so a killed node is noticed, and its restart admitted,
+  after ~20 s at 10 (~60 s at Flower's 30); a node stalled longer than that (a loaded machine)
+  is taken for gone.
+
 A SuperNode restarted after a kill is refused by the SuperLink (code 2004) while its previous
 session is still online (until two heartbeats are missed, ~60 s); it asks again every 3 s for up
 to 65 s, saying why in one log line, then exits as Flower does (Flower: exits at once).
@@ -40,7 +46,7 @@ import sys
 import time
 import warnings
 
-__all__ = ["IDLE_POLL_S", "HOT_POLL_S", "cap_idle_sleep", "main", "telemetry_off_by_default"]
+__all__ = ["IDLE_POLL_S", "HOT_POLL_S", "cap_idle_sleep", "main", "set_heartbeat", "telemetry_off_by_default"]
 
 #: default idle poll of ``flower-vfl-supernode`` and of ``flower-vfl deploy-local`` (seconds)
 IDLE_POLL_S = 0.5
@@ -249,37 +255,88 @@ def retry_activation(every: float = ACTIVATION_RETRY_S, window: float = ACTIVATI
     return True
 
 
-def _split_args(argv: list[str]) -> tuple[float, float, list[str]]:
-    """(--idle-poll, --hot-poll, the rest for flower-supernode, in order)."""
+#: the heartbeat intervals a SuperLink accepts (flwr.common.constant.HEARTBEAT_MIN/MAX_INTERVAL)
+#: and Flower's own (HEARTBEAT_DEFAULT_INTERVAL), read in flwr 1.41.0 and 1.42.0
+HEARTBEAT_RANGE, FLOWER_HEARTBEAT_S = (10.0, 1800.0), 30
+#: the modules whose copy of HEARTBEAT_DEFAULT_INTERVAL the node announces and paces itself by
+HEARTBEAT_MODULES = ("flwr.supernode.fleet_http_connection", "flwr.supercore.heartbeat")
+
+
+def check_heartbeat(value) -> float:
+    """``--heartbeat`` as seconds within the SuperLink's accepted range, or a ValueError naming it."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = math.nan
+    lo, hi = HEARTBEAT_RANGE
+    if not lo <= v <= hi:
+        raise ValueError(f"--heartbeat={value!r}: seconds between heartbeats must be in [{lo:g}, {hi:g}] (the "
+                         f"SuperLink refuses others); leave it out for Flower's {FLOWER_HEARTBEAT_S} s")
+    return v
+
+
+def set_heartbeat(seconds: float) -> bool:
+    """The node announces (and keeps) a heartbeat every ``seconds`` (Flower: 30), in this process.
+    Returns False (and warns, leaving Flower's) on a Flower release this was not read in."""
+    import importlib
+
+    import flwr
+    seconds = check_heartbeat(seconds)
+    version = getattr(flwr, "__version__", "?")
+    try:
+        mods = [importlib.import_module(m) for m in HEARTBEAT_MODULES]
+    except ImportError:
+        mods = []
+    if not (version.startswith(PATCHED_FLWR) and mods
+            and all(getattr(m, "HEARTBEAT_DEFAULT_INTERVAL", None) in (FLOWER_HEARTBEAT_S, seconds) for m in mods)):
+        warnings.warn(f"flower-vfl-supernode: flwr {version}'s heartbeat is not the one this was read in "
+                      f"({', '.join(v + 'x' for v in PATCHED_FLWR)}); --heartbeat ignored, Flower's interval kept",
+                      stacklevel=2)
+        return False
+    for m in mods:
+        m.HEARTBEAT_DEFAULT_INTERVAL = seconds
+    return True
+
+
+def _split_args(argv: list[str]) -> tuple[float, float, float | None, list[str]]:
+    """(--idle-poll, --hot-poll, --heartbeat or None, the rest for flower-supernode, in order)."""
     ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     ap.add_argument("--idle-poll", default=IDLE_POLL_S)
     ap.add_argument("--hot-poll", default=HOT_POLL_S)
+    ap.add_argument("--heartbeat", default=None)
     try:
         ns, rest = ap.parse_known_args(argv)
     except argparse.ArgumentError as exc:
-        flag = "--hot-poll" if "hot" in str(exc) else "--idle-poll"
-        default = HOT_POLL_S if flag == "--hot-poll" else IDLE_POLL_S
+        flag = next((f for f in ("--hot-poll", "--heartbeat") if f[2:] in str(exc)), "--idle-poll")
+        default = {"--hot-poll": HOT_POLL_S, "--idle-poll": IDLE_POLL_S}.get(flag, f"Flower's {FLOWER_HEARTBEAT_S}")
         raise ValueError(f"{flag} needs a value in seconds (default {default})") from None
     return (check_idle_poll(ns.idle_poll),
-            check_idle_poll(ns.hot_poll, "--hot-poll", HOT_POLL_RANGE, HOT_POLL_S, zero=True), rest)
+            check_idle_poll(ns.hot_poll, "--hot-poll", HOT_POLL_RANGE, HOT_POLL_S, zero=True),
+            None if ns.heartbeat is None else check_heartbeat(ns.heartbeat), rest)
 
 
 def main(argv: list[str] | None = None) -> int | None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "-h" in argv or "--help" in argv:
-        print(f"flower-vfl-supernode [--idle-poll SECONDS] [--hot-poll SECONDS] <flower-supernode arguments>\n\n"
+        print(f"flower-vfl-supernode [--idle-poll SECONDS] [--hot-poll SECONDS] [--heartbeat SECONDS] "
+              f"<flower-supernode arguments>\n\n"
               f"  --idle-poll  seconds an idle SuperNode waits between pulls (default {IDLE_POLL_S}; "
               f"Flower's own: 3)\n"
               f"  --hot-poll   seconds between pulls for {HOT_WINDOW_S:g} s after the node sent a reply, and "
               f"between its looks for the ClientApp's reply {REPLY_POLL_S:g} s (default {HOT_POLL_S}; "
-              f"0: off)\n\nflower-supernode's arguments follow:\n")
+              f"0: off)\n"
+              f"  --heartbeat  seconds between the node's heartbeats (default: Flower's {FLOWER_HEARTBEAT_S}; "
+              f"{HEARTBEAT_RANGE[0]:g}..{HEARTBEAT_RANGE[1]:g}); the SuperLink takes a node for gone 2 of them "
+              f"after its last\n\nflower-supernode's arguments follow:\n")
     try:
-        idle, hot, rest = _split_args(argv)
+        idle, hot, heartbeat, rest = _split_args(argv)
     except ValueError as exc:
         print(f"flower-vfl-supernode: {exc}", file=sys.stderr)
         return 2
     telemetry_off_by_default()       # inherited by the ClientApp processes the node starts
     retry_activation()
+    if heartbeat is not None:
+        set_heartbeat(heartbeat)
     cap_idle_sleep(idle, hot)
     if hot:
         fast_object_retries()
