@@ -24,21 +24,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flower_vfl.deploy.local import Processes, any_alive, free_port, submit, wait_run, write_connection
+from flower_vfl.deploy.local import (Processes, any_alive, free_port, loopback_env, start_supernode, submit,
+                                     wait_run, write_connection)
 from flower_vfl.privacy.accounting import epsilon_for_events, noise_multiplier_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("flower-superlink") is None, reason="Flower binaries not on PATH")]
 APP = Path(__file__).resolve().parent / "apps" / "malicious"
 DELTA = 1e-5
-#: the warm executor, with the accountants' libraries imported before it forks: a private
-#: party's reply reports ε by every accountant (opacus imports torch), which costs ~3-8 s of
-#: imports in every forked ClientApp otherwise (0.5 s per message with them)
-WARM_EXEC = ("import importlib.util, sys\n"
-             "import flower_vfl.deploy.warm_exec as w\n"
-             "w.WARM_IMPORTS += tuple(m for m in ('dp_accounting', 'opacus.accountants')\n"
-             "                        if importlib.util.find_spec(m.split('.')[0]))\n"
-             "w.main(sys.argv[1:])\n")
+#: the party's SuperNode announces a heartbeat every 10 s (Flower: 30): a killed node's old
+#: session is gone from the SuperLink ~20 s after its last heartbeat, not ~60 s
+HEARTBEAT_S = 10
 
 
 class Link:
@@ -46,9 +42,7 @@ class Link:
 
     def __init__(self, tmp):
         self.tmp, self.port = tmp, free_port()
-        self.env = dict(os.environ, FLWR_HOME=str(tmp / "flwr_home"),
-                        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.2",
-                        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+        self.env = loopback_env(tmp / "flwr_home")
         self.conn = write_connection(tmp / "flwr_home", "loopback", f"127.0.0.1:{self.port}")
         self.procs = Processes(tmp / "logs")
         self.procs.start("superlink", ["flower-superlink", "--insecure", "--port", self.port,
@@ -62,14 +56,12 @@ class Link:
         self.nodes = {}
 
     def node(self, name, node_config):
-        """A SuperNode (``--isolation process``) and its warm executor: two process groups."""
+        """A SuperNode (``--isolation process``, 0.2 s idle poll) and its warm executor (the
+        accountants' libraries imported before it forks: a private party's reply reports ε by
+        every accountant, ~3-8 s of imports in each forked ClientApp otherwise): two process groups."""
         self.nodes[name] = node_config
-        port = free_port()
-        self.procs.start(name, [sys.executable, "-m", "flower_vfl.deploy.supernode", "--idle-poll", "0.2",
-                                "--insecure", "--superlink", f"127.0.0.1:{self.port}", "--port", port,
-                                "--node-config", node_config, "--isolation", "process"], self.env, self.tmp)
-        self.procs.start(f"{name}-exec", [sys.executable, "-c", WARM_EXEC, "--insecure",
-                                          "--runtime-api-address", f"127.0.0.1:{port}"], self.env, self.tmp)
+        start_supernode(self.procs, name, f"127.0.0.1:{self.port}", node_config, self.env, self.tmp,
+                        idle_poll=0.2, accountants="eager", heartbeat=HEARTBEAT_S)
 
     def kill(self, name):
         """SIGKILL the node's process groups (the SuperNode, its executor and any ClientApp)."""
