@@ -6,10 +6,8 @@ and the plain run to the stated quantization bound: every round's sum is within 
 entry (docs/secagg.md), carried through ROUNDS rounds and one test-score sum. Every process is
 started in its own session and stopped by process group; none is left."""
 
-import os
 import shutil
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +16,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flower_vfl import VerticalADMM
-from flower_vfl.deploy.local import Processes, any_alive, free_port, submit, wait_run, write_connection
+from flower_vfl.deploy.local import (Processes, any_alive, free_port, loopback_env, start_supernode, submit,
+                                     wait_run, write_connection)
 from flower_vfl.io.data import labels, party_block
 from flower_vfl.secagg import FixedPoint, public_key_hex, signing_key_pem
 
@@ -55,9 +54,7 @@ class Deployment:
 
     def __init__(self, tmp, nodes):
         self.tmp, self.port = tmp, free_port()
-        self.env = dict(os.environ, FLWR_HOME=str(tmp / "flwr_home"),
-                        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.2",
-                        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+        self.env = loopback_env(tmp / "flwr_home")
         self.conn = write_connection(tmp / "flwr_home", "loopback", f"127.0.0.1:{self.port}")
         self.procs = Processes(tmp / "logs")
         self.procs.start("superlink", ["flower-superlink", "--insecure", "--port", self.port,
@@ -69,13 +66,8 @@ class Deployment:
                     break
             time.sleep(0.2)
         for m, nc in nodes.items():
-            port = free_port()
-            self.procs.start(f"node{m}", [sys.executable, "-m", "flower_vfl.deploy.supernode", "--idle-poll", "0.2",
-                                          "--insecure", "--superlink", f"127.0.0.1:{self.port}", "--port", port,
-                                          "--node-config", node_config_arg(nc), "--isolation", "process"],
-                             self.env, tmp)
-            self.procs.start(f"exec{m}", [sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--insecure",
-                                          "--runtime-api-address", f"127.0.0.1:{port}"], self.env, tmp)
+            start_supernode(self.procs, f"node{m}", f"127.0.0.1:{self.port}", node_config_arg(nc), self.env, tmp,
+                            exec_name=f"exec{m}", idle_poll=0.2)
 
     def run(self, name, rc):
         out = self.tmp / name

@@ -13,8 +13,8 @@ SuperNode comes back with the SAME node id, in a new session (``NodeInfo.last_ac
   has marked it offline (the strategy got NODE_UNAVAILABLE for it and put the node aside).
 
 CI time: party 0's SuperNode (the late case) announces a heartbeat interval of 10 s
-(:data:`HEARTBEAT_S`, the least the SuperLink accepts; flwr 1.42's SuperNode hard-codes 30 s,
-module constants patched in that node's process only), so its old session is offline after 20 s
+(:data:`HEARTBEAT_S`, the least the SuperLink accepts: ``flower-vfl-supernode --heartbeat 10``;
+flwr 1.42's SuperNode hard-codes 30 s), so its old session is offline after 20 s
 instead of 60 s; party 1's (the early case) keeps Flower's 30 s, so that its restart is refused
 as shipped (a 20 s window is shorter than a SuperNode's start-up under load: it was let in at
 once). Nothing else of Flower is changed. 3 rounds: the early restart after round 1, the late one after round 2. Each
@@ -26,17 +26,16 @@ against ``party-keys``), re-synchronizes the party from its last round and goes 
 """
 
 import json
-import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from flower_vfl.deploy.local import Processes, any_alive, free_port, make_pki, submit, wait_run, write_connection
+from flower_vfl.deploy.local import (Processes, any_alive, free_port, loopback_env, make_pki, start_supernode,
+                                     submit, wait_run, write_connection)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("flower-superlink") is None, reason="Flower binaries not on PATH")]
@@ -47,10 +46,6 @@ ROUNDS = 3
 HEARTBEAT_S = 10
 #: seconds after which a killed node's old session is surely offline at the SuperLink
 OFFLINE_AFTER_S = 2 * HEARTBEAT_S + 5
-#: flower_vfl.deploy.supernode's entry point, with the heartbeat interval set to HEARTBEAT_S (party 0)
-NODE_MAIN = ("import sys; import flwr.supernode.fleet_http_connection as c, flwr.supercore.heartbeat as h; "
-             f"c.HEARTBEAT_DEFAULT_INTERVAL = h.HEARTBEAT_DEFAULT_INTERVAL = {HEARTBEAT_S}; "
-             "from flower_vfl.deploy.supernode import main; sys.exit(main())")
 
 
 class SecureLoopback:
@@ -59,9 +54,7 @@ class SecureLoopback:
     def __init__(self, tmp):
         self.tmp, self.link = tmp, free_port()
         self.home = tmp / "flwr_home"
-        self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-                        FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.2")
-        self.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), self.env.get("PATH", "")])
+        self.env = loopback_env(self.home)
         self.pki = make_pki(tmp / "pki", 2)
         self.conn = write_connection(self.home, "secure", f"127.0.0.1:{self.link}", self.pki["ca"])
         self.procs = Processes(tmp / "logs")
@@ -89,17 +82,9 @@ class SecureLoopback:
     def node(self, m, name):
         """Party m's SuperNode with ``--isolation process`` and its warm executor (as
         ``deploy-local`` starts them: a message's ClientApp is forked, not a new interpreter)."""
-        port = free_port()
-        main = ["-c", NODE_MAIN] if m == 0 else ["-m", "flower_vfl.deploy.supernode"]
-        proc = self.procs.start(name, [sys.executable, *main, "--idle-poll", "0.5",
-                                       "--superlink", f"127.0.0.1:{self.link}", "--port", port,
-                                       "--root-certificates", self.pki["ca"],
-                                       "--auth-supernode-private-key", self.pki["nodes"][m]["private"],
-                                       "--node-config", f"partition-id={m}", "--isolation", "process"],
-                                self.env, self.tmp)
-        self.procs.start(f"exec-{name}", [sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--insecure",
-                                          "--runtime-api-address", f"127.0.0.1:{port}"], self.env, self.tmp)
-        return proc
+        return start_supernode(self.procs, name, f"127.0.0.1:{self.link}", f"partition-id={m}", self.env, self.tmp,
+                               exec_name=f"exec-{name}", root_certificates=self.pki["ca"],
+                               auth_key=self.pki["nodes"][m]["private"], heartbeat=HEARTBEAT_S if m == 0 else None)
 
     def kill(self, name):
         """SIGKILL a SuperNode's process group and its executor's."""
