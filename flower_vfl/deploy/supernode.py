@@ -29,6 +29,13 @@ A SuperNode restarted after a kill is refused by the SuperLink (code 2004) while
 session is still online (until two heartbeats are missed, ~60 s); it asks again every 3 s for up
 to 65 s, saying why in one log line, then exits as Flower does (Flower: exits at once).
 
+A node started with ``--insecure`` against a SuperLink that serves TLS (or with TLS against a plain
+one) fails every attempt; Flower retries forever saying only "Connection attempt failed" (and a TLS
+node exits with an SSL error). Here the first such failure probes the SuperLink's address with one
+TLS handshake (no certificate check, 3 s; once more if it got no answer) and, on a mismatch, logs
+one line saying which flag to change; a node with ``--insecure`` then exits (Flower's code 305,
+the same line) after 3 failed attempts instead of retrying forever.
+
 Flower's telemetry (an HTTP POST when a process starts and, waited for, when it exits) is off in
 this node and the processes it starts unless ``FLWR_TELEMETRY_ENABLED`` is set (``=1``: on).
 
@@ -42,11 +49,14 @@ import argparse
 import inspect
 import math
 import os
+import socket
+import ssl
 import sys
 import time
 import warnings
 
-__all__ = ["IDLE_POLL_S", "HOT_POLL_S", "cap_idle_sleep", "main", "set_heartbeat", "telemetry_off_by_default"]
+__all__ = ["IDLE_POLL_S", "HOT_POLL_S", "cap_idle_sleep", "hint_tls_mismatch", "main", "probe_tls", "set_heartbeat",
+           "telemetry_off_by_default"]
 
 #: default idle poll of ``flower-vfl-supernode`` and of ``flower-vfl deploy-local`` (seconds)
 IDLE_POLL_S = 0.5
@@ -255,6 +265,161 @@ def retry_activation(every: float = ACTIVATION_RETRY_S, window: float = ACTIVATI
     return True
 
 
+#: a probe of the SuperLink's address (one TLS handshake, no certificate check) gives up after this
+PROBE_TIMEOUT_S = 3.0
+#: probes per connection at most (one that reached the server and got an answer ends the probing)
+MAX_PROBES = 2
+#: a node whose SuperLink was found to speak the other protocol exits after this many failed attempts
+#: (Flower: retries forever); the hint is logged at the first
+MISMATCH_EXIT_AFTER = 3
+#: what the patch wraps, read in flwr 1.41.0 and 1.42.0's fleet_http_connection.py
+FLOWER_RETRY_CALL = "make_simple_http_retry_invoker()"
+TLS_HINT = ("flower-vfl-supernode: the SuperLink at {address} speaks TLS but this node runs with --insecure; "
+            "start it with --root-certificates <the CA file> instead of --insecure")
+PLAIN_HINT = ("flower-vfl-supernode: the SuperLink at {address} does not speak TLS but this node connects with TLS; "
+              "start it with --insecure, or start the SuperLink with "
+              "--ssl-ca-certfile, --ssl-certfile and --ssl-keyfile")
+
+
+class TLSMismatchError(RuntimeError):
+    """The node and its SuperLink disagree on TLS: retrying cannot help."""
+
+
+def probe_tls(host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> bool | None:
+    """Does the server at ``host:port`` speak TLS? One handshake, no certificate verification.
+
+    True: a handshake completed, or the server answered with a TLS alert (it wants a client
+    certificate, say); False: it took the connection and answered bytes that are not TLS (a plain
+    HTTP or gRPC server); None: unknown (refused, unreachable, silent, or closed without a word).
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError:
+        return None
+    try:
+        with ctx.wrap_socket(sock, server_hostname=host):
+            return True
+    except ssl.SSLError as exc:
+        if "ALERT" in str(exc.reason or exc).upper():
+            return True
+        if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+            return None
+        return False              # WRONG_VERSION_NUMBER & co: plain bytes where a TLS record was due
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+def mismatch_hint(address: str, insecure: bool, speaks_tls: bool | None) -> str | None:
+    """The line telling the user which flag to change, or None when the probe found no mismatch."""
+    if speaks_tls is None or speaks_tls != insecure:
+        return None
+    return (TLS_HINT if insecure else PLAIN_HINT).format(address=address)
+
+
+def _worth_probing(exc) -> bool:
+    """A failure a TLS mismatch can cause: the server took the connection and the exchange broke
+    (plain text to a TLS server), or the TLS handshake failed (TLS to a plain server). Not a refused
+    or timed-out connect (nothing listens yet), nor an HTTP answer (the protocols agree)."""
+    import httpx
+
+    if not isinstance(exc, httpx.TransportError) or isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return False
+    if isinstance(exc, httpx.ConnectError):
+        return any(t in str(exc).lower() for t in ("ssl", "tls", "wrong version", "record layer"))
+    return True
+
+
+class _TLSDiagnosis:
+    """Watches the failures of one of Flower's retry invokers (one SuperNode connection): at the
+    first that a TLS mismatch can cause it probes the SuperLink (:func:`probe_tls`, at most
+    ``max_probes`` times until one answers) and logs :func:`mismatch_hint` once; while the node has
+    never connected, the ``exit_after``-th failed attempt counted from the hint's raises
+    :class:`TLSMismatchError` (Flower then exits with code 305 and its message)."""
+
+    def __init__(self, probe=probe_tls, exit_after: int = MISMATCH_EXIT_AFTER, max_probes: int = MAX_PROBES):
+        self.probe, self.exit_after, self.max_probes = probe, exit_after, max_probes
+        self.probes = self.failures = 0
+        self.answered = self.connected = False
+        self.hint: str | None = None
+
+    def attach(self, invoker):
+        """Wrap ``invoker``'s callbacks (Flower's run first); an invoker without them is left as is."""
+        if not all(hasattr(invoker, a) for a in ("on_success", "on_backoff", "on_giveup")):
+            return invoker
+        success, backoff, giveup = invoker.on_success, invoker.on_backoff, invoker.on_giveup
+
+        def on_success(state):
+            self.connected = True
+            if success is not None:
+                success(state)
+
+        def on_backoff(state):
+            if backoff is not None:
+                backoff(state)
+            self.failed(state.exception, may_exit=True)
+
+        def on_giveup(state):           # Flower gives up at once on a TLS handshake error
+            self.failed(state.exception, may_exit=False)
+            if giveup is not None:
+                giveup(state)
+
+        invoker.on_success, invoker.on_backoff, invoker.on_giveup = on_success, on_backoff, on_giveup
+        return invoker
+
+    def failed(self, exc, may_exit: bool) -> None:
+        if not self.answered and self.probes < self.max_probes and _worth_probing(exc):
+            try:
+                url = exc.request.url
+            except (AttributeError, RuntimeError):      # httpx: a request error without its request
+                return
+            port = url.port or (443 if url.scheme == "https" else 80)
+            address = f"[{url.host}]:{port}" if ":" in url.host else f"{url.host}:{port}"
+            self.probes += 1
+            speaks_tls = self.probe(url.host, port)
+            self.answered = speaks_tls is not None
+            self.hint = mismatch_hint(address, url.scheme == "http", speaks_tls)
+            if self.hint:
+                from logging import ERROR
+
+                from flwr.supercore import log
+                log(ERROR, "%s", self.hint)
+        self.failures += self.hint is not None          # failed attempts since the hint
+        if may_exit and self.hint and not self.connected and self.failures >= self.exit_after:
+            raise TLSMismatchError(f"{self.hint} (gave up after {self.failures} failed attempts)")
+
+
+def hint_tls_mismatch(probe=probe_tls, exit_after: int = MISMATCH_EXIT_AFTER) -> bool:
+    """Every retry invoker of the node's SuperLink connection (``make_simple_http_retry_invoker``
+    as ``flwr.supernode.fleet_http_connection`` calls it) gets a :class:`_TLSDiagnosis`, in this
+    process. Returns False (and warns) without patching on a Flower release this was not read in."""
+    import flwr
+    import flwr.supernode.fleet_http_connection as conn
+
+    version = getattr(flwr, "__version__", "?")
+    make = getattr(conn, "make_simple_http_retry_invoker", None)
+    try:
+        ok = version.startswith(PATCHED_FLWR) and callable(make) and FLOWER_RETRY_CALL in inspect.getsource(conn)
+    except (OSError, TypeError):
+        ok = False
+    if not ok:
+        warnings.warn(f"flower-vfl-supernode: flwr {version}'s connection retries are not the ones this was read in "
+                      f"({', '.join(v + 'x' for v in PATCHED_FLWR)}); a --insecure/TLS mismatch with the SuperLink "
+                      "is retried without a hint, as in Flower", stacklevel=2)
+        return False
+    flower = getattr(make, "_flower_vfl_make", make)
+
+    def make_simple_http_retry_invoker(*args, **kwargs):
+        return _TLSDiagnosis(probe, exit_after).attach(flower(*args, **kwargs))
+
+    make_simple_http_retry_invoker._flower_vfl_make = flower
+    conn.make_simple_http_retry_invoker = make_simple_http_retry_invoker
+    return True
+
+
 #: the heartbeat intervals a SuperLink accepts (flwr.common.constant.HEARTBEAT_MIN/MAX_INTERVAL)
 #: and Flower's own (HEARTBEAT_DEFAULT_INTERVAL), read in flwr 1.41.0 and 1.42.0
 HEARTBEAT_RANGE, FLOWER_HEARTBEAT_S = (10.0, 1800.0), 30
@@ -335,6 +500,7 @@ def main(argv: list[str] | None = None) -> int | None:
         return 2
     telemetry_off_by_default()       # inherited by the ClientApp processes the node starts
     retry_activation()
+    hint_tls_mismatch()
     if heartbeat is not None:
         set_heartbeat(heartbeat)
     cap_idle_sleep(idle, hot)
