@@ -66,6 +66,17 @@ def log_ticks(ax, values, fmt="{:g}"):
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
+
+def finish_epsilon_panel(ax, epsilons, ylabel, party1_alone, all_nonprivate):
+    """The private-parties plots' panel furniture: the two non-private references as lines (party 1
+    alone, all features), ε ticks, the x label naming the accountant, the y label and the legend."""
+    ax.axhline(party1_alone, color="C3", ls=":", label=f"party 1 alone, non-private ({party1_alone:.4f})")
+    ax.axhline(all_nonprivate, color="k", ls="-.", label=f"all features, non-private ({all_nonprivate:.4f})")
+    log_ticks(ax, sorted(set(epsilons)))
+    ax.set_xlabel("ε per party (δ=1e-5, exact accountant; read from each party's ledger)")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7.5)
+
 def a9a_paper_split():
     """a9a in the paper's two blocks (features 1-66 and 67-123): ``(B, y, Bt, yt)``, the training
     and test blocks as CSR matrices and the labels in {-1, +1}."""

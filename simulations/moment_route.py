@@ -33,7 +33,7 @@ from flower_vfl.core.scoring import normalize_rows
 from flower_vfl.estimator.moment_route import MomentMatchingLogistic, solve_moment_logistic
 from flower_vfl.privacy.party import PrivacyConfig
 
-from _common import a9a_paper_split as load, figure, log_ticks, metrics, save_figure, write_csv
+from _common import a9a_paper_split as load, figure, finish_epsilon_panel, metrics, save_figure, write_csv
 
 EPSILONS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0]
 DELTA = 1e-5
@@ -154,14 +154,9 @@ def plot(summary, path):
             st = summary["stacked"]
             ax.errorbar([x["epsilon"] for x in st], [x[key] for x in st], yerr=[x[key + "_sd"] for x in st],
                         fmt="s--", capsize=3, label="both private, stacked SSP (strict)")
-        p1, al = summary["references"]["party1_alone"][i], summary["references"]["all_nonprivate"][i]
-        ax.axhline(p1, color="C3", ls=":", label=f"party 1 alone, non-private ({p1:.4f})")
-        ax.axhline(al, color="k", ls="-.", label=f"all features, non-private ({al:.4f})")
         ax.axhline(summary["goal"][i], color="C2", ls="--", lw=0.8, label=f"goal at ε = 1 ({summary['goal'][i]})")
-        log_ticks(ax, sorted({x["epsilon"] for x in table}))
-        ax.set_xlabel("ε per party (δ=1e-5, exact accountant; read from each party's ledger)")
-        ax.set_ylabel(lab)
-        ax.legend(fontsize=7.5)
+        finish_epsilon_panel(ax, [x["epsilon"] for x in table], lab, summary["references"]["party1_alone"][i],
+                             summary["references"]["all_nonprivate"][i])
     fig.suptitle(f"a9a, both feature parties private (strict model); mean ± sd over {summary['seeds']} seeds")
     save_figure(fig, path, dpi=120)
     return 0

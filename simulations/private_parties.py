@@ -35,7 +35,7 @@ from flower_vfl import VerticalADMM
 from flower_vfl.estimator.stacked import StackedPrivateParties
 from flower_vfl.privacy.party import PrivacyConfig
 
-from _common import a9a_paper_split as load, figure, log_ticks, metrics, save_figure, write_csv
+from _common import a9a_paper_split as load, figure, finish_epsilon_panel, metrics, save_figure, write_csv
 
 EPSILONS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0]
 DELTA = 1e-5
@@ -171,13 +171,8 @@ def plot(summary, path):
             r = [x for x in table if x["route"] == route]
             ax.errorbar([x["epsilon"] for x in r], [x[key] for x in r], yerr=[x[key + "_sd"] for x in r], fmt=fmt,
                         capsize=3, label=labels[route])
-        p1, al = summary["party1_alone"][ref], summary["all_nonprivate"][ref]
-        ax.axhline(p1, color="C3", ls=":", label=f"party 1 alone, non-private ({p1:.4f})")
-        ax.axhline(al, color="k", ls="-.", label=f"all features, non-private ({al:.4f})")
-        log_ticks(ax, sorted({x["epsilon"] for x in table}))
-        ax.set_xlabel("ε per party (δ=1e-5, exact accountant; read from each party's ledger)")
-        ax.set_ylabel(lab)
-        ax.legend(fontsize=7.5)
+        finish_epsilon_panel(ax, [x["epsilon"] for x in table], lab, summary["party1_alone"][ref],
+                             summary["all_nonprivate"][ref])
     fig.suptitle(f"a9a, both feature parties private (strict model); mean ± sd over {summary['seeds']} seeds")
     save_figure(fig, path, dpi=120)
     return 0
