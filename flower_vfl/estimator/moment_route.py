@@ -25,15 +25,13 @@ the parties' pool scores (the secure sum) and one local product D_mp^T (w * .) p
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 from scipy.special import expit, logit
 
 from flower_vfl.core.scoring import normalize_rows
 from flower_vfl.core.validation import check_blocks
 from flower_vfl.privacy.label_moments import MomentParty
-from flower_vfl.estimator.stacked import binary_targets
+from flower_vfl.estimator.stacked import binary_targets, seeded_config
 
 __all__ = ["MomentMatchingLogistic", "solve_moment_logistic", "DEFAULT_LAM"]
 
@@ -119,8 +117,7 @@ class MomentMatchingLogistic:
         t = binary_targets(self, blocks, y)
         self._parties, self._kappa = [], []
         for m, (D, cfg) in enumerate(zip(blocks, self.privacy)):
-            if cfg.seed is None and self.random_state is not None:
-                cfg = dataclasses.replace(cfg, seed=int(self.random_state) * 1000 + m)
+            cfg = seeded_config(cfg, self.random_state, m)
             party = MomentParty(D, cfg, party_id=m)
             kappa = cfg.c_v / max(self.pi_, 1 - self.pi_)
             party.release(1, kappa * (t - self.pi_))

@@ -88,6 +88,15 @@ def binary_targets(model, blocks, y):
     return t
 
 
+def seeded_config(cfg: PrivacyConfig, random_state, m: int) -> PrivacyConfig:
+    """Party m's config with the in-process experiments' seed ``random_state * 1000 + m``, unless
+    it has a seed of its own (or ``random_state`` is None)."""
+    if cfg.seed is None and random_state is not None:
+        import dataclasses
+        return dataclasses.replace(cfg, seed=int(random_state) * 1000 + m)
+    return cfg
+
+
 class StackedPrivateParties:
     """Binary logistic model over vertically split private parties (the label owner has labels only).
 
@@ -123,9 +132,7 @@ class StackedPrivateParties:
         t = binary_targets(self, blocks, y)
         self._parties, self._kappa, self._xg = [], [], []
         for m, (D, cfg) in enumerate(zip(blocks, self.privacy)):
-            if cfg.seed is None and self.random_state is not None:
-                import dataclasses
-                cfg = dataclasses.replace(cfg, seed=int(self.random_state) * 1000 + m)
+            cfg = seeded_config(cfg, self.random_state, m)
             party = SSPParty(D, cfg, ridge=self.ridge, party_id=m)
             kappa = cfg.c_v / max(self.pi_, 1 - self.pi_)
             _, xg = party.release(1, kappa * (t - self.pi_))
