@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Strategy
 from flower_vfl.errors import UserError
 from flower_vfl.horizontal.admm import DPIADMMParams, dual_step, rho_schedule, server_step
 from flower_vfl.horizontal.model import error_rate
-from flower_vfl.strategies.exchange import Exchange, ReplyError
+from flower_vfl.strategies.exchange import Exchange, ReplyError, identity_record
 
 __all__ = ["DPIADMMStrategy", "AgentRefused"]
 
@@ -87,9 +87,7 @@ class DPIADMMStrategy(Strategy):
         return {} if self.exchange is None else self.exchange.node_to_party
 
     def _read_identity(self, nid, rep):
-        if "identity" not in rep.content.config_records:
-            raise ReplyError(f"node {nid}: the identify reply has no 'identity' record")
-        info = rep.content.config_records["identity"]
+        info = identity_record(nid, rep)
         agent = int(info["agent"])
         if int(info["num_features"]) != self.J:
             raise ValueError(f"agent {agent} has {info['num_features']} features, the server expects "

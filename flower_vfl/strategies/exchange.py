@@ -46,7 +46,7 @@ from flwr.common.logger import log
 
 from flower_vfl.errors import UserError
 
-__all__ = ["Exchange", "ReplyError", "PartyFailed", "PartyLost", "LOST_CODES", "check_release", "claim",
+__all__ = ["Exchange", "ReplyError", "PartyFailed", "PartyLost", "LOST_CODES", "check_release", "claim", "identity_record",
            "key_fingerprint", "load_party_keys", "message_key", "send_and_receive"]
 
 #: error codes meaning "the node or its message went away" (a restarted SuperNode can take over);
@@ -163,6 +163,13 @@ def check_release(rep: Message, party: int, key: str, shape: tuple, what: str,
                              "every released value; raise it only if the parties' values can be that large")
     return np.asarray(v, dtype=np.float64)
 
+
+
+def identity_record(nid: int, rep: Message):
+    """The 'identity' config record of node ``nid``'s identify reply, or a :class:`ReplyError`."""
+    if "identity" not in rep.content.config_records:
+        raise ReplyError(f"node {nid}: the identify reply has no 'identity' record")
+    return rep.content.config_records["identity"]
 
 def claim(seen: dict, role: str, index: int, nid: int, error: type = ValueError) -> None:
     """Record that node ``nid`` serves ``role`` ``index`` (``seen``: index -> node id); a second

@@ -21,7 +21,7 @@ from flwr.common.logger import log
 
 from flower_vfl.config.schema import SCHEMA
 from flower_vfl.strategies.checkpointing import ResumeRefused
-from flower_vfl.strategies.exchange import MAX_LOSSES, ReplyError
+from flower_vfl.strategies.exchange import MAX_LOSSES, ReplyError, identity_record
 
 __all__ = ["MAX_TRAIN_ROUNDS", "read_identity", "check_penalty", "FlowerRounds"]
 
@@ -41,9 +41,7 @@ def _int_field(info, field, nid, lo=None, hi=None, default=None):
 def read_identity(st, nid, rep):
     """The party a node claims in its identify reply and what it says of itself, checked
     (the exchange checks the index range). ``st``: the strategy (rows, held-out rows)."""
-    if "identity" not in rep.content.config_records:
-        raise ReplyError(f"node {nid}: the identify reply has no 'identity' record")
-    info = rep.content.config_records["identity"]
+    info = identity_record(nid, rep)
     party = _int_field(info, "party", nid)
     n_rows = _int_field(info, "n_rows", nid)
     if 0 <= party < st.num_parties and n_rows != st.central.n:

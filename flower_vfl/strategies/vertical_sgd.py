@@ -23,7 +23,7 @@ from flwr.serverapp.strategy import Strategy
 
 from flower_vfl.baselines.sgd import FLOAT_BYTES, SGDCentral, batch_indices, eval_metrics, learning_rate, n_batches
 from flower_vfl.core.losses import get_loss
-from flower_vfl.strategies.exchange import Exchange, ReplyError, check_release
+from flower_vfl.strategies.exchange import Exchange, ReplyError, check_release, identity_record
 
 __all__ = ["VerticalSGDStrategy"]
 
@@ -84,9 +84,7 @@ class VerticalSGDStrategy(Strategy):
         return self.exchange.send(lambda p, nid: content, message_type, range(self.num_parties), what)
 
     def _read_identity(self, nid, rep):
-        if "identity" not in rep.content.config_records:
-            raise ReplyError(f"node {nid}: the identify reply has no 'identity' record")
-        info = rep.content.config_records["identity"]
+        info = identity_record(nid, rep)
         party = int(info["party"])
         if int(info["n_rows"]) != self.n:
             raise ValueError(f"party {party} (node {nid}) holds {int(info['n_rows'])} rows but the labels have "
