@@ -77,7 +77,7 @@ def test_deploy_local_gives_every_supernode_its_own_state_dir(monkeypatch, tmp_p
     monkeypatch.setattr(local, "submit", lambda *a, **k: "5")
     monkeypatch.setattr(local, "wait_run", lambda *a, **k: {"status": "finished:completed"})
     local.deploy_local(tmp_path, 3, {}, node_configs={2: {"state-dir": "/srv/p2"}}, tls=False, auth=False,
-                       processes=Procs())
+                       processes=Procs(), fork_nodes=False)      # each node's own command line
     ncs = {m: started[f"node{m}"][started[f"node{m}"].index("--node-config") + 1] for m in range(3)}
     assert ncs[0] == f"partition-id=0 state-dir='{tmp_path.resolve() / 'state' / 'party0'}'"
     assert ncs[1] == f"partition-id=1 state-dir='{tmp_path.resolve() / 'state' / 'party1'}'"

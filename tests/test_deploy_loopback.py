@@ -46,6 +46,7 @@ def test_tls_and_registered_keys_end_to_end(tmp_path):
     assert res["exit_code"] == 0, res["record"]
     f = np.load(Path(res["out_dir"]) / "decision_test.npy")
     assert np.max(np.abs(f - reference(2))) <= 1e-9
+    assert (tmp_path / "logs" / "zygote.log").is_file()     # the SuperNodes were forked from deploy-local's warm process
     assert json.loads((tmp_path / "party-keys.json").read_text()) == {"0": res["fingerprints"][0],
                                                                      "1": res["fingerprints"][1]}
     assert any_alive(procs.started) == []
