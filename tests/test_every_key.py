@@ -32,7 +32,7 @@ CHANGED = {
     "party-keys": "/tmp/k.json", "state-dir": "/tmp/s", "model-dir": "/tmp/m", "psi-structure": "gcs",
     "psi-fpr": 1e-6, "predictions-path": "/tmp/p.csv", "data-dir": "/tmp/d", "out-dir": "/tmp/o",
     "id-column": "uid", "label-column": "y", "preprocess": "standardize", "psi-max-asked": 2.0,
-    "run-config": "lam=0.5", "max-release": 10.0, "secagg": "true",
+    "run-config": "lam=0.5", "max-release": 10.0, "secagg": "true", "route": "stacked-ssp",
 }
 
 
@@ -351,6 +351,7 @@ def test_every_run_config_key_changes_what_the_server_app_builds(monkeypatch):
         def __init__(self, *a, **kw):
             seen.append((a, kw))
     monkeypatch.setattr(sa, "VerticalADMMStrategy", Strategy)
+    monkeypatch.setattr(sa, "StackedSSPStrategy", Strategy)      # route='stacked-ssp' builds the other strategy
     monkeypatch.setattr(sa, "labels", lambda name, data_dir=None: (name, data_dir))
     sa.make_strategy({})
     base = seen[-1]

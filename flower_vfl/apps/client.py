@@ -19,6 +19,7 @@ from flower_vfl.clients import psi_party
 from flower_vfl.clients.source import declared_source, party_node_config  # noqa: F401  (re-exported)
 from flower_vfl.errors import install_log_filter, reply_user_errors
 from flower_vfl.clients.vertical_party import VerticalPartyClient
+from flower_vfl.clients.party_ssp import SSPPartyClient
 from flower_vfl.config.settings import PRIVACY_KEYS, privacy_from_config, run_setting
 from flower_vfl.config.schema import ConfigError, parse_node_config
 from flower_vfl.io.party_cache import cached_party_block
@@ -37,7 +38,9 @@ def _rho_range(nc: dict, party: int):
                                                    None if hi is None else float(hi))
 
 
-def make_client(context: Context) -> VerticalPartyClient:
+def _party_setup(context: Context):
+    """What every vertical party handler reads first, from the node config only where it decides the
+    party's data, privacy and budget: ``(rc, nc, party, num_parties, source, D, D_test, privacy)``."""
     rc, nc = context.run_config, party_node_config(context)
     # every key typed and range-checked before anything is read; the run config's privacy
     # values are not read at all (a party's privacy settings are its node config's)
@@ -60,8 +63,13 @@ def make_client(context: Context) -> VerticalPartyClient:
         # The folder is the node config's data-dir only (the run config's is the label owner's)
         D, D_test = cached_party_block(source.dataset, party, num_parties, source.data_dir or None,
                                        nc.get("state-dir") or None)
-    from flower_vfl.clients.party_secagg import PartySecAgg
     privacy = privacy_from_config(party, rc, nc)
+    return rc, nc, party, num_parties, source, D, D_test, privacy
+
+
+def make_client(context: Context) -> VerticalPartyClient:
+    rc, nc, party, num_parties, source, D, D_test, privacy = _party_setup(context)
+    from flower_vfl.clients.party_secagg import PartySecAgg
     loss = str(run_setting("loss", rc, nc))
     if privacy is not None and loss == "multinomial":      # refused before any round (identify)
         raise ConfigError(f"party {party} is private and releases one noisy score vector per round; the run "
@@ -75,6 +83,14 @@ def make_client(context: Context) -> VerticalPartyClient:
                                state_dir=nc.get("state-dir") or None,
                                max_answers=int(nc.get("max-answers", 0)), source=source,
                                rho_range=_rho_range(nc, party), secagg=secagg)
+
+
+def make_ssp_client(context: Context) -> SSPPartyClient:
+    """The party of the stacked SSP route (route='stacked-ssp'): the same node-config checks, data,
+    privacy settings, store and declared source as :func:`make_client`'s party, so its one SSP
+    release is charged in the same ledger as its ADMM releases."""
+    rc, nc, party, num_parties, source, D, D_test, privacy = _party_setup(context)
+    return SSPPartyClient(party, D, D_test, privacy, state_dir=nc.get("state-dir") or None, source=source)
 
 
 def identify(msg: Message, context: Context) -> Message:
@@ -95,6 +111,16 @@ def secagg_keys(msg: Message, context: Context) -> Message:
     return make_client(context).secagg_keys(msg, context)
 
 
+def ssp_identify(msg: Message, context: Context) -> Message:
+    """The stacked SSP route's identify (flower_vfl.clients.party_ssp): nothing charged."""
+    return make_ssp_client(context).identify(msg, context)
+
+
+def ssp_release(msg: Message, context: Context) -> Message:
+    """The stacked SSP route's one release per run (flower_vfl.clients.party_ssp)."""
+    return make_ssp_client(context).release(msg, context)
+
+
 # Flower calls every handler through reply_user_errors (flower_vfl.errors): a data or config
 # error is one line on this node and an error reply naming it, never a traceback (called
 # directly, as the tests do, the handlers raise)
@@ -102,6 +128,9 @@ app.query("identify")(reply_user_errors(identify))
 app.train()(reply_user_errors(train))
 app.evaluate()(reply_user_errors(evaluate))
 app.query("secagg_keys")(reply_user_errors(secagg_keys))      # secure aggregation: the key advert
+# the stacked SSP route (route='stacked-ssp', docs/privacy_parties.md): one SSP release per private party
+app.query("ssp_identify")(reply_user_errors(ssp_identify))
+app.query("ssp_release")(reply_user_errors(ssp_release))
 # own data (flower_vfl.clients.psi_party): PSI alignment, the saved model, prediction; save_model
 # builds the party through make_client, handed over here (clients never import apps)
 psi_party.CLIENT_FACTORY = make_client

@@ -17,6 +17,7 @@ from flower_vfl.io.data import labels
 from flower_vfl.privacy.label_dp import label_source
 from flower_vfl.reporting.report import write_report
 from flower_vfl.strategies import own_data
+from flower_vfl.strategies.stacked_ssp import StackedSSPStrategy
 from flower_vfl.strategies.vertical_admm import VerticalADMMStrategy
 
 app = ServerApp()
@@ -28,11 +29,14 @@ def make_strategy(run_config, y=None, y_test=None, ids=None) -> VerticalADMMStra
     the labels file's ID of each row of ``y``, for the label store)."""
     cfg = parse_run_config(run_config)        # every key checked before any data is read
     get = cfg.__getitem__
+    check_route(cfg, own=y is not None or own_data.enabled(run_config))
     if y is None:
         y, y_test = labels(str(get("dataset")), get("data-dir") or None)
     if bool(get("dp")):                        # unknown party ids: an error, never a silent non-private run
         from flower_vfl.config.settings import dp_party_ids
         dp_party_ids(run_config, int(get("num-parties")))
+    if str(get("route")) == "stacked-ssp":
+        return make_stacked_strategy(cfg, y, y_test)
     rho = float(get("rho"))
     out, state = get("out-dir"), get("state-dir")
     # label DP: the labels are drawn once per source and ID and reused (privacy/label_dp.py), in
@@ -57,6 +61,37 @@ def make_strategy(run_config, y=None, y_test=None, ids=None) -> VerticalADMMStra
                                 # the parties' settings that define the run too (checkpoint record)
                                 run_settings={"lam": float(get("lam")), "x-solver": str(get("x-solver")),
                                               "dataset": "" if get("labels-path") else str(get("dataset"))})
+
+
+#: run-config keys of the ADMM route that the stacked SSP route has no use for: a value other than
+#: the default is refused with route='stacked-ssp' (a key must change the run or be refused)
+ADMM_ONLY_KEYS = ("loss", "penalty", "lam", "rho", "alpha", "fit-intercept", "acceleration", "x-solver", "max-rounds",
+                  "tol", "eval-every", "label-epsilon", "stragglers", "max-staleness", "resume", "secagg")
+
+
+def check_route(cfg: dict, own: bool = False) -> None:
+    """With route='stacked-ssp' (checked run config ``cfg``): refuse own data (``own``) and every
+    ADMM-only key set to anything but its default, naming the key. Nothing for route='admm'."""
+    from flower_vfl.config.schema import SCHEMA, ConfigError
+    if cfg["route"] != "stacked-ssp":
+        return
+    if own:
+        raise ConfigError("run config route='stacked-ssp' runs on a bundled dataset only (PSI alignment of the "
+                          "parties' own files is not built for this route): remove labels-path / score-ids-path / "
+                          "mode, or use route='admm'")
+    for key in ADMM_ONLY_KEYS:
+        if cfg[key] != SCHEMA[key].default:
+            raise ConfigError(f"run config key {key!r}={cfg[key]!r} is refused with route='stacked-ssp': it sets "
+                              "the ADMM route, which this run does not use (each private party makes one SSP "
+                              "release and the label owner stacks the scores). Remove it, or use route='admm'")
+
+
+def make_stacked_strategy(cfg: dict, y, y_test) -> StackedSSPStrategy:
+    """The stacked SSP route's strategy (route='stacked-ssp', docs/privacy_parties.md) from the
+    checked run config ``cfg`` (:func:`check_route` passed)."""
+    return StackedSSPStrategy(y, y_test, num_parties=int(cfg["num-parties"]), timeout=float(cfg["round-timeout"]),
+                              party_wait=float(cfg["party-wait"]), party_keys=cfg["party-keys"] or None,
+                              max_release=float(cfg["max-release"]))
 
 
 def writable_folders(run_config) -> None:
@@ -118,7 +153,8 @@ def log_final(strategy: VerticalADMMStrategy) -> None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    parse_run_config(context.run_config)      # every key checked before anything is read or sent
+    check_route(parse_run_config(context.run_config),     # every key checked before anything is read or sent
+                own=own_data.enabled(context.run_config))
     predict = own_data.enabled(context.run_config) and str(context.run_config.get("mode", "train")) == "predict"
     if not predict:                            # (predict reads its model from out-dir: it may be read-only)
         writable_folders(context.run_config)   # the run's files have somewhere to go, before any round
@@ -132,7 +168,11 @@ def main(grid: Grid, context: Context) -> None:
         strategy = make_strategy(context.run_config)
 
         def progress(k, row):
-            log_round(k, row)
+            if isinstance(strategy, StackedSSPStrategy):      # one exchange, no ADMM residuals
+                log(INFO, "stacked SSP route: %d parties released once, test_loss=%.4f, test_accuracy=%.4f",
+                    row["parties"], row.get("test_loss", float("nan")), row.get("test_accuracy", float("nan")))
+            else:
+                log_round(k, row)
             write_outputs(strategy, context.run_config, {"rounds": k, "running": True})
 
         strategy.progress = progress

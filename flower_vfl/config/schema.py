@@ -128,6 +128,9 @@ SCHEMA: dict[str, Key] = dict([
        lo=0.0),
     _k("out-dir", str, "", "run", "where the label owner writes report.json, metrics.csv (rewritten "
                                   "every round) and decision_test.npy"),
+    _k("route", str, "admm", "run", "how the model is built: 'admm' (vertical ADMM sharing) or 'stacked-ssp' (every "
+                                   "party private, one SSP release each, stacked by the label owner; "
+                                   "docs/privacy_parties.md)", choices=("admm", "stacked-ssp")),
     # --- faults and deployment (label owner)
     _k("round-timeout", float, 600.0, "run", "seconds to wait for the parties' replies in one round",
        lo=0.0, lo_open=True),

@@ -21,54 +21,14 @@ Only public APIs are used (no change to the ADMM engine).
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import logit
 
 from flower_vfl.core.validation import check_blocks
 from flower_vfl.privacy.party import PrivacyConfig
-from flower_vfl.privacy.ssp import DEFAULT_RIDGE, SSPParty
+from flower_vfl.privacy.ssp import DEFAULT_RIDGE, SSPParty, calibrate_scores, lda_calibration, stacking_target
 
 __all__ = ["StackedPrivateParties", "lda_calibration"]
-
-
-def lda_calibration(S, xg_over_n, pi):
-    """Logistic weights (w, b) for the scores S (rows x parties) of the released models.
-
-    Parameters
-    ----------
-    S : (n_pool, M) array
-        Scores of unlabelled rows from the released models (their moments stand for the
-        training rows' moments: same distribution).
-    xg_over_n : (M,) array
-        (1/N) sum_i (t_i - pi) s_mi over the training rows, from the released x~_m^T g~_m / (N kappa).
-    pi : float
-        Mean of the training labels in {0, 1}.
-
-    Least squares of t on (1, s) from the moments, then the linear discriminant with shared
-    variance on f = beta^T s: delta = Cov(f, t) / (pi (1 - pi)), sigma_w^2 = Var f - pi (1 - pi)
-    delta^2, weight k = delta / sigma_w^2, intercept logit(pi) - k (mu_1 + mu_0) / 2. For Gaussian
-    scores with a shared covariance in both classes this is the Bayes rule.
-    """
-    S = np.asarray(S, dtype=float)
-    if S.ndim != 2 or S.shape[0] < 10 * (S.shape[1] + 1):
-        raise ValueError(f"the calibration pool has shape {S.shape}; give at least 10 (M + 1) unlabelled rows "
-                         "scored by the M parties (calibration_blocks)")
-    if not 0 < pi < 1:
-        raise ValueError(f"pi={pi!r}: both classes must occur in the training labels")
-    Es = S.mean(axis=0)
-    S2 = S.T @ S / S.shape[0]
-    Ets = np.asarray(xg_over_n, float) + pi * Es                   # E[t s] over the training rows
-    A = np.block([[np.ones((1, 1)), Es[None, :]], [Es[:, None], S2]])
-    beta = np.linalg.lstsq(A, np.r_[pi, Ets], rcond=None)[0][1:]
-    f = S @ beta
-    delta = float(beta @ (Ets - pi * Es)) / (pi * (1 - pi))
-    var_w = float(f.var()) - pi * (1 - pi) * delta ** 2
-    if not (delta > 0 and var_w > 0):
-        raise ValueError(f"the released scores carry no usable signal (class-mean gap {delta:.3g}, within-class "
-                         f"variance {var_w:.3g}); raise the parties' epsilon or give a larger calibration pool")
-    k = delta / var_w
-    mean_f = float(f.mean())
-    mu1, mu0 = mean_f + (1 - pi) * delta, mean_f - pi * delta
-    return k * beta, float(logit(pi) - k * (mu1 + mu0) / 2)
+# the label owner's math (target, calibration) is in flower_vfl.privacy.ssp, shared with the Flower
+# strategy flower_vfl.strategies.stacked_ssp: the two paths call the same functions
 
 
 def binary_targets(model, blocks, y):
@@ -134,8 +94,8 @@ class StackedPrivateParties:
         for m, (D, cfg) in enumerate(zip(blocks, self.privacy)):
             cfg = seeded_config(cfg, self.random_state, m)
             party = SSPParty(D, cfg, ridge=self.ridge, party_id=m)
-            kappa = cfg.c_v / max(self.pi_, 1 - self.pi_)
-            _, xg = party.release(1, kappa * (t - self.pi_))
+            v, kappa = stacking_target(t, cfg.c_v)
+            _, xg = party.release(1, v)
             self._parties.append(party)
             self._kappa.append(kappa)
             self._xg.append(xg)
@@ -154,8 +114,7 @@ class StackedPrivateParties:
     def calibrate(self, calibration_blocks):
         """Set ``weights_`` and ``intercept_`` from unlabelled rows (free: scores of x~ and pi)."""
         S = self.party_scores(calibration_blocks)
-        xg = np.array([xg / (kappa * self.n_train_) for xg, kappa in zip(self._xg, self._kappa)])
-        self.weights_, self.intercept_ = lda_calibration(S, xg, self.pi_)
+        self.weights_, self.intercept_ = calibrate_scores(S, self._xg, self._kappa, self.n_train_, self.pi_)
         return self
 
     def decision_function(self, X_blocks):

@@ -39,6 +39,7 @@ import math
 from dataclasses import asdict
 
 import numpy as np
+from scipy.special import logit
 
 from flower_vfl.core.scoring import normalize_rows
 from flower_vfl.privacy.accounting import noise_multiplier_for
@@ -48,7 +49,8 @@ from flower_vfl.privacy.mechanism import GaussianOutputMechanism
 from flower_vfl.privacy.party import PlanExceeded, PrivacyConfig, ReplayRefused
 from flower_vfl.privacy.store import PartyStore
 
-__all__ = ["OneReleaseParty", "SSPParty", "ssp_sensitivity", "ssp_ridge", "DEFAULT_RIDGE"]
+__all__ = ["OneReleaseParty", "SSPParty", "ssp_sensitivity", "ssp_ridge", "DEFAULT_RIDGE", "stacking_target",
+           "lda_calibration", "calibrate_scores", "cross_fit_halves", "cross_fitted_decision"]
 
 #: lam' = DEFAULT_RIDGE * sigma * sqrt(d): chosen on a 20 % validation split of the a9a TRAINING set over
 #: {0.5, 1, 1.5, 2, 3, 5} x c_v {0.5, 0.75, 1, 1.5} at epsilon {0.25, 1, 4} (flat optimum; docs/privacy_parties.md)
@@ -259,3 +261,87 @@ class SSPParty(OneReleaseParty):
                             "features of each training row of this party (row-level DP)",
                             "labels (the target is a function of them); the scores of rows that are scored",
                             config={"ridge": self.ridge}, lam_post=self.lam)
+
+
+# ---------------------------------------------------------------------- the label owner's side
+# (post-processing of the parties' releases; used by flower_vfl.estimator.stacked in process and by
+# the Flower strategy flower_vfl.strategies.stacked_ssp, so that the two cannot drift)
+
+def stacking_target(t, c_v):
+    """The target v = kappa (t - pi) the label owner sends a party whose clip is ``c_v``, and kappa.
+
+    ``t``: the training labels in {0, 1}; pi = mean(t); kappa = c_v / max(pi, 1 - pi), so v fills
+    the party's clip [-c_v, c_v]."""
+    t = np.asarray(t, dtype=float)
+    pi = float(t.mean())
+    kappa = float(c_v) / max(pi, 1 - pi)
+    return kappa * (t - pi), kappa
+
+
+def lda_calibration(S, xg_over_n, pi):
+    """Logistic weights (w, b) for the scores S (rows x parties) of the released models.
+
+    Parameters
+    ----------
+    S : (n_pool, M) array
+        Scores of unlabelled rows from the released models (their moments stand for the
+        training rows' moments: same distribution).
+    xg_over_n : (M,) array
+        (1/N) sum_i (t_i - pi) s_mi over the training rows, from the released x~_m^T g~_m / (N kappa).
+    pi : float
+        Mean of the training labels in {0, 1}.
+
+    Least squares of t on (1, s) from the moments, then the linear discriminant with shared
+    variance on f = beta^T s: delta = Cov(f, t) / (pi (1 - pi)), sigma_w^2 = Var f - pi (1 - pi)
+    delta^2, weight k = delta / sigma_w^2, intercept logit(pi) - k (mu_1 + mu_0) / 2. For Gaussian
+    scores with a shared covariance in both classes this is the Bayes rule.
+    """
+    S = np.asarray(S, dtype=float)
+    if S.ndim != 2 or S.shape[0] < 10 * (S.shape[1] + 1):
+        raise ValueError(f"the calibration pool has shape {S.shape}; give at least 10 (M + 1) unlabelled rows "
+                         "scored by the M parties (calibration_blocks)")
+    if not 0 < pi < 1:
+        raise ValueError(f"pi={pi!r}: both classes must occur in the training labels")
+    Es = S.mean(axis=0)
+    S2 = S.T @ S / S.shape[0]
+    Ets = np.asarray(xg_over_n, float) + pi * Es                   # E[t s] over the training rows
+    A = np.block([[np.ones((1, 1)), Es[None, :]], [Es[:, None], S2]])
+    beta = np.linalg.lstsq(A, np.r_[pi, Ets], rcond=None)[0][1:]
+    f = S @ beta
+    delta = float(beta @ (Ets - pi * Es)) / (pi * (1 - pi))
+    var_w = float(f.var()) - pi * (1 - pi) * delta ** 2
+    if not (delta > 0 and var_w > 0):
+        raise ValueError(f"the released scores carry no usable signal (class-mean gap {delta:.3g}, within-class "
+                         f"variance {var_w:.3g}); raise the parties' epsilon or give a larger calibration pool")
+    k = delta / var_w
+    mean_f = float(f.mean())
+    mu1, mu0 = mean_f + (1 - pi) * delta, mean_f - pi * delta
+    return k * beta, float(logit(pi) - k * (mu1 + mu0) / 2)
+
+
+def calibrate_scores(S, xg, kappa, n_train, pi):
+    """(weights, intercept) of :func:`lda_calibration` from the parties' released scalars
+    x~_m^T g~_m (``xg``), the kappa_m of their targets, the number of training rows and pi:
+    (1/N) sum_i (t_i - pi) s_mi = x~_m^T g~_m / (N kappa_m)."""
+    xg_over_n = np.array([x / (k * n_train) for x, k in zip(xg, kappa)])
+    return lda_calibration(S, xg_over_n, pi)
+
+
+def cross_fit_halves(n, seed=12345):
+    """Two halves of ``n`` pool rows (a fixed public permutation, no data): each half is scored with
+    the calibration computed on the other half (docs/privacy_parties.md, "The calibration pool")."""
+    perm = np.random.default_rng(seed).permutation(int(n))
+    return perm[: n // 2], perm[n // 2:]
+
+
+def cross_fitted_decision(S, xg, kappa, n_train, pi, halves):
+    """Decision values of the pool rows ``S`` (n x M scores), each half calibrated on the other half
+    (:func:`calibrate_scores`); also returns the two (weights, intercept)."""
+    S = np.asarray(S, dtype=float)
+    f = np.empty(S.shape[0])
+    fits = []
+    for mine, other in ((halves[1], halves[0]), (halves[0], halves[1])):
+        w, b = calibrate_scores(S[other], xg, kappa, n_train, pi)
+        f[mine] = S[mine] @ w + b
+        fits.append((w, b))
+    return f, fits

@@ -7,3 +7,5 @@ from flower_vfl.strategies.vertical_sgd import VerticalSGDStrategy  # FDML-style
 __all__ += ["VerticalSGDStrategy"]
 from flower_vfl.strategies.psi_align import AlignResult, PSIAlignment  # own data: the label owner's PSI alignment
 __all__ += ["AlignResult", "PSIAlignment"]
+from flower_vfl.strategies.stacked_ssp import StackedSSPStrategy  # several private parties: stacked SSP releases
+__all__ += ["StackedSSPStrategy"]
