@@ -166,6 +166,7 @@ def test_deploy_local_imports_the_accountants_at_start_only_for_a_private_party(
     procs = _FakeProcesses(tmp_path / "logs")
     with pytest.raises(Submitted):
         local.deploy_local(tmp_path, 3, {"dataset": "breast_cancer", "num-parties": 3}, tls=False, auth=False,
-                           processes=procs, node_configs={1: {"dp": True, "dp-epsilon": 2.0, "dp-delta": 1e-5}})
+                           processes=procs, node_configs={1: {"dp": True, "dp-epsilon": 2.0, "dp-delta": 1e-5}},
+                           fork_nodes=False)        # each executor's own command line
     flag = {name: cmd[cmd.index("--accountants") + 1] for name, cmd in procs.cmds.items() if name.startswith("exec")}
     assert flag == {"exec0": "auto", "exec1": "eager", "exec2": "auto"}
