@@ -74,3 +74,30 @@ def test_a_fork_that_fails_falls_back_to_its_own_interpreter_with_a_warning(tmp_
     assert [n for n, _ in started] == ["node0", "exec0"]
     assert started[0][1][1:3] == ["-m", "flower_vfl.deploy.supernode"]
     assert started[1][1][1:3] == ["-m", "flower_vfl.deploy.warm_exec"]
+
+
+def test_deploy_local_stretches_the_hot_poll_with_the_number_of_parties(monkeypatch, tmp_path):
+    """Up to 2 parties every SuperNode keeps the 0.02 s hot poll; beyond, 0.02 x M/2 (at most 0.5 s),
+    so the pulls the one SuperLink serves after a round stay ~100 a second whatever M."""
+    from flower_vfl.deploy.local import hot_poll_for
+    from flower_vfl.deploy.supernode import HOT_POLL_S
+    assert [hot_poll_for(m) for m in (1, 2, 3, 4, 8, 16, 100)] == [HOT_POLL_S, HOT_POLL_S, 0.03, 0.04, 0.08, 0.16, 0.5]
+    started = {}
+
+    class Procs:
+        procs = {}
+
+        def start(self, name, cmd, env=None, cwd=None):
+            started[name] = [str(c) for c in cmd]
+            self.procs[name] = None
+            return type("P", (), {"pid": 1})()
+
+    monkeypatch.setattr(local, "record_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(local, "_wait_port", lambda *a, **k: None)
+    monkeypatch.setattr(local, "submit", lambda *a, **k: "5")
+    monkeypatch.setattr(local, "wait_run", lambda *a, **k: {"status": "finished:completed"})
+    for m, want in ((2, "0.02"), (16, "0.16")):
+        started.clear()
+        local.deploy_local(tmp_path / str(m), m, {}, tls=False, auth=False, processes=Procs(), fork_nodes=False)
+        polls = {started[f"node{i}"][started[f"node{i}"].index("--hot-poll") + 1] for i in range(m)}
+        assert polls == {want}

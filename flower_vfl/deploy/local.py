@@ -43,6 +43,8 @@ __all__ = ["Processes", "any_alive", "free_port", "make_pki", "write_connection"
 FINISHED = "finished:"
 #: seconds between the SuperExec's task polls on the loopback SuperNodes (Flower's default: 1.0)
 SUPEREXEC_POLL_S = "0.2"
+#: while a run's log stream is open, :func:`wait_run` asks Flower for its status this often (s)
+STATUS_EVERY_S = 30.0
 ISOLATIONS = ("subprocess", "warm")
 
 
@@ -410,11 +412,20 @@ def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0, e
     reader.start()
     try:
         deadline = time.monotonic() + timeout
+        # the log stream ends with the run: Flower is asked for the status (a `flwr ls` process,
+        # ~1 s of CPU) when it ends, and meanwhile only every STATUS_EVERY_S (`poll` s once the
+        # stream is gone: it may also end early, e.g. with a lost connection)
         while True:
+            if streamer.poll() is None:
+                try:
+                    streamer.wait(timeout=max(0.0, min(STATUS_EVERY_S, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    pass
             rec = run_status(run_id, connection, env)
             if str(rec.get("status", "")).startswith(FINISHED) or time.monotonic() > deadline:
                 break
-            time.sleep(poll)
+            if streamer.poll() is not None:
+                time.sleep(poll)
         try:
             streamer.wait(timeout=10)       # the stream ends with the run; let it flush
         except subprocess.TimeoutExpired:
@@ -655,15 +666,26 @@ def loopback_env(flwr_home) -> dict:
     return env
 
 
+
+def hot_poll_for(num_parties: int) -> float:
+    """The ``--hot-poll`` of each of ``num_parties`` SuperNodes on one SuperLink: the SuperNode's
+    default (0.02 s: the next round's message is picked up within ~20 ms of its push) for up to 2
+    parties, stretched with M beyond (0.02 x M/2, at most 0.5 s), so that the pulls the SuperLink
+    serves in the hot window stay at ~100 a second whatever M (16 parties at 0.02 s would be 800 a
+    second, most of the SuperLink's CPU)."""
+    from flower_vfl.deploy.supernode import HOT_POLL_RANGE, HOT_POLL_S
+    return round(min(HOT_POLL_RANGE[1], HOT_POLL_S * max(1.0, num_parties / 2)), 4)
+
 def start_supernode(procs: Processes, name: str, superlink: str, node_config, env, cwd, *, exec_name=None,
                     root_certificates=None, auth_key=None, idle_poll=0.5, isolation="warm", accountants="auto",
-                    heartbeat=None, node_main=None, zygote=None):
+                    heartbeat=None, hot_poll=None, node_main=None, zygote=None):
     """One party's SuperNode as ``deploy-local`` runs it, started by ``procs`` under ``name``
     (and, with ``isolation='warm'``, its warm executor under ``exec_name``, default
     ``<name>-exec``: two process groups; stop both). ``node_config``: a dict (or the
     ``--node-config`` text); ``root_certificates`` None means ``--insecure``; ``auth_key``: the
     node's registered private key; ``idle_poll`` None starts Flower's ``flower-supernode`` as
-    shipped; ``heartbeat``: seconds between the node's heartbeats (``flower-vfl-supernode
+    shipped; ``hot_poll``: ``flower-vfl-supernode --hot-poll`` (None: its default);
+    ``heartbeat``: seconds between the node's heartbeats (``flower-vfl-supernode
     --heartbeat``; None: Flower's 30 s); ``node_main``: the interpreter arguments that run
     flower-vfl's SuperNode (default ``-m flower_vfl.deploy.supernode``); ``zygote``: a
     :class:`Zygote` that forks the SuperNode and its executor (the same
@@ -675,6 +697,10 @@ def start_supernode(procs: Processes, name: str, superlink: str, node_config, en
     nc = node_config if isinstance(node_config, str) else _node_config(node_config)
     cmd = ["flower-supernode"] if idle_poll is None else \
         [sys.executable, *(node_main or ["-m", "flower_vfl.deploy.supernode"]), "--idle-poll", str(idle_poll)]
+    if hot_poll is not None:
+        if idle_poll is None:
+            raise ValueError("hot_poll needs flower-vfl's SuperNode (idle_poll not None): Flower's has no such flag")
+        cmd += ["--hot-poll", str(hot_poll)]
     if heartbeat is not None:
         if idle_poll is None:
             raise ValueError("heartbeat needs flower-vfl's SuperNode (idle_poll not None): Flower's has no such flag")
@@ -785,7 +811,8 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
                             auth_key=pki["nodes"][(node_keys or {}).get(m, m)]["private"] if auth else None,
                             idle_poll=idle_poll, isolation=isolation,
                             # the accountants' libraries (torch) only in a private party's executor
-                            accountants="eager" if party_is_private(m, run_config, nc) else "auto", zygote=zygote)
+                            accountants="eager" if party_is_private(m, run_config, nc) else "auto", zygote=zygote,
+                            hot_poll=None if idle_poll is None else hot_poll_for(num_parties))
         run_id = submit(Path(app_dir).resolve(), conn, _node_config(run_config), env)
         rec = wait_run(run_id, conn, env, logs / "run.log", timeout=timeout, echo=echo, on_line=on_line)
         return {"record": rec, "exit_code": exit_code(rec), "run_id": run_id,
