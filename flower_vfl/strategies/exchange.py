@@ -46,7 +46,7 @@ from flwr.common.logger import log
 
 from flower_vfl.errors import UserError
 
-__all__ = ["Exchange", "ReplyError", "PartyFailed", "PartyLost", "LOST_CODES", "check_release", "claim", "identity_record",
+__all__ = ["Exchange", "ReplyError", "PartyFailed", "PartyLost", "PartyRefused", "keep_report", "LOST_CODES", "check_release", "claim", "identity_record",
            "key_fingerprint", "load_party_keys", "message_key", "send_and_receive"]
 
 #: error codes meaning "the node or its message went away" (a restarted SuperNode can take over);
@@ -81,6 +81,10 @@ class PartyFailed(UserError, RuntimeError):
 class PartyLost(UserError, RuntimeError):
     """A party did not answer and did not come back within ``party-wait``."""
 
+
+
+class PartyRefused(UserError, RuntimeError):
+    """A party refused to release (its privacy budget is spent)."""
 
 def message_key(msg: Message) -> str:
     """The id a reply to ``msg`` carries in ``reply_to_message_id`` (set by the Grid on push)."""
@@ -164,6 +168,20 @@ def check_release(rep: Message, party: int, key: str, shape: tuple, what: str,
     return np.asarray(v, dtype=np.float64)
 
 
+
+
+def keep_report(rep: Message, party: int, reports: dict, what: str = "") -> None:
+    """Keep a private party's privacy report (``reports[party]``) from its reply; its refusal
+    stops the run (:class:`PartyRefused`, naming the party and its reason)."""
+    records = rep.content.config_records
+    if "privacy" in records:
+        try:
+            reports[party] = json.loads(str(records["privacy"]["report"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            where = f"party {party}, {what}" if what else f"party {party}"
+            raise ReplyError(f"{where}: unreadable privacy report ({exc})") from None
+    if "refusal" in records:
+        raise PartyRefused(f"party {party} refused: {records['refusal'].get('reason', '')}")
 
 def identity_record(nid: int, rep: Message):
     """The 'identity' config record of node ``nid``'s identify reply, or a :class:`ReplyError`."""

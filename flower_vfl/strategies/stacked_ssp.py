@@ -21,7 +21,6 @@ goes through :mod:`flower_vfl.strategies.exchange` (identify, send, replies matc
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
 from logging import ERROR, INFO
@@ -36,8 +35,9 @@ from flower_vfl.core.losses import get_loss
 from flower_vfl.errors import UserError
 from flower_vfl.privacy.ssp import cross_fit_halves, cross_fitted_decision, stacking_target
 from flower_vfl.strategies import vertical_outcome
-from flower_vfl.strategies.exchange import Exchange, PartyFailed, PartyLost, ReplyError, check_release, party_keys_from
-from flower_vfl.strategies.vertical_admm import DEFAULT_MAX_RELEASE, PartyRefused
+from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, PartyRefused, ReplyError, check_release,
+                                            keep_report, party_keys_from)
+from flower_vfl.strategies.vertical_admm import DEFAULT_MAX_RELEASE
 
 __all__ = ["StackedSSPStrategy", "CalibrationFailed", "SSP_ROUND"]
 
@@ -161,14 +161,7 @@ class StackedSSPStrategy(Strategy):
     def _read_release(self, party, rep, n_test):
         """(held-out scores, x~^T g~) of a party's reply, checked (:func:`check_release`)."""
         what = "the SSP release"
-        records = rep.content.config_records
-        if "privacy" in records:
-            try:
-                self.privacy_[party] = json.loads(str(records["privacy"]["report"]))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ReplyError(f"party {party}, {what}: unreadable privacy report ({exc})") from None
-        if "refusal" in records:
-            raise PartyRefused(f"party {party} refused: {records['refusal'].get('reason', '')}")
+        keep_report(rep, party, self.privacy_, what)
         s_test = check_release(rep, party, "s_test", (n_test,), what, bound=self.max_release)
         xg = check_release(rep, party, "xg", (1,), what, bound=self.max_release * self.n_train)
         return s_test, float(xg[0])
@@ -249,7 +242,7 @@ class StackedSSPStrategy(Strategy):
         log(INFO, "Starting %s strategy:", type(self).__name__)
         self.summary()
         try:
-            f = self.fit(grid)
+            self.fit(grid)
         except (PartyRefused, PartyLost, PartyFailed, ReplyError, CalibrationFailed) as exc:
             self.stopped_reason_, self.failed_ = str(exc), True
             log(ERROR, "stopping (stacked SSP route): %s", exc)

@@ -16,7 +16,6 @@ nothing for vertical training, and why).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
 from logging import ERROR, INFO, WARNING
@@ -27,7 +26,6 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from flower_vfl.errors import UserError
 from flower_vfl.core.accel import make_accelerator
 from flower_vfl.core.central import CentralUpdate
 from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, SUM, RoundDriver
@@ -38,8 +36,8 @@ from flower_vfl.core.validation import check_params
 from flower_vfl.core.scoring import combine
 from flower_vfl.strategies import checkpointing, vertical_outcome
 from flower_vfl.strategies.checkpointing import ResumeRefused, replay_q
-from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, ReplyError, check_release,
-                                            party_keys_from)
+from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, PartyRefused,  # noqa: F401 (re-exported)
+                                            ReplyError, check_release, keep_report, party_keys_from)
 from flower_vfl.strategies.vertical_rounds import FlowerRounds, check_penalty, read_identity
 from flower_vfl.secagg import SecAggError
 
@@ -48,10 +46,6 @@ __all__ = ["VerticalADMMStrategy", "PartyRefused", "PartyFailed", "PartyLost", "
 
 #: the run config's max-release default: the largest |value| of a party's release accepted
 DEFAULT_MAX_RELEASE = 1e6
-
-
-class PartyRefused(UserError, RuntimeError):
-    """A party refused to release (its privacy budget is spent)."""
 
 
 class VerticalADMMStrategy(Strategy):
@@ -320,25 +314,11 @@ class VerticalADMMStrategy(Strategy):
 
     def _refused(self, rep, party) -> None:
         """Keep a private party's report; a refusal stops the run (:class:`PartyRefused`)."""
-        records = rep.content.config_records
-        if "privacy" in records:
-            try:
-                self.privacy_[party] = json.loads(str(records["privacy"]["report"]))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ReplyError(f"party {party}: unreadable privacy report ({exc})") from None
-        if "refusal" in records:
-            raise PartyRefused(f"party {party} refused: {records['refusal'].get('reason', '')}")
+        keep_report(rep, party, self.privacy_)
 
     def _release(self, rep, party, key, shape, what) -> np.ndarray:
         """A reply's checked release; a refusal stops the run (:class:`PartyRefused`)."""
-        records = rep.content.config_records
-        if "privacy" in records:
-            try:
-                self.privacy_[party] = json.loads(str(records["privacy"]["report"]))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ReplyError(f"party {party}, {what}: unreadable privacy report ({exc})") from None
-        if "refusal" in records:
-            raise PartyRefused(f"party {party} refused: {records['refusal'].get('reason', '')}")
+        keep_report(rep, party, self.privacy_, what)
         return check_release(rep, party, key, shape, what, bound=self.max_release)
 
     def _by_party(self, replies, what) -> dict[int, Message]:
