@@ -60,24 +60,9 @@ def test_in_process_and_simulation_use_the_per_user_default(monkeypatch, tmp_pat
 
 
 def test_deploy_local_gives_every_supernode_its_own_state_dir(monkeypatch, tmp_path):
-    from flower_vfl.deploy import local
-
-    started = {}
-
-    class Procs:
-        procs = {}
-
-        def start(self, name, cmd, env=None, cwd=None):
-            started[name] = [str(c) for c in cmd]
-            self.procs[name] = None
-            return type("P", (), {"pid": 1})()
-
-    monkeypatch.setattr(local, "record_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(local, "_wait_port", lambda *a, **k: None)
-    monkeypatch.setattr(local, "submit", lambda *a, **k: "5")
-    monkeypatch.setattr(local, "wait_run", lambda *a, **k: {"status": "finished:completed"})
-    local.deploy_local(tmp_path, 3, {}, node_configs={2: {"state-dir": "/srv/p2"}}, tls=False, auth=False,
-                       processes=Procs(), fork_nodes=False)      # each node's own command line
+    from _deploy_fakes import deploy_local_commands
+    started = deploy_local_commands(monkeypatch, tmp_path, 3, node_configs={2: {"state-dir": "/srv/p2"}}, tls=False,
+                                    auth=False)
     ncs = {m: started[f"node{m}"][started[f"node{m}"].index("--node-config") + 1] for m in range(3)}
     assert ncs[0] == f"partition-id=0 state-dir='{tmp_path.resolve() / 'state' / 'party0'}'"
     assert ncs[1] == f"partition-id=1 state-dir='{tmp_path.resolve() / 'state' / 'party1'}'"

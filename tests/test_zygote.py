@@ -82,22 +82,8 @@ def test_deploy_local_stretches_the_hot_poll_with_the_number_of_parties(monkeypa
     from flower_vfl.deploy.local import hot_poll_for
     from flower_vfl.deploy.supernode import HOT_POLL_S
     assert [hot_poll_for(m) for m in (1, 2, 3, 4, 8, 16, 100)] == [HOT_POLL_S, HOT_POLL_S, 0.03, 0.04, 0.08, 0.16, 0.5]
-    started = {}
-
-    class Procs:
-        procs = {}
-
-        def start(self, name, cmd, env=None, cwd=None):
-            started[name] = [str(c) for c in cmd]
-            self.procs[name] = None
-            return type("P", (), {"pid": 1})()
-
-    monkeypatch.setattr(local, "record_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(local, "_wait_port", lambda *a, **k: None)
-    monkeypatch.setattr(local, "submit", lambda *a, **k: "5")
-    monkeypatch.setattr(local, "wait_run", lambda *a, **k: {"status": "finished:completed"})
+    from _deploy_fakes import deploy_local_commands
     for m, want in ((2, "0.02"), (16, "0.16")):
-        started.clear()
-        local.deploy_local(tmp_path / str(m), m, {}, tls=False, auth=False, processes=Procs(), fork_nodes=False)
+        started = deploy_local_commands(monkeypatch, tmp_path / str(m), m, tls=False, auth=False)
         polls = {started[f"node{i}"][started[f"node{i}"].index("--hot-poll") + 1] for i in range(m)}
         assert polls == {want}
