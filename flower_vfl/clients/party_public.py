@@ -26,6 +26,11 @@ __all__ = ["PublicPartyClient"]
 
 STATE_ARRAYS = "vfl.party"
 STATE_LAST = "vfl.last"
+#: the x-update's rho-free factorization (core/xsolve.py: the Gram's eigendecomposition) kept in
+#: the party's own context.state with a hash of the solver cache's key: on real SuperNodes every
+#: message is a fresh process, which otherwise re-factorizes (0.18 s of a 0.31 s a9a training
+#: handler, docs/benchmarks.md). Node-local; never sent to the central node.
+STATE_FACTOR = "vfl.factor"
 
 #: x-update solvers (they hold the factorization of lam I + rho D^T D) kept across messages
 #: while the process lives, keyed by a hash of the block and the solver parameters. A
@@ -65,6 +70,7 @@ class PublicPartyClient(PartyClient):
                             center=center)
         key = (_fingerprint(self.D), str(self.penalty), float(self.l1_ratio), float(self.lam), repr(self.constraint),
                str(self.x_solver), center)
+        self._factor_key = np.frombuffer(hashlib.sha256(repr(key).encode()).digest(), dtype=np.uint8).copy()
         if key in _SOLVERS:
             party.solver = _SOLVERS[key]       # same block and parameters: reuse its factorization
             _SOLVERS.move_to_end(key)
@@ -72,6 +78,10 @@ class PublicPartyClient(PartyClient):
             _SOLVERS[key] = party.solver
             while len(_SOLVERS) > _SOLVERS_MAX:
                 _SOLVERS.popitem(last=False)
+            if STATE_FACTOR in context.state:   # this node's earlier message (a fresh process) computed it
+                rec = context.state[STATE_FACTOR]
+                if "key" in rec and np.array_equal(rec["key"].numpy(), self._factor_key):
+                    party.solver.adopt_factorization({k: rec[k].numpy() for k in rec if k != "key"})
         if STATE_ARRAYS in context.state:
             rec = context.state[STATE_ARRAYS]
             party.set_state({k: rec[k].numpy() for k in rec})
@@ -105,6 +115,12 @@ class PublicPartyClient(PartyClient):
     def _after_train(self, context):
         context.state[STATE_ARRAYS] = ArrayRecord(
             {k: Array(np.asarray(v)) for k, v in self.party.get_state().items()})
+        f = self.party.solver.factorization()
+        kept = context.state[STATE_FACTOR] if STATE_FACTOR in context.state else None
+        if f is not None and not (kept is not None and "key" in kept
+                                  and np.array_equal(kept["key"].numpy(), self._factor_key)):
+            context.state[STATE_FACTOR] = ArrayRecord({"key": Array(self._factor_key),
+                                                       **{k: Array(np.asarray(v)) for k, v in f.items()}})
 
     def _eval_scores(self, inputs, final, context):
         return released_scores(self.D_test, self.party.x)      # the predict job's code on the held-out rows

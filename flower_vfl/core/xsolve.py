@@ -241,6 +241,23 @@ class XSolver:
                 self._eig = (np.maximum(e, 0.0), V)
         return self._eig
 
+    def factorization(self) -> dict | None:
+        """The rho-free factorization this solver computed (the Gram's eigendecomposition, 'gram'
+        method), for a caller to keep across processes; None when there is none to keep."""
+        if self.method_ == "gram" and self._eig is not None:
+            return {"e": self._eig[0], "V": self._eig[1]}
+        return None
+
+    def adopt_factorization(self, f: dict) -> bool:
+        """Take ``f`` from :meth:`factorization` of a solver of the same block and parameters (the
+        caller checks that); False, nothing changed, when it does not fit this solver."""
+        d = self.D.shape[1]
+        e, V = np.asarray(f.get("e")), np.asarray(f.get("V"))
+        if self.method_ != "gram" or self._eig is not None or e.shape != (d,) or V.shape != (d, d):
+            return False
+        self._eig = (e, V)
+        return True
+
     def _factorize(self, rho):
         """Per-rho work: O(d^2) or less on the eigendecomposition; a d^3/3 Cholesky of the
         cached Gram when d > EIG_MAX; the old direct factorization for 'chol'. One BLAS thread."""
