@@ -400,6 +400,12 @@ def test_every_node_config_key_changes_what_the_party_builds(monkeypatch, tmp_pa
     for key in cli.PARTY_FLAGS:
         got = build(**{**private, key: CHANGED[key]})
         assert got != build(**private), f"node config key {key!r}={CHANGED[key]!r} changed nothing the party builds"
+    # moment-pool: read by the moment route's party only (route='moment'; without it the party refuses the
+    # route, tests/test_moment_flower.py)
+    def moment(**nc):
+        return ca.make_moment_client(Context(run_id=1, node_id=1, node_config={"partition-id": 1, **nc},
+                                             state=RecordDict(), run_config={"num-parties": 3}))
+    assert moment(**{"moment-pool": "test"}).pool != moment().pool
     # num-partitions: set by Flower's simulation engine, informational (the schema says so)
     from flower_vfl.config.schema import RETIRED
     assert set(RETIRED).isdisjoint(SCHEMA)

@@ -20,6 +20,7 @@ from flower_vfl.clients.source import declared_source, party_node_config  # noqa
 from flower_vfl.errors import install_log_filter, reply_user_errors
 from flower_vfl.clients.vertical_party import VerticalPartyClient
 from flower_vfl.clients.party_ssp import SSPPartyClient
+from flower_vfl.clients.party_moment import MomentPartyClient
 from flower_vfl.config.settings import PRIVACY_KEYS, privacy_from_config, run_setting
 from flower_vfl.config.schema import ConfigError, parse_node_config
 from flower_vfl.io.party_cache import cached_party_block
@@ -93,6 +94,16 @@ def make_ssp_client(context: Context) -> SSPPartyClient:
     return SSPPartyClient(party, D, D_test, privacy, state_dir=nc.get("state-dir") or None, source=source)
 
 
+def make_moment_client(context: Context) -> MomentPartyClient:
+    """The party of the moment route (route='moment'): the same node-config checks, data, privacy
+    settings, store and declared source as :func:`make_client`'s party (its one moment release is
+    charged in the same ledger as its ADMM and SSP releases); its pool consent (``moment-pool``) and
+    rho limits (``min-rho`` / ``max-rho``) from its node config only."""
+    rc, nc, party, num_parties, source, D, D_test, privacy = _party_setup(context)
+    return MomentPartyClient(party, D, D_test, privacy, pool=str(nc.get("moment-pool", "none")),
+                             rho_range=_rho_range(nc, party), state_dir=nc.get("state-dir") or None, source=source)
+
+
 def identify(msg: Message, context: Context) -> Message:
     return make_client(context).identify(msg, context)
 
@@ -121,6 +132,26 @@ def ssp_release(msg: Message, context: Context) -> Message:
     return make_ssp_client(context).release(msg, context)
 
 
+def moment_identify(msg: Message, context: Context) -> Message:
+    """The moment route's identify (flower_vfl.clients.party_moment): nothing charged."""
+    return make_moment_client(context).identify(msg, context)
+
+
+def moment_release(msg: Message, context: Context) -> Message:
+    """The moment route's one release per run (flower_vfl.clients.party_moment)."""
+    return make_moment_client(context).release(msg, context)
+
+
+def moment_train(msg: Message, context: Context) -> Message:
+    """One ADMM sharing round of the moment route on the pool (flower_vfl.clients.party_moment)."""
+    return make_moment_client(context).train(msg, context)
+
+
+def moment_evaluate(msg: Message, context: Context) -> Message:
+    """The moment route's evaluation-row scores (flower_vfl.clients.party_moment)."""
+    return make_moment_client(context).evaluate(msg, context)
+
+
 # Flower calls every handler through reply_user_errors (flower_vfl.errors): a data or config
 # error is one line on this node and an error reply naming it, never a traceback (called
 # directly, as the tests do, the handlers raise)
@@ -131,6 +162,11 @@ app.query("secagg_keys")(reply_user_errors(secagg_keys))      # secure aggregati
 # the stacked SSP route (route='stacked-ssp', docs/privacy_parties.md): one SSP release per private party
 app.query("ssp_identify")(reply_user_errors(ssp_identify))
 app.query("ssp_release")(reply_user_errors(ssp_release))
+# the moment route (route='moment', docs/privacy_parties.md): one moment release, then ADMM on the pool
+app.query("moment_identify")(reply_user_errors(moment_identify))
+app.query("moment_release")(reply_user_errors(moment_release))
+app.train("moment")(reply_user_errors(moment_train))
+app.evaluate("moment")(reply_user_errors(moment_evaluate))
 # own data (flower_vfl.clients.psi_party): PSI alignment, the saved model, prediction; save_model
 # builds the party through make_client, handed over here (clients never import apps)
 psi_party.CLIENT_FACTORY = make_client

@@ -17,6 +17,7 @@ from flower_vfl.io.data import labels
 from flower_vfl.privacy.label_dp import label_source
 from flower_vfl.reporting.report import write_report
 from flower_vfl.strategies import own_data
+from flower_vfl.strategies.moment import MomentStrategy
 from flower_vfl.strategies.stacked_ssp import StackedSSPStrategy
 from flower_vfl.strategies.vertical_admm import VerticalADMMStrategy
 
@@ -37,6 +38,8 @@ def make_strategy(run_config, y=None, y_test=None, ids=None) -> VerticalADMMStra
         dp_party_ids(run_config, int(get("num-parties")))
     if str(get("route")) == "stacked-ssp":
         return make_stacked_strategy(cfg, y, y_test)
+    if str(get("route")) == "moment":
+        return make_moment_strategy(cfg, y, y_test)
     rho = float(get("rho"))
     out, state = get("out-dir"), get("state-dir")
     # label DP: the labels are drawn once per source and ID and reused (privacy/label_dp.py), in
@@ -67,23 +70,47 @@ def make_strategy(run_config, y=None, y_test=None, ids=None) -> VerticalADMMStra
 #: the default is refused with route='stacked-ssp' (a key must change the run or be refused)
 ADMM_ONLY_KEYS = ("loss", "penalty", "lam", "rho", "alpha", "fit-intercept", "acceleration", "x-solver", "max-rounds",
                   "tol", "eval-every", "label-epsilon", "stragglers", "max-staleness", "resume", "secagg")
+#: the ADMM keys the moment route reads (its pool objective's L2 coefficient, its own ADMM rounds)
+MOMENT_KEYS = ("lam", "rho", "max-rounds", "tol")
+#: what each route does, for the refusal of a key it does not use
+_ROUTE_DOES = {"stacked-ssp": "each private party makes one SSP release and the label owner stacks the scores",
+               "moment": "each private party makes one moment release, then ADMM sharing on the pool: the run "
+                         "config's lam, rho, max-rounds and tol apply, nothing else of the ADMM route"}
 
 
 def check_route(cfg: dict, own: bool = False) -> None:
-    """With route='stacked-ssp' (checked run config ``cfg``): refuse own data (``own``) and every
-    ADMM-only key set to anything but its default, naming the key. Nothing for route='admm'."""
+    """With route='stacked-ssp' or 'moment' (checked run config ``cfg``): refuse own data (``own``)
+    and every ADMM-only key the route does not read set to anything but its default, naming the
+    key. Nothing for route='admm'."""
     from flower_vfl.config.schema import SCHEMA, ConfigError
-    if cfg["route"] != "stacked-ssp":
+    route = cfg["route"]
+    if route == "admm":
         return
     if own:
-        raise ConfigError("run config route='stacked-ssp' runs on a bundled dataset only (PSI alignment of the "
+        raise ConfigError(f"run config route={route!r} runs on a bundled dataset only (PSI alignment of the "
                           "parties' own files is not built for this route): remove labels-path / score-ids-path / "
                           "mode, or use route='admm'")
     for key in ADMM_ONLY_KEYS:
+        if route == "moment" and key in MOMENT_KEYS:
+            continue
         if cfg[key] != SCHEMA[key].default:
-            raise ConfigError(f"run config key {key!r}={cfg[key]!r} is refused with route='stacked-ssp': it sets "
-                              "the ADMM route, which this run does not use (each private party makes one SSP "
-                              "release and the label owner stacks the scores). Remove it, or use route='admm'")
+            raise ConfigError(f"run config key {key!r}={cfg[key]!r} is refused with route={route!r}: it sets "
+                              f"the ADMM route, which this run does not use ({_ROUTE_DOES[route]}). Remove it, or "
+                              "use route='admm'")
+    if route == "moment" and not cfg["lam"] > 0:
+        raise ConfigError("run config key 'lam'=0.0 is refused with route='moment': the pool objective needs an L2 "
+                          "coefficient > 0 (3e-4 is the choice at dp-epsilon=1; docs/privacy_parties.md)")
+
+
+def make_moment_strategy(cfg: dict, y, y_test) -> MomentStrategy:
+    """The moment route's strategy (route='moment', docs/privacy_parties.md) from the checked run
+    config ``cfg`` (:func:`check_route` passed): ``lam`` the pool objective's L2 coefficient,
+    ``rho`` its ADMM penalty (0: 0.1 / pool rows), ``max-rounds`` the rounds per fit, ``tol`` the
+    early stop (0: every round)."""
+    return MomentStrategy(y, y_test, num_parties=int(cfg["num-parties"]), lam=float(cfg["lam"]),
+                          rho=float(cfg["rho"]) or None, max_rounds=int(cfg["max-rounds"]), tol=float(cfg["tol"]),
+                          timeout=float(cfg["round-timeout"]), party_wait=float(cfg["party-wait"]),
+                          party_keys=cfg["party-keys"] or None, max_release=float(cfg["max-release"]))
 
 
 def make_stacked_strategy(cfg: dict, y, y_test) -> StackedSSPStrategy:
@@ -171,6 +198,9 @@ def main(grid: Grid, context: Context) -> None:
             if isinstance(strategy, StackedSSPStrategy):      # one exchange, no ADMM residuals
                 log(INFO, "stacked SSP route: %d parties released once, test_loss=%.4f, test_accuracy=%.4f",
                     row["parties"], row.get("test_loss", float("nan")), row.get("test_accuracy", float("nan")))
+            elif isinstance(strategy, MomentStrategy):        # pool rounds: no training loss to show
+                log(INFO, "moment route: fit %d round %d, primal_residual=%.3g, dual_residual=%.3g, change=%.3g",
+                    row["fit"], row["fit_round"], row["primal_residual"], row["dual_residual"], row["max_change"])
             else:
                 log_round(k, row)
             write_outputs(strategy, context.run_config, {"rounds": k, "running": True})

@@ -12,6 +12,8 @@ _LAZY = {
     "PrivatePartyClient": ".party_private",
     "DPIADMMClient": ".dpiadmm",                    # horizontal DP inexact ADMM agent
     "VerticalSGDPartyClient": ".vertical_sgd",      # FDML-style vertical SGD baseline
+    "SSPPartyClient": ".party_ssp",                 # stacked SSP route: one SSP release per private party
+    "MomentPartyClient": ".party_moment",           # moment route: one moment release, ADMM on the pool
 }
 __all__ = list(_LAZY)
 

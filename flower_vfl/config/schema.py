@@ -128,9 +128,11 @@ SCHEMA: dict[str, Key] = dict([
        lo=0.0),
     _k("out-dir", str, "", "run", "where the label owner writes report.json, metrics.csv (rewritten "
                                   "every round) and decision_test.npy"),
-    _k("route", str, "admm", "run", "how the model is built: 'admm' (vertical ADMM sharing) or 'stacked-ssp' (every "
-                                   "party private, one SSP release each, stacked by the label owner; "
-                                   "docs/privacy_parties.md)", choices=("admm", "stacked-ssp")),
+    _k("route", str, "admm", "run", "how the model is built: 'admm' (vertical ADMM sharing), 'stacked-ssp' (every "
+                                   "party private, one SSP release each, stacked by the label owner) or 'moment' "
+                                   "(every party private, one label-moment release each, then ADMM sharing on the "
+                                   "unlabelled held-out rows; docs/privacy_parties.md)",
+       choices=("admm", "stacked-ssp", "moment")),
     # --- faults and deployment (label owner)
     _k("round-timeout", float, 600.0, "run", "seconds to wait for the parties' replies in one round",
        lo=0.0, lo_open=True),
@@ -196,6 +198,9 @@ SCHEMA: dict[str, Key] = dict([
     _k("max-answers", int, 0, "node", "most replies this party gives in one run (0: no cap)", lo=0),
     _k("min-rho", float, None, "node", "a party's own lower bound on the ρ it accepts", lo=0.0),
     _k("max-rho", float, None, "node", "a party's own upper bound on the ρ it accepts", lo=0.0, lo_open=True),
+    _k("moment-pool", str, "none", "node", "route='moment': 'test' lets this party's held-out rows serve as the "
+                                           "unlabelled pool (their scores go to the label owner every round, not "
+                                           "DP-protected); 'none' refuses the route", choices=("none", "test")),
     # --- own data (flower_vfl.strategies.own_data, flower_vfl.clients.psi_party; docs/own-data.md)
     _k("mode", str, "train", "run", "own data: 'train' or 'predict'", choices=("train", "predict")),
     _k("labels-path", str, "", "run", "own data: the label owner's labelled training file"),

@@ -21,7 +21,7 @@ from scipy.special import expit, softmax
 from flower_vfl.core.loss_base import Loss, _check_binary, _newton_1d  # noqa: F401  (re-exported)
 
 __all__ = ["Loss", "LogisticLoss", "SquaredLoss", "HingeLoss", "MultinomialLoss",
-           "SigmoidLoss", "get_loss", "LOSSES"]
+           "SigmoidLoss", "SoftLabelLogisticLoss", "get_loss", "LOSSES"]
 
 
 class LogisticLoss(Loss):
@@ -214,6 +214,50 @@ class LogisticLoss(Loss):
         z[bad] = _newton_1d(a[bad], y[bad], rho, n, lambda v: self.grad(v, tb),
                             lambda v: self.hess(v, tb), zb, tol=tol)
         return z
+
+    def predict(self, f):
+        return np.where(f >= 0, 1, -1)
+
+    def predict_proba(self, f):
+        p = expit(f)
+        return np.column_stack([1 - p, p])
+
+
+class SoftLabelLogisticLoss(Loss):
+    """l(z) = log(1 + e^z) - t z, a soft label t in [0, 1] per sample (the cross-entropy to t).
+
+    The moment route's pool objective (docs/privacy_parties.md): every pool row carries the soft
+    label pi (the training labels' mean). Not in :data:`LOSSES` (no run config names it). For
+    t in {0, 1} it is :class:`LogisticLoss` with labels -1 / +1; its z-update (eq. 7) is
+    LogisticLoss's for label -1, log(1 + e^z), with the linear term -t z moved into the dual
+    (y + t / n), so the same certified Newton solves it.
+    """
+
+    name = "logistic_soft"
+    curvature = 0.25
+
+    def __init__(self):
+        self._hard = LogisticLoss()
+
+    def encode_labels(self, y):
+        t = np.asarray(y, dtype=float)
+        if t.ndim != 1 or not np.all((t >= 0.0) & (t <= 1.0)):
+            raise ValueError("soft labels must be a 1-D array of values in [0, 1]")
+        return t
+
+    def value(self, z, t):
+        return np.logaddexp(0.0, z) - t * z
+
+    def grad(self, z, t):
+        return expit(z) - t
+
+    def hess(self, z, t):
+        p = expit(z)
+        return p * (1.0 - p)
+
+    def z_update(self, a, y, t, rho, n, z0=None):
+        minus = np.full(np.shape(a), -1.0)
+        return self._hard.z_update(a, np.asarray(y, float) + np.asarray(t, float) / n, minus, rho, n, z0=z0)
 
     def predict(self, f):
         return np.where(f >= 0, 1, -1)

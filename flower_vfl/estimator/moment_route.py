@@ -18,9 +18,11 @@ The route, its derivation, the trust assumption and the numbers are in docs/priv
    L2 logistic regression on all features. Everything here is post-processing of the releases and
    of the pool; no training-row score is ever released.
 
-In process the minimizer is computed by Newton's method on the pool (all blocks at once). A run
-across parties reaches the same point with Newton-CG: each Hessian-vector product is one sum of
-the parties' pool scores (the secure sum) and one local product D_mp^T (w * .) per party.
+In process the minimizer is computed by Newton's method on the pool (all blocks at once). Through
+Flower (route='moment') the same point is reached by ADMM sharing on the pool rows
+(flower_vfl.core.moment_sharing, flower_vfl.strategies.moment, flower_vfl.clients.party_moment):
+the central node's loss is logistic with the soft label pi, each party's regularizer has its moment
+as a linear term; tests/test_moment_flower.py checks the two agree on the same release.
 """
 
 from __future__ import annotations

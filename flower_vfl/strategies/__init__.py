@@ -9,3 +9,5 @@ from flower_vfl.strategies.psi_align import AlignResult, PSIAlignment  # own dat
 __all__ += ["AlignResult", "PSIAlignment"]
 from flower_vfl.strategies.stacked_ssp import StackedSSPStrategy  # several private parties: stacked SSP releases
 __all__ += ["StackedSSPStrategy"]
+from flower_vfl.strategies.moment import MomentStrategy  # several private parties: one moment each, ADMM on the pool
+__all__ += ["MomentStrategy"]

@@ -1,0 +1,304 @@
+"""The label owner of the moment route as a Flower strategy (issue 21 item 3).
+
+Both private near the non-private model, through Flower (docs/privacy_parties.md, "the moment route"):
+
+1. identify (``query.moment_identify``): which node serves which party, its row counts, whether
+   it is private (every party must be), its target clip c_v, whether its budget covers one
+   release and whether its node config lets its held-out rows serve as the pool;
+2. one release (``query.moment_release``): party m gets v_m = kappa_m (t - pi),
+   kappa_m = c_v,m / max(pi, 1 - pi), and releases g~_m = D_m^T v_m + noise, kept in its own store
+   (:class:`~flower_vfl.clients.party_moment.MomentPartyClient`); the reply is an acknowledgement
+   and its privacy report, never g~;
+3. two fits of the pool objective F by ADMM sharing (``train.moment``), cross-fitted: fit k pools
+   on half k of the held-out rows (a fixed public permutation), the central node's loss logistic
+   with the soft label pi on every pool row (:class:`~flower_vfl.core.central.CentralUpdate` with
+   :class:`~flower_vfl.core.losses.SoftLabelLogisticLoss`, the intercept here), each party's
+   x-update with its moment as a linear term (:mod:`flower_vfl.core.moment_sharing`); Anderson
+   acceleration of the rounds (:class:`~flower_vfl.core.accel.Anderson`: the rounds are
+   deterministic once g~ is drawn). Each round a party gets its completed-square target c_m and
+   replies with its pool scores only;
+4. evaluation (``evaluate.moment``): each half of the held-out rows is scored by the model fitted
+   on the other half; with ``y_test`` the test metrics.
+
+Flower's contract as :class:`~flower_vfl.strategies.stacked_ssp.StackedSSPStrategy`; every message
+goes through :mod:`flower_vfl.strategies.exchange`. Glue only: the math is in
+:mod:`flower_vfl.core.moment_sharing` and :mod:`flower_vfl.core.central`.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import ERROR, INFO
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from flower_vfl.core.accel import Anderson
+from flower_vfl.core.central import CentralUpdate
+from flower_vfl.core.losses import SoftLabelLogisticLoss, get_loss
+from flower_vfl.core.moment_sharing import default_rho, sharing_target
+from flower_vfl.privacy.ssp import cross_fit_halves, stacking_target
+from flower_vfl.strategies import vertical_outcome
+from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, PartyRefused, ReplyError, check_release,
+                                            keep_report, party_keys_from)
+from flower_vfl.strategies.stacked_ssp import _int
+from flower_vfl.strategies.vertical_admm import DEFAULT_MAX_RELEASE
+
+__all__ = ["MomentStrategy", "MOMENT_ROUND", "POOL_SEED"]
+
+#: the round number of the one release (the party keeps it under its ledger run "<run>/moment")
+MOMENT_ROUND = 1
+#: the fixed public permutation splitting the held-out rows into the two pool halves (the party's
+#: flower_vfl.clients.party_moment.POOL_SEED; tests check they agree)
+POOL_SEED = 12345
+
+
+class MomentStrategy(Strategy):
+    """Label owner of the moment route over ``num_parties`` private parties.
+
+    Parameters
+    ----------
+    y_train : array (N,)
+        Binary labels of the aligned training rows (never sent: the parties get v = kappa (t - pi)).
+    y_test : array (N_test,) or None
+        Held-out labels, for the test metrics only (no label of a pool row enters the fit).
+    num_parties : int, default=2
+    lam : float, default=3e-4
+        The L2 coefficient of F (``lam``; 3e-4 is the in-process route's choice at epsilon = 1).
+    rho : float or None, default=None
+        The ADMM penalty (``rho``; None or 0: :func:`~flower_vfl.core.moment_sharing.default_rho`).
+    max_rounds : int, default=50
+        ADMM rounds per fit (``max-rounds``).
+    tol : float, default=0
+        Stop a fit when max |s^{k+1} - s^k| over the parties' pool scores and |b^{k+1} - b^k| are
+        below ``tol`` (``tol``; 0 runs every round).
+    timeout, party_wait, party_keys, max_release, progress :
+        As for :class:`~flower_vfl.strategies.stacked_ssp.StackedSSPStrategy`.
+    """
+
+    def __init__(self, y_train, y_test=None, num_parties=2, lam=3e-4, rho=None, max_rounds=50, tol=0.0,
+                 timeout=600.0, party_wait=120.0, party_keys=None, max_release=DEFAULT_MAX_RELEASE, progress=None):
+        y = np.asarray(y_train)
+        self.loss = get_loss("logistic")
+        self.classes_ = np.unique(y)
+        if self.classes_.size != 2:
+            raise ValueError(f"y_train has {self.classes_.size} classes; the moment route is binary")
+        self.t01 = (y == self.classes_[1]).astype(float)
+        self.t_test = None if y_test is None else self.loss.encode_labels(np.asarray(y_test))
+        self.n_train = int(self.t01.size)
+        self.pi = float(self.t01.mean())
+        self.num_parties = int(num_parties)
+        self.lam = float(lam)
+        if not (np.isfinite(self.lam) and self.lam > 0):
+            raise ValueError(f"lam={lam!r}: the moment route needs lam > 0 (the pool objective must be bounded)")
+        self.rho = None if not rho else float(rho)
+        self.max_rounds, self.tol = int(max_rounds), float(tol)
+        self.round_timeout, self.party_wait = float(timeout), float(party_wait)
+        self.party_keys = party_keys_from(party_keys, self.num_parties)
+        self.max_release = float(max_release)
+        self.progress = progress
+        self.exchange: Exchange | None = None
+        self.identity_: dict[int, dict] = {}
+        self.kappa_: dict[int, float] = {}
+        self.privacy_: dict[int, dict] = {}
+        self.history_: list[dict] = []
+        self.intercepts_: list[float] = []
+        self.rounds_: list[int] = []
+        self.targets_: list[dict[int, np.ndarray]] = []       # per fit: party -> the last c_m sent
+        self.rho_: list[float] = []
+        self.final_: dict = {}
+        self.stopped_reason_: str | None = None
+        self.failed_ = False
+        self.label_privacy_ = None
+
+    def summary(self) -> None:
+        log(INFO, "\t└── MomentStrategy: %d private parties, one moment release each, N=%d, lam=%g",
+            self.num_parties, self.n_train, self.lam)
+
+    # ------------------------------------------------------------------ identify
+    def _read(self, nid, rep):
+        if "identity" not in rep.content.config_records:
+            raise ReplyError(f"node {nid}: the moment_identify reply has no 'identity' record")
+        info = rep.content.config_records["identity"]
+        party = _int(info, "party", nid)
+        n_rows = _int(info, "n_rows", nid)
+        if 0 <= party < self.num_parties and n_rows != self.n_train:
+            raise ValueError(f"party {party} (node {nid}) holds {n_rows} rows but the labels have {self.n_train}; "
+                             "the parties' samples are not aligned")
+        n_test = _int(info, "n_test", nid)
+        if self.t_test is not None and n_test != self.t_test.shape[0]:
+            raise ValueError(f"party {party} (node {nid}) holds {n_test} held-out rows but the held-out labels have "
+                             f"{self.t_test.shape[0]}; the parties' test samples are not aligned")
+        if info.get("private") is not True:
+            raise PartyRefused(f"party {party} (node {nid}) is not private: the moment route needs every party "
+                               "private (dp=true dp-epsilon=<ε> in its node config); run route='admm' otherwise")
+        if info.get("pool") is not True:
+            raise PartyRefused(f"party {party} (node {nid}) does not let its held-out rows serve as the unlabelled "
+                               "pool (its node config's moment-pool is not 'test'); only its operator can allow it")
+        c_v = info.get("c_v")
+        if isinstance(c_v, bool) or not isinstance(c_v, float) or not (np.isfinite(c_v) and 0 < c_v <= 1e6):
+            raise ReplyError(f"node {nid}: identity['c_v']={c_v!r}; expected a finite number in (0, 1e6]")
+        if info.get("affordable", True) is False:
+            raise PartyRefused(
+                f"party {party} (node {nid}) is private and its remaining budget cannot cover its one moment release: "
+                f"it has spent epsilon={float(info.get('spent_before_run', float('nan'))):.4g} of its budget "
+                f"epsilon={float(info.get('epsilon', float('nan'))):g} on this data in earlier runs. The party can "
+                "see its spend with `flower-vfl ledger --state-dir <its state-dir>`; only its operator can grant a "
+                "new budget")
+        return party, {"n_rows": n_rows, "n_test": n_test, "c_v": float(c_v)}
+
+    def identify(self, grid) -> dict[int, int]:
+        self.exchange = Exchange(grid, self.num_parties, timeout=self.round_timeout, party_wait=self.party_wait,
+                                 party_keys=self.party_keys)
+        self.identity_ = self.exchange.identify("query.moment_identify", RecordDict({"config": ConfigRecord(
+            {"want": "moment"})}), self._read, what="the moment_identify query")
+        return self.exchange.node_to_party
+
+    # ------------------------------------------------------------------ the release
+    def release(self) -> None:
+        """Each party's one release; its reply holds an acknowledgement and its privacy report."""
+        def build(p, nid):
+            v, self.kappa_[p] = stacking_target(self.t01, self.identity_[p]["c_v"])
+            return RecordDict({"vectors": ArrayRecord({"v": Array(v)}),
+                               "config": ConfigRecord({"round": MOMENT_ROUND})})
+        got = self.exchange.send(build, "query.moment_release", range(self.num_parties), "moment release")
+        for m, rep in got.items():
+            keep_report(rep, m, self.privacy_, "the moment release")
+            if "meta" not in rep.content.metric_records:
+                raise ReplyError(f"party {m}: the moment release reply has no 'meta' record")
+
+    # ------------------------------------------------------------------ the fits
+    def _send(self, fit, rnd, rho_x, targets, kind):
+        key = "s_pool" if kind == "train" else "s_eval"
+
+        def build(p, nid):
+            return RecordDict({"vectors": ArrayRecord({"c": Array(targets[p])}),
+                               "config": ConfigRecord({"round": int(rnd), "fit": int(fit), "rho": float(rho_x),
+                                                       "lam": self.lam, "kappa": float(self.kappa_[p])})})
+        got = self.exchange.send(build, f"{kind}.moment", range(self.num_parties), f"moment {kind} (fit {fit})")
+        n = self.halves_[fit if kind == "train" else 1 - fit].size
+        out = []
+        for m in range(self.num_parties):
+            keep_report(got[m], m, self.privacy_, f"moment {kind}")
+            out.append(check_release(got[m], m, key, (n,), f"moment {kind}", bound=self.max_release))
+        return out
+
+    def fit_half(self, fit) -> np.ndarray:
+        """ADMM sharing on pool half ``fit``; returns the other half's decision values."""
+        M, n = self.num_parties, self.halves_[fit].size
+        rho = self.rho or default_rho(n)
+        theta = 1.0 / M
+        central = CentralUpdate(SoftLabelLogisticLoss(), np.full(n, self.pi), rho, theta=theta)
+        acc = Anderson()
+        s = [np.zeros(n) for _ in range(M)]
+        qs = [central.q] * M
+        b_old, k = 0.0, 0
+        for k in range(1, self.max_rounds + 1):
+            targets = {m: sharing_target(s[m], qs[m], central.y, rho, theta) for m in range(M)}
+            new = self._send(fit, k, rho / theta, targets, "train")
+            ds = max(float(np.max(np.abs(a - o))) for a, o in zip(new, s))
+            s = new
+            r, d = central.step(sum(s))
+            qs = acc.step(s, central)
+            db = abs(float(central.b) - b_old)
+            b_old = float(central.b)
+            row = {"round": len(self.history_) + 1, "fit": fit, "fit_round": k, "primal_residual": float(r),
+                   "dual_residual": float(d), "max_change": max(ds, db), "parties": M}
+            self.history_.append(row)
+            if self.progress is not None:
+                self.progress(row["round"], row)
+            if k > 1 and self.tol > 0 and max(ds, db) < self.tol:
+                break
+        self.rounds_.append(k)
+        self.rho_.append(rho)
+        self.targets_.append(targets)
+        self.intercepts_.append(float(central.b))
+        s_eval = self._send(fit, k, rho / theta, targets, "evaluate")
+        return sum(s_eval) + float(central.b)
+
+    def fit(self, grid) -> np.ndarray:
+        """Identify, one release per party, the two cross-fitted fits: the held-out decisions."""
+        self.identify(grid)
+        n_test = self.identity_[0]["n_test"]
+        self.halves_ = cross_fit_halves(n_test, POOL_SEED)
+        self.release()
+        f = np.empty(n_test)
+        for fit in (0, 1):
+            f[self.halves_[1 - fit]] = self.fit_half(fit)
+        self.decision_test_ = f
+        self.metrics_ = {}
+        if self.t_test is not None:
+            self.metrics_ = {"test_loss": float(self.loss.mean(f, self.t_test)),
+                             "test_accuracy": float(np.mean(self.loss.predict(f) == self.loss.predict(self.t_test)))}
+        return f
+
+    # ------------------------------------------------------------ Flower's 4 hooks
+    def configure_train(self, server_round, arrays, config, grid):
+        """Not used: :meth:`start` drives the rounds (each party's target is its own message)."""
+        return []
+
+    def aggregate_train(self, server_round, replies):
+        return None, MetricRecord({})
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return []
+
+    def aggregate_evaluate(self, server_round, replies):
+        return MetricRecord(dict(getattr(self, "metrics_", {})))
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = 1,
+              timeout: float | None = None, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn=None) -> Result:
+        """Run the route (``num_rounds`` is accepted for Flower's contract; the rounds per fit are
+        ``max_rounds``). A refusal, a lost or failed party or an invalid reply stops the run and is
+        raised again: the run fails."""
+        vertical_outcome.check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
+        if timeout is not None:
+            self.round_timeout = float(timeout)
+        t0 = time.perf_counter()
+        log(INFO, "Starting %s strategy:", type(self).__name__)
+        self.summary()
+        try:
+            self.fit(grid)
+        except (PartyRefused, PartyLost, PartyFailed, ReplyError) as exc:
+            self.stopped_reason_, self.failed_ = str(exc), True
+            log(ERROR, "stopping (moment route): %s", exc)
+            self._finish(t0)
+            raise
+        if self.history_:
+            self.history_[-1].update(self.metrics_)
+        self._finish(t0)
+        res = Result(arrays=ArrayRecord({"intercepts": Array(np.array(self.intercepts_, dtype=float))}))
+        if self.metrics_:
+            res.evaluate_metrics_clientapp[len(self.history_)] = MetricRecord(dict(self.metrics_))
+        return res
+
+    def _finish(self, t0) -> None:
+        self.final_ = dict(self.history_[-1]) if self.history_ else {}
+        self.final_.update(getattr(self, "metrics_", {}) or {})
+        self.final_["rounds"] = len(self.history_)
+        self.final_["rounds_per_fit"] = list(self.rounds_)
+        self.final_["wall_time_s"] = time.perf_counter() - t0
+        self.final_["route"] = "moment"
+        self.final_["protection"] = self.protection()
+        if self.stopped_reason_:
+            self.final_["stopped_reason"] = self.stopped_reason_
+        if self.failed_:
+            self.final_["failed"] = True
+
+    def protection(self) -> dict:
+        """What this run protects, per party (the run report's plain statement)."""
+        out = {}
+        for m in range(self.num_parties):
+            rep = self.privacy_.get(m)
+            feats = (f"row-level DP of this party's training rows: one Gaussian release of its label moment (budget "
+                     f"epsilon={rep['config']['epsilon']:g}, delta={rep['config']['delta']:g}; spent "
+                     f"{rep['totals'].get('exact', float('nan')):.4g} by its own ledger)" if rep else "no release")
+            out[str(m)] = {"features": feats,
+                           "labels": "not protected from the parties: the target v = kappa (t - pi) reveals them",
+                           "pool_rows": "not protected: the held-out rows are the pool; their scores reach the label "
+                                        "owner every round"}
+        return out
