@@ -31,8 +31,13 @@ Settings (the trust assumption of each is in docs/privacy.md, "The privacy-utili
   which is exactly what the central node decodes in the Flower path (tests/test_secagg_flower.py).
   ``T`` = 0 has no secure sum of training releases: it is the ``both`` row. The epsilon of these
   rows is the charged one (against the server and k colluders; RDP at integer orders).
+- ``moment``: both parties private, strict model, the moment route of issue 21 item 3
+  (:class:`~flower_vfl.estimator.moment_route.MomentMatchingLogistic`; one noisy label moment per
+  party, the joint model fitted on the unlabelled test rows as the pool, cross-fitted halves;
+  ``lam`` chosen per budget on the training set by simulations/moment_route.py's ``select``),
+  ``--test-seeds`` noise draws. The pool rows are not DP-protected (docs/privacy_parties.md).
 
-    python simulations/privacy_utility.py [--quick] [--settings p2 both strict distributed]
+    python simulations/privacy_utility.py [--quick] [--settings p2 both strict distributed moment]
         [--out simulations/results/privacy_utility]
 
 Rows of the settings not run are kept from the existing CSV (the figure shows every setting).
@@ -73,10 +78,11 @@ STACK_C_V, STACK_RIDGE = 1.5, 1.0
 #: (two parties at the default secagg-bound 1e4)
 DIST_K = 0
 K_FP = FixedPoint([1e4, 1e4]).k
-SETTINGS = ("p2", "both", "strict", "distributed")
+SETTINGS = ("p2", "both", "strict", "distributed", "moment")
 LABELS = {"p2": "party 2 private (party 1 non-private)", "both": "both private, ADMM (strict)",
           "strict": "both private, stacked SSP (strict, item 2)",
-          "distributed": f"both private, ADMM + distributed noise (k={DIST_K}, T>=1)"}
+          "distributed": f"both private, ADMM + distributed noise (k={DIST_K}, T>=1)",
+          "moment": "both private, moment route (strict, item 3; unlabelled pool)"}
 
 
 class _DistributedInProcess(DistributedParty):
@@ -114,6 +120,23 @@ def stacked_eval(B, y, Bv, yv, eps, seed):
     m.calibrate(rows(halves[1]))                    # free: the same released models, the other pool
     f[halves[0]] = m.decision_function(rows(halves[0]))
     return metrics(f, yv), max(r["totals"]["exact"] for r in m.privacy_report())
+
+
+#: the moment route's lam per budget, chosen once on the training set (moment_route.select)
+MOMENT_LAM = {}
+
+
+def moment_eval(B, y, Bv, yv, eps, seed):
+    """The moment route (item 3): pool = the evaluation rows, cross-fitted halves, the functions
+    simulations/moment_route.py uses (lam chosen on the training set once per budget)."""
+    import moment_route as mr
+    perm = np.random.default_rng(12345).permutation(yv.size)
+    halves = (np.sort(perm[: yv.size // 2]), np.sort(perm[yv.size // 2:]))
+    if eps not in MOMENT_LAM:
+        MOMENT_LAM[eps] = mr.select(B, y, Bv, halves, eps)[0]
+    m = mr.fit_release(B, y, eps, seed, [b[halves[0]] for b in Bv])
+    return (metrics(mr.cross_fitted(m, Bv, halves, MOMENT_LAM[eps]), yv),
+            max(p.ledger.spent() for p in m._parties))
 
 
 def fit_eval(B, y, Bv, yv, eps, setting, T, lam_p, kappa, b1, seed):
@@ -178,13 +201,15 @@ def main(argv=None):
         grid = grids.get(setting, {})
         combos = list(itertools.product(*grid.values()))
         for eps in args.epsilons:
-            if setting == "strict":
+            if setting in ("strict", "moment"):
                 if np.isinf(eps):
                     continue
-                res = [stacked_eval(B, y, Bt, yt, eps, seed=args.seed + 100 + rep) for rep in range(args.test_seeds)]
+                run = stacked_eval if setting == "strict" else moment_eval
+                res = [run(B, y, Bt, yt, eps, seed=args.seed + 100 + rep) for rep in range(args.test_seeds)]
                 accs, lls = [r[0][0] for r in res], [r[0][1] for r in res]
                 rows.append(dict(setting=setting, epsilon=eps, epsilon_spent_exact=max(r[1] for r in res),
-                                 train_rounds=0, lam_private=float("nan"), rho_kappa=float("nan"), b1=float("nan"),
+                                 train_rounds=0, lam_private=MOMENT_LAM.get(eps, float("nan")) if setting == "moment"
+                                 else float("nan"), rho_kappa=float("nan"), b1=float("nan"),
                                  test_acc=float(np.mean(accs)), test_acc_sd=float(np.std(accs)),
                                  test_logloss=float(np.mean(lls)), test_logloss_sd=float(np.std(lls)),
                                  n_draws=len(accs)))
@@ -257,14 +282,15 @@ def replot(out):
 YLIM = {"test_acc": (0.80, 0.852), "test_logloss": (0.32, 0.40)}
 
 
-COLORS = {"p2": "C0", "both": "C1", "strict": "C2", "distributed": "C4"}
+COLORS = {"p2": "C0", "both": "C1", "strict": "C2", "distributed": "C4", "moment": "C5"}
 
 
 def plot(rows, p1_acc, p1_ll, path):
     fig, axes = figure(1, 2, figsize=(11, 5.2))
     for ax, key, p1v, cv, lab in ((axes[0], "test_acc", p1_acc, 0.8498, "test accuracy"),
                                   (axes[1], "test_logloss", p1_ll, 0.3238, "test log-loss")):
-        for setting, mk in (("p2", "o-"), ("both", "s--"), ("strict", "D-"), ("distributed", "^:")):
+        for setting, mk in (("p2", "o-"), ("both", "s--"), ("strict", "D-"), ("distributed", "^:"),
+                            ("moment", "P-")):
             r = [x for x in rows if x["setting"] == setting and np.isfinite(x["epsilon"])]
             if not r:
                 continue
