@@ -104,16 +104,20 @@ def make_moment_client(context: Context) -> MomentPartyClient:
                              rho_range=_rho_range(nc, party), state_dir=nc.get("state-dir") or None, source=source)
 
 
-def identify(msg: Message, context: Context) -> Message:
-    return make_client(context).identify(msg, context)
+def _handler(name, make, method, doc):
+    """The ClientApp handler ``name``: the party ``make(context)`` builds (from its node config, per
+    message) answers with its ``method``."""
+    def handler(msg: Message, context: Context) -> Message:
+        return getattr(make(context), method)(msg, context)
+    handler.__name__ = handler.__qualname__ = name
+    handler.__doc__ = doc
+    return handler
 
 
-def train(msg: Message, context: Context) -> Message:
-    return make_client(context).train(msg, context)
-
-
-def evaluate(msg: Message, context: Context) -> Message:
-    return make_client(context).evaluate(msg, context)
+identify = _handler("identify", make_client, "identify", "The ADMM route's identify (flower_vfl.clients.party_base).")
+train = _handler("train", make_client, "train", "One ADMM round (flower_vfl.clients.party_base).")
+evaluate = _handler("evaluate", make_client, "evaluate", "The ADMM route's held-out scores "
+                    "(flower_vfl.clients.party_base).")
 
 
 def secagg_keys(msg: Message, context: Context) -> Message:
@@ -122,34 +126,18 @@ def secagg_keys(msg: Message, context: Context) -> Message:
     return make_client(context).secagg_keys(msg, context)
 
 
-def ssp_identify(msg: Message, context: Context) -> Message:
-    """The stacked SSP route's identify (flower_vfl.clients.party_ssp): nothing charged."""
-    return make_ssp_client(context).identify(msg, context)
-
-
-def ssp_release(msg: Message, context: Context) -> Message:
-    """The stacked SSP route's one release per run (flower_vfl.clients.party_ssp)."""
-    return make_ssp_client(context).release(msg, context)
-
-
-def moment_identify(msg: Message, context: Context) -> Message:
-    """The moment route's identify (flower_vfl.clients.party_moment): nothing charged."""
-    return make_moment_client(context).identify(msg, context)
-
-
-def moment_release(msg: Message, context: Context) -> Message:
-    """The moment route's one release per run (flower_vfl.clients.party_moment)."""
-    return make_moment_client(context).release(msg, context)
-
-
-def moment_train(msg: Message, context: Context) -> Message:
-    """One ADMM sharing round of the moment route on the pool (flower_vfl.clients.party_moment)."""
-    return make_moment_client(context).train(msg, context)
-
-
-def moment_evaluate(msg: Message, context: Context) -> Message:
-    """The moment route's evaluation-row scores (flower_vfl.clients.party_moment)."""
-    return make_moment_client(context).evaluate(msg, context)
+ssp_identify = _handler("ssp_identify", make_ssp_client, "identify",
+                        "The stacked SSP route's identify (flower_vfl.clients.party_ssp): nothing charged.")
+ssp_release = _handler("ssp_release", make_ssp_client, "release",
+                       "The stacked SSP route's one release per run (flower_vfl.clients.party_ssp).")
+moment_identify = _handler("moment_identify", make_moment_client, "identify",
+                           "The moment route's identify (flower_vfl.clients.party_moment): nothing charged.")
+moment_release = _handler("moment_release", make_moment_client, "release",
+                          "The moment route's one release per run (flower_vfl.clients.party_moment).")
+moment_train = _handler("moment_train", make_moment_client, "train", "One ADMM sharing round of the moment route "
+                        "on the pool (flower_vfl.clients.party_moment).")
+moment_evaluate = _handler("moment_evaluate", make_moment_client, "evaluate",
+                           "The moment route's evaluation-row scores (flower_vfl.clients.party_moment).")
 
 
 # Flower calls every handler through reply_user_errors (flower_vfl.errors): a data or config

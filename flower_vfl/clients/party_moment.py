@@ -31,20 +31,20 @@ server cannot choose it. Everything privacy-relevant (data, budget, clip, pool, 
 from the node config, never from the run config. Every scalar and vector received is range-checked
 before use (:data:`LIMITS`; rho also against the node config's ``min-rho`` / ``max-rho``). A
 training message before this run's release is refused. A non-private party refuses (as
-:mod:`flower_vfl.clients.party_ssp`). Glue only: the math is in :mod:`flower_vfl.core.moment_sharing`
-and :mod:`flower_vfl.privacy.label_moments`.
+:mod:`flower_vfl.clients.party_ssp`; both build on
+:class:`~flower_vfl.clients.party_one_release.OneReleasePartyClient`). Glue only: the math is in
+:mod:`flower_vfl.core.moment_sharing` and :mod:`flower_vfl.privacy.label_moments`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import numbers
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
+from flower_vfl.clients.party_one_release import OneReleasePartyClient
 from flower_vfl.clients.party_private import party_store
 from flower_vfl.core.scoring import normalize_rows
 from flower_vfl.privacy.boundary import InvalidMessage, Refused
@@ -74,48 +74,29 @@ def _scalar(cfg, key, lo, hi, who):
     return float(v)
 
 
-class MomentPartyClient:
+class MomentPartyClient(OneReleasePartyClient):
     """Party ``party_id`` with training block ``D`` and held-out block ``D_test``; ``privacy``: its
     PrivacyConfig from its node config (None: not private, refuses); ``pool``: its node config's
     ``moment-pool`` ('test': its held-out rows may serve as the pool; 'none': refuses the route);
     ``rho_range``: its node config's (min-rho, max-rho) or None; ``state_dir``, ``source``: its
-    store and declared source (the ledger key), as :class:`~flower_vfl.clients.party_ssp.SSPPartyClient`'s."""
+    store and declared source (the ledger key), as :class:`~flower_vfl.clients.party_ssp.SSPPartyClient`'s.
+    Identify, the release handler, the build, the refusals and the boundary's vector checks:
+    :class:`~flower_vfl.clients.party_one_release.OneReleasePartyClient`."""
+
+    ROUTE, A_RELEASE, RELEASE = "moment", "a moment release", "moment"
+    RUN_SUFFIX, ROUND = MOMENT_RUN_SUFFIX, MOMENT_ROUND
 
     def __init__(self, party_id, D, D_test, privacy, pool="none", rho_range=None, state_dir=None, source=None):
-        self.party_id = int(party_id)
-        self.D, self.D_test = D, D_test
+        super().__init__(party_id, D, D_test, privacy, state_dir=state_dir, source=source)
         self.pool, self.rho_range = str(pool), rho_range
-        self.state_dir, self.source = state_dir, source
-        self.privacy = None
-        if privacy is not None:
-            from flower_vfl.config.schema import ConfigError
-            if privacy.calibration != "strict" or privacy.noise_form != "output":
-                raise ConfigError(f"party {self.party_id}: node config dp-calibration={privacy.calibration!r}, "
-                                  f"dp-noise={privacy.noise_form!r}: the moment release is differentially private "
-                                  "only with dp-calibration='strict' and dp-noise='output'; refused")
-            # one release per run; noise from OS entropy only (a node config seed is refused by the ClientApp)
-            self.privacy = dataclasses.replace(privacy, train_rounds=0, eval_rounds=1, seed=None)
-        self.party = None
-
-    @property
-    def who(self):
-        return f"party {self.party_id}"
 
     # ------------------------------------------------------------------ the party
-    def _build(self, context: Context):
+    def _party_class(self):
         from flower_vfl.privacy.label_moments import MomentParty
-        src = self.source
-        return MomentParty(self.D, self.privacy, party_id=self.party_id, store=party_store(self.state_dir),
-                           run=f"{context.run_id}{MOMENT_RUN_SUFFIX}",
-                           source=src.key if src is not None else f"partition:{self.party_id}",
-                           about=src.about if src is not None else None)
+        return MomentParty
 
     def _refuse_if_unfit(self):
-        if self.privacy is None:
-            raise Refused(f"{self.who} is not private (its node config gives no dp budget): the moment route is for "
-                          "private parties and a non-private party does not make a moment release. Give this party "
-                          "dp=true dp-epsilon=<ε> in its node config, or run route='admm', where its exact releases "
-                          "join the model")
+        self._refuse_if_public()
         if self.pool != "test":
             raise Refused(f"{self.who}: its node config does not let its held-out rows serve as the unlabelled pool "
                           f"(moment-pool={self.pool!r}); pool rows are not protected by DP (their scores go to the "
@@ -125,29 +106,13 @@ class MomentPartyClient:
                           "pool needs at least 20 (two halves of 10)")
 
     # ------------------------------------------------------------------ handlers
-    def identify(self, msg: Message, context: Context) -> Message:
-        info = {"party": self.party_id, "n_rows": int(self.D.shape[0]),
-                "n_test": int(self.D_test.shape[0]) if self.D_test is not None else 0,
-                "private": self.privacy is not None, "pool": self.pool == "test"}
-        if self.privacy is not None:
-            party = self._build(context)
-            info["c_v"] = float(self.privacy.c_v)
-            info.update(party.ledger.affordable([("gaussian", party.z)], exclude_run=party.run))
-            if party.ledger.answer(party.run, MOMENT_ROUND, "eval") is not None:
-                info["affordable"] = True       # this run's release is made: a re-send gets it
-        return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
+    def _identity_extra(self) -> dict:
+        return {"pool": self.pool == "test"}
 
-    def release(self, msg: Message, context: Context) -> Message:
-        try:
-            self._refuse_if_unfit()
-            rnd, v = self._parse_release(msg)
-            self.party = self._build(context)
-            self.party.release(rnd, v)          # checks v (length, finite) before any charge
-        except Refused as exc:
-            return self._refusal(msg, exc)
-        content = RecordDict({"meta": MetricRecord({"party": self.party_id, "round": int(rnd), "released": 1})})
-        self._privacy(content)
-        return Message(content, reply_to=msg)
+    def _release_reply(self, rnd, v) -> RecordDict:
+        """The one moment release, kept in the party's store (never sent): an acknowledgement."""
+        self.party.release(rnd, v)          # checks v (length, finite) before any charge
+        return RecordDict({"meta": MetricRecord({"party": self.party_id, "round": int(rnd), "released": 1})})
 
     def train(self, msg: Message, context: Context) -> Message:
         """One ADMM round: the pool scores P_c x of this fit's pool half."""
@@ -184,21 +149,15 @@ class MomentPartyClient:
     def _stored_release(self, context):
         """This run's g~ from the party's own store (what :meth:`release` committed), or None. Read
         only: the ledger itself is not touched (no charge, no new entry)."""
-        src = self.source
-        ans = party_store(self.state_dir).last_answer(src.key if src is not None else f"partition:{self.party_id}",
-                                                      f"{context.run_id}{MOMENT_RUN_SUFFIX}", "eval")
+        ans = party_store(self.state_dir).last_answer(self._source_key(), self._run(context), "eval")
         return None if ans is None else np.asarray(ans.payload["g_tilde"], dtype=float)
 
     # ------------------------------------------------------------------ boundary and replies
-    def _parse_release(self, msg: Message):
-        """``config['round']`` (= MOMENT_ROUND) and ``vectors['v']`` (a float vector, one value per
-        training row, finite); anything else is refused, nothing charged."""
-        cfg = msg.content.config_records.get("config")
-        rnd = None if cfg is None else cfg.get("round")
+    def _check_release_round(self, rnd) -> None:
+        """= MOMENT_ROUND (one release per run)"""
         if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd != MOMENT_ROUND:
             raise InvalidMessage(f"{self.who}: config['round']={rnd!r}; expected {MOMENT_ROUND} (one release per "
                                  "run)", field="config.round")
-        return int(rnd), self._vector(msg, "v", int(self.D.shape[0]), "training row", None)
 
     def _parse_round(self, msg: Message):
         """round 1..MAX_MOMENT_ROUND, fit 0 or 1, rho in LIMITS and the node config's range, lam in
@@ -230,41 +189,7 @@ class MomentPartyClient:
         c = self._vector(msg, "c", n_pool, "pool row", LIMITS["c"])
         return int(rnd), int(fit), rho, lam, float(kappa), c
 
-    def _vector(self, msg, key, n, what, bound):
-        who = self.who
-        vectors = msg.content.array_records.get("vectors")
-        if vectors is None or key not in vectors:
-            raise InvalidMessage(f"{who}: message field vectors[{key!r}] is missing", field=f"vectors.{key}")
-        try:
-            a = vectors[key].numpy()
-        except Exception:
-            raise InvalidMessage(f"{who}: vectors[{key!r}] is not a readable array", field=f"vectors.{key}") from None
-        if a.dtype.kind != "f":
-            raise InvalidMessage(f"{who}: vectors[{key!r}] has dtype {a.dtype}; expected float64",
-                                 field=f"vectors.{key}")
-        if a.shape != (n,):
-            raise InvalidMessage(f"{who}: vectors[{key!r}] has shape {a.shape}; expected ({n},) (one value per "
-                                 f"{what})", field=f"vectors.{key}")
-        if not np.all(np.isfinite(a)):
-            raise InvalidMessage(f"{who}: vectors[{key!r}] holds NaN or inf values", field=f"vectors.{key}")
-        if bound is not None and np.max(np.abs(a), initial=0.0) > bound:
-            raise InvalidMessage(f"{who}: vectors[{key!r}] holds values beyond +-{bound:g}", field=f"vectors.{key}")
-        return np.asarray(a, dtype=np.float64)
-
     def _reply(self, msg, key, values, rnd, fit):
         content = RecordDict({"release": ArrayRecord({key: Array(np.asarray(values, dtype=float))}),
                               "meta": MetricRecord({"party": self.party_id, "round": int(rnd), "fit": int(fit)})})
-        return Message(content, reply_to=msg)
-
-    def _privacy(self, content):
-        if self.party is not None:
-            from flower_vfl.reporting.report import to_jsonable
-            content["privacy"] = ConfigRecord({"report": json.dumps(to_jsonable(self.party.report()))})
-
-    def _refusal(self, msg, exc):
-        info = {"party": self.party_id, "reason": str(exc), "code": getattr(exc, "code", "refused")}
-        if getattr(exc, "field", None):
-            info["field"] = exc.field
-        content = RecordDict({"refusal": ConfigRecord(info)})
-        self._privacy(content)
         return Message(content, reply_to=msg)

@@ -21,30 +21,29 @@ Both private near the non-private model, through Flower (docs/privacy_parties.md
    on the other half; with ``y_test`` the test metrics.
 
 Flower's contract as :class:`~flower_vfl.strategies.stacked_ssp.StackedSSPStrategy`; every message
-goes through :mod:`flower_vfl.strategies.exchange`. Glue only: the math is in
-:mod:`flower_vfl.core.moment_sharing` and :mod:`flower_vfl.core.central`.
+goes through :mod:`flower_vfl.strategies.exchange`. Steps 1 and 2 (the identity checks, the release
+request), the stop rule and the run report are the one-release routes' shared part
+(:class:`~flower_vfl.strategies.one_release.OneReleaseStrategy`); the pool check and the rounds are
+here. Glue only: the math is in :mod:`flower_vfl.core.moment_sharing` and :mod:`flower_vfl.core.central`.
 """
 
 from __future__ import annotations
 
-import time
-from logging import ERROR, INFO
+from logging import INFO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Result
 
 from flower_vfl.core.accel import Anderson
 from flower_vfl.core.central import CentralUpdate
-from flower_vfl.core.losses import SoftLabelLogisticLoss, get_loss
+from flower_vfl.core.losses import SoftLabelLogisticLoss
 from flower_vfl.core.moment_sharing import default_rho, sharing_target
-from flower_vfl.privacy.ssp import cross_fit_halves, stacking_target
-from flower_vfl.strategies import vertical_outcome
-from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, PartyRefused, ReplyError, check_release,
-                                            keep_report, party_keys_from)
-from flower_vfl.strategies.stacked_ssp import _int
+from flower_vfl.privacy.ssp import cross_fit_halves
+from flower_vfl.strategies.exchange import PartyRefused, ReplyError, check_release, keep_report
+from flower_vfl.strategies.one_release import OneReleaseStrategy
 from flower_vfl.strategies.vertical_admm import DEFAULT_MAX_RELEASE
 
 __all__ = ["MomentStrategy", "MOMENT_ROUND", "POOL_SEED"]
@@ -56,16 +55,14 @@ MOMENT_ROUND = 1
 POOL_SEED = 12345
 
 
-class MomentStrategy(Strategy):
+class MomentStrategy(OneReleaseStrategy):
     """Label owner of the moment route over ``num_parties`` private parties.
 
     Parameters
     ----------
-    y_train : array (N,)
-        Binary labels of the aligned training rows (never sent: the parties get v = kappa (t - pi)).
-    y_test : array (N_test,) or None
-        Held-out labels, for the test metrics only (no label of a pool row enters the fit).
-    num_parties : int, default=2
+    y_train, y_test, num_parties, timeout, party_wait, party_keys, max_release, progress :
+        As for :class:`~flower_vfl.strategies.stacked_ssp.StackedSSPStrategy` (``y_test``: for the
+        test metrics only; no label of a pool row enters the fit).
     lam : float, default=3e-4
         The L2 coefficient of F (``lam``; 3e-4 is the in-process route's choice at epsilon = 1).
     rho : float or None, default=None
@@ -75,96 +72,41 @@ class MomentStrategy(Strategy):
     tol : float, default=0
         Stop a fit when max |s^{k+1} - s^k| over the parties' pool scores and |b^{k+1} - b^k| are
         below ``tol`` (``tol``; 0 runs every round).
-    timeout, party_wait, party_keys, max_release, progress :
-        As for :class:`~flower_vfl.strategies.stacked_ssp.StackedSSPStrategy`.
     """
+
+    ROUTE, ROUTE_KEY, QUERY, RELEASE, ROUND = "moment", "moment", "moment", "moment", MOMENT_ROUND
+    RELEASE_DESC = "one Gaussian release of its label moment"
+    EXPOSED_ROWS = ("pool_rows", "not protected: the held-out rows are the pool; their scores reach the label owner "
+                                 "every round")
 
     def __init__(self, y_train, y_test=None, num_parties=2, lam=3e-4, rho=None, max_rounds=50, tol=0.0,
                  timeout=600.0, party_wait=120.0, party_keys=None, max_release=DEFAULT_MAX_RELEASE, progress=None):
-        y = np.asarray(y_train)
-        self.loss = get_loss("logistic")
-        self.classes_ = np.unique(y)
-        if self.classes_.size != 2:
-            raise ValueError(f"y_train has {self.classes_.size} classes; the moment route is binary")
-        self.t01 = (y == self.classes_[1]).astype(float)
-        self.t_test = None if y_test is None else self.loss.encode_labels(np.asarray(y_test))
-        self.n_train = int(self.t01.size)
-        self.pi = float(self.t01.mean())
-        self.num_parties = int(num_parties)
+        self._init_labels(y_train, y_test, num_parties, timeout, party_wait, party_keys, max_release, progress)
         self.lam = float(lam)
         if not (np.isfinite(self.lam) and self.lam > 0):
             raise ValueError(f"lam={lam!r}: the moment route needs lam > 0 (the pool objective must be bounded)")
         self.rho = None if not rho else float(rho)
         self.max_rounds, self.tol = int(max_rounds), float(tol)
-        self.round_timeout, self.party_wait = float(timeout), float(party_wait)
-        self.party_keys = party_keys_from(party_keys, self.num_parties)
-        self.max_release = float(max_release)
-        self.progress = progress
-        self.exchange: Exchange | None = None
-        self.identity_: dict[int, dict] = {}
-        self.kappa_: dict[int, float] = {}
-        self.privacy_: dict[int, dict] = {}
-        self.history_: list[dict] = []
         self.intercepts_: list[float] = []
         self.rounds_: list[int] = []
         self.targets_: list[dict[int, np.ndarray]] = []       # per fit: party -> the last c_m sent
         self.rho_: list[float] = []
-        self.final_: dict = {}
-        self.stopped_reason_: str | None = None
-        self.failed_ = False
-        self.label_privacy_ = None
 
     def summary(self) -> None:
         log(INFO, "\t└── MomentStrategy: %d private parties, one moment release each, N=%d, lam=%g",
             self.num_parties, self.n_train, self.lam)
 
     # ------------------------------------------------------------------ identify
-    def _read(self, nid, rep):
-        if "identity" not in rep.content.config_records:
-            raise ReplyError(f"node {nid}: the moment_identify reply has no 'identity' record")
-        info = rep.content.config_records["identity"]
-        party = _int(info, "party", nid)
-        n_rows = _int(info, "n_rows", nid)
-        if 0 <= party < self.num_parties and n_rows != self.n_train:
-            raise ValueError(f"party {party} (node {nid}) holds {n_rows} rows but the labels have {self.n_train}; "
-                             "the parties' samples are not aligned")
-        n_test = _int(info, "n_test", nid)
-        if self.t_test is not None and n_test != self.t_test.shape[0]:
-            raise ValueError(f"party {party} (node {nid}) holds {n_test} held-out rows but the held-out labels have "
-                             f"{self.t_test.shape[0]}; the parties' test samples are not aligned")
-        if info.get("private") is not True:
-            raise PartyRefused(f"party {party} (node {nid}) is not private: the moment route needs every party "
-                               "private (dp=true dp-epsilon=<ε> in its node config); run route='admm' otherwise")
+    def _check_identity(self, party, nid, info) -> None:
         if info.get("pool") is not True:
             raise PartyRefused(f"party {party} (node {nid}) does not let its held-out rows serve as the unlabelled "
                                "pool (its node config's moment-pool is not 'test'); only its operator can allow it")
-        c_v = info.get("c_v")
-        if isinstance(c_v, bool) or not isinstance(c_v, float) or not (np.isfinite(c_v) and 0 < c_v <= 1e6):
-            raise ReplyError(f"node {nid}: identity['c_v']={c_v!r}; expected a finite number in (0, 1e6]")
-        if info.get("affordable", True) is False:
-            raise PartyRefused(
-                f"party {party} (node {nid}) is private and its remaining budget cannot cover its one moment release: "
-                f"it has spent epsilon={float(info.get('spent_before_run', float('nan'))):.4g} of its budget "
-                f"epsilon={float(info.get('epsilon', float('nan'))):g} on this data in earlier runs. The party can "
-                "see its spend with `flower-vfl ledger --state-dir <its state-dir>`; only its operator can grant a "
-                "new budget")
-        return party, {"n_rows": n_rows, "n_test": n_test, "c_v": float(c_v)}
-
-    def identify(self, grid) -> dict[int, int]:
-        self.exchange = Exchange(grid, self.num_parties, timeout=self.round_timeout, party_wait=self.party_wait,
-                                 party_keys=self.party_keys)
-        self.identity_ = self.exchange.identify("query.moment_identify", RecordDict({"config": ConfigRecord(
-            {"want": "moment"})}), self._read, what="the moment_identify query")
-        return self.exchange.node_to_party
 
     # ------------------------------------------------------------------ the release
     def release(self) -> None:
         """Each party's one release; its reply holds an acknowledgement and its privacy report."""
-        def build(p, nid):
-            v, self.kappa_[p] = stacking_target(self.t01, self.identity_[p]["c_v"])
-            return RecordDict({"vectors": ArrayRecord({"v": Array(v)}),
-                               "config": ConfigRecord({"round": MOMENT_ROUND})})
-        got = self.exchange.send(build, "query.moment_release", range(self.num_parties), "moment release")
+        got = self.exchange.send(self._release_content, "query.moment_release", range(self.num_parties),
+                                 "moment release")
         for m, rep in got.items():
             keep_report(rep, m, self.privacy_, "the moment release")
             if "meta" not in rep.content.metric_records:
@@ -255,19 +197,7 @@ class MomentStrategy(Strategy):
         """Run the route (``num_rounds`` is accepted for Flower's contract; the rounds per fit are
         ``max_rounds``). A refusal, a lost or failed party or an invalid reply stops the run and is
         raised again: the run fails."""
-        vertical_outcome.check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
-        if timeout is not None:
-            self.round_timeout = float(timeout)
-        t0 = time.perf_counter()
-        log(INFO, "Starting %s strategy:", type(self).__name__)
-        self.summary()
-        try:
-            self.fit(grid)
-        except (PartyRefused, PartyLost, PartyFailed, ReplyError) as exc:
-            self.stopped_reason_, self.failed_ = str(exc), True
-            log(ERROR, "stopping (moment route): %s", exc)
-            self._finish(t0)
-            raise
+        t0 = self._start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
         if self.history_:
             self.history_[-1].update(self.metrics_)
         self._finish(t0)
@@ -276,29 +206,5 @@ class MomentStrategy(Strategy):
             res.evaluate_metrics_clientapp[len(self.history_)] = MetricRecord(dict(self.metrics_))
         return res
 
-    def _finish(self, t0) -> None:
-        self.final_ = dict(self.history_[-1]) if self.history_ else {}
-        self.final_.update(getattr(self, "metrics_", {}) or {})
-        self.final_["rounds"] = len(self.history_)
-        self.final_["rounds_per_fit"] = list(self.rounds_)
-        self.final_["wall_time_s"] = time.perf_counter() - t0
-        self.final_["route"] = "moment"
-        self.final_["protection"] = self.protection()
-        if self.stopped_reason_:
-            self.final_["stopped_reason"] = self.stopped_reason_
-        if self.failed_:
-            self.final_["failed"] = True
-
-    def protection(self) -> dict:
-        """What this run protects, per party (the run report's plain statement)."""
-        out = {}
-        for m in range(self.num_parties):
-            rep = self.privacy_.get(m)
-            feats = (f"row-level DP of this party's training rows: one Gaussian release of its label moment (budget "
-                     f"epsilon={rep['config']['epsilon']:g}, delta={rep['config']['delta']:g}; spent "
-                     f"{rep['totals'].get('exact', float('nan')):.4g} by its own ledger)" if rep else "no release")
-            out[str(m)] = {"features": feats,
-                           "labels": "not protected from the parties: the target v = kappa (t - pi) reveals them",
-                           "pool_rows": "not protected: the held-out rows are the pool; their scores reach the label "
-                                        "owner every round"}
-        return out
+    def _rounds_report(self) -> dict:
+        return {"rounds": len(self.history_), "rounds_per_fit": list(self.rounds_)}

@@ -15,28 +15,27 @@ Several private parties that beat one party alone, through Flower (docs/privacy_
 Flower's contract as :class:`~flower_vfl.strategies.vertical_admm.VerticalADMMStrategy`:
 ``start(grid, initial_arrays=ArrayRecord(), num_rounds=..., timeout=...) -> Result``; every message
 goes through :mod:`flower_vfl.strategies.exchange` (identify, send, replies matched by
-``reply_to_message_id``, the party-wait rule, "did not answer"). Glue only: the math is in
+``reply_to_message_id``, the party-wait rule, "did not answer"). Steps 1 and 2 (the identity checks,
+the release request), the stop rule and the run report are the one-release routes' shared part
+(:class:`~flower_vfl.strategies.one_release.OneReleaseStrategy`). Glue only: the math is in
 :mod:`flower_vfl.privacy.ssp`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
-from logging import ERROR, INFO
+from logging import INFO
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Result
 
-from flower_vfl.core.losses import get_loss
 from flower_vfl.errors import UserError
-from flower_vfl.privacy.ssp import cross_fit_halves, cross_fitted_decision, stacking_target
-from flower_vfl.strategies import vertical_outcome
-from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, PartyRefused, ReplyError, check_release,
-                                            keep_report, party_keys_from)
+from flower_vfl.privacy.ssp import cross_fit_halves, cross_fitted_decision
+from flower_vfl.strategies.exchange import PartyLost, check_release, keep_report
+from flower_vfl.strategies.one_release import OneReleaseStrategy
 from flower_vfl.strategies.vertical_admm import DEFAULT_MAX_RELEASE
 
 __all__ = ["StackedSSPStrategy", "CalibrationFailed", "SSP_ROUND"]
@@ -49,14 +48,7 @@ class CalibrationFailed(UserError, ValueError):
     """The released scores do not give a usable calibration (too much noise for the pool's size)."""
 
 
-def _int(info, key, nid, lo=0):
-    v = info.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ReplyError(f"node {nid}: identity[{key!r}]={v!r}; expected an integer >= {lo}")
-    return int(v)
-
-
-class StackedSSPStrategy(Strategy):
+class StackedSSPStrategy(OneReleaseStrategy):
     """Label owner of the stacked SSP route over ``num_parties`` private parties.
 
     Parameters
@@ -80,84 +72,25 @@ class StackedSSPStrategy(Strategy):
     progress : callable(round, row) or None
     """
 
+    ROUTE, ROUTE_KEY, QUERY, RELEASE, ROUND = "stacked SSP", "stacked-ssp", "ssp", "SSP", SSP_ROUND
+    STOPS = OneReleaseStrategy.STOPS + (CalibrationFailed,)
+    RELEASE_DESC = "one SSP release"
+    EXPOSED_ROWS = ("scored_rows", "not protected: the held-out rows' scores are released (the calibration pool)")
+
     def __init__(self, y_train, y_test=None, num_parties=2, timeout=600.0, party_wait=120.0, party_keys=None,
                  max_release=DEFAULT_MAX_RELEASE, halves_seed=12345, progress=None):
-        y = np.asarray(y_train)
-        self.loss = get_loss("logistic")
-        self.classes_ = np.unique(y)
-        if self.classes_.size != 2:
-            raise ValueError(f"y_train has {self.classes_.size} classes; the stacked SSP route is binary")
-        self.t = self.loss.encode_labels(y)            # +-1 for the test metrics' loss
-        self.t01 = (y == self.classes_[1]).astype(float)
-        self.t_test = None if y_test is None else self.loss.encode_labels(np.asarray(y_test))
-        self.n_train = int(self.t01.size)
-        self.pi = float(self.t01.mean())
-        self.num_parties = int(num_parties)
-        self.round_timeout, self.party_wait = float(timeout), float(party_wait)
-        self.party_keys = party_keys_from(party_keys, self.num_parties)
-        self.max_release = float(max_release)
+        self._init_labels(y_train, y_test, num_parties, timeout, party_wait, party_keys, max_release, progress)
         if not self.max_release > 0:
             raise ValueError(f"max_release={max_release!r}; expected a bound > 0")
         self.halves_seed = int(halves_seed)
-        self.progress = progress
-        self.exchange: Exchange | None = None
-        self.identity_: dict[int, dict] = {}
-        self.kappa_: dict[int, float] = {}
         self.xg_: dict[int, float] = {}
         self.scores_test_: np.ndarray | None = None
-        self.history_: list[dict] = []
-        self.privacy_: dict[int, dict] = {}
-        self.final_: dict = {}
-        self.stopped_reason_: str | None = None
-        self.failed_ = False
-        self.label_privacy_ = None
 
     def summary(self) -> None:
         log(INFO, "\t└── StackedSSPStrategy: %d private parties, one SSP release each, N=%d", self.num_parties,
             self.n_train)
 
-    # ------------------------------------------------------------------ identify
-    def _read(self, nid, rep):
-        if "identity" not in rep.content.config_records:
-            raise ReplyError(f"node {nid}: the ssp_identify reply has no 'identity' record")
-        info = rep.content.config_records["identity"]
-        party = _int(info, "party", nid)
-        n_rows = _int(info, "n_rows", nid)
-        if 0 <= party < self.num_parties and n_rows != self.n_train:
-            raise ValueError(f"party {party} (node {nid}) holds {n_rows} rows but the labels have {self.n_train}; "
-                             "the parties' samples are not aligned")
-        n_test = _int(info, "n_test", nid)
-        if self.t_test is not None and n_test != self.t_test.shape[0]:
-            raise ValueError(f"party {party} (node {nid}) holds {n_test} held-out rows but the held-out labels have "
-                             f"{self.t_test.shape[0]}; the parties' test samples are not aligned")
-        if info.get("private") is not True:
-            raise PartyRefused(f"party {party} (node {nid}) is not private: the stacked SSP route needs every party "
-                               "private (dp=true dp-epsilon=<ε> in its node config); run route='admm' otherwise")
-        c_v = info.get("c_v")
-        if isinstance(c_v, bool) or not isinstance(c_v, float) or not (np.isfinite(c_v) and 0 < c_v <= 1e6):
-            raise ReplyError(f"node {nid}: identity['c_v']={c_v!r}; expected a finite number in (0, 1e6]")
-        if info.get("affordable", True) is False:
-            raise PartyRefused(
-                f"party {party} (node {nid}) is private and its remaining budget cannot cover its one SSP release: "
-                f"it has spent epsilon={float(info.get('spent_before_run', float('nan'))):.4g} of its budget "
-                f"epsilon={float(info.get('epsilon', float('nan'))):g} on this data in earlier runs. The party can "
-                "see its spend with `flower-vfl ledger --state-dir <its state-dir>`; only its operator can grant a "
-                "new budget")
-        return party, {"n_rows": n_rows, "n_test": n_test, "c_v": float(c_v)}
-
-    def identify(self, grid) -> dict[int, int]:
-        self.exchange = Exchange(grid, self.num_parties, timeout=self.round_timeout, party_wait=self.party_wait,
-                                 party_keys=self.party_keys)
-        self.identity_ = self.exchange.identify("query.ssp_identify", RecordDict({"config": ConfigRecord(
-            {"want": "ssp"})}), self._read, what="the ssp_identify query")
-        return self.exchange.node_to_party
-
     # ------------------------------------------------------------------ the release
-    def _content(self, party, nid) -> RecordDict:
-        v, _ = stacking_target(self.t01, self.identity_[party]["c_v"])
-        return RecordDict({"vectors": ArrayRecord({"v": Array(v)}),
-                           "config": ConfigRecord({"round": SSP_ROUND})})
-
     def _read_release(self, party, rep, n_test):
         """(held-out scores, x~^T g~) of a party's reply, checked (:func:`check_release`)."""
         what = "the SSP release"
@@ -173,8 +106,7 @@ class StackedSSPStrategy(Strategy):
         ``arrays`` / ``config``: Flower's global model and free-form config; this route has neither
         (each x~_m stays on its party, a party's settings are its node config's), so they are not read."""
         node_of = self.exchange.node_of()
-        return [Message(self._content(p, node_of[p]), dst_node_id=node_of[p], message_type="query.ssp_release")
-                for p in range(self.num_parties) if p in node_of]
+        return [self._release_message(p, node_of[p]) for p in range(self.num_parties) if p in node_of]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         """Check each party's release (held-out scores, x~^T g~, privacy report); a refusal stops the
@@ -218,12 +150,9 @@ class StackedSSPStrategy(Strategy):
     def fit(self, grid) -> np.ndarray:
         """Identify, one release per party, the cross-fitted calibration: the held-out decisions."""
         self.identify(grid)
-        for m, info in self.identity_.items():
-            self.kappa_[m] = stacking_target(self.t01, info["c_v"])[1]
-        rebuild = lambda p, nid: Message(self._content(p, nid), dst_node_id=nid,  # noqa: E731
-                                         message_type="query.ssp_release")
         got = self.exchange.send_messages(self.configure_train(SSP_ROUND, ArrayRecord(), ConfigRecord(), grid),
-                                          "SSP release", rebuild=rebuild, parties=range(self.num_parties))
+                                          "SSP release", rebuild=self._release_message,
+                                          parties=range(self.num_parties))
         self.aggregate_train(SSP_ROUND, [got[m] for m in sorted(got)])
         self.metrics_ = self.aggregate_evaluate(SSP_ROUND, self.configure_evaluate(SSP_ROUND, ArrayRecord(),
                                                                                    ConfigRecord(), grid))
@@ -235,19 +164,7 @@ class StackedSSPStrategy(Strategy):
         """Run the route (one exchange; ``num_rounds`` is accepted for Flower's contract and means
         nothing here: each party makes exactly one release). A refusal (a spent budget), a lost or
         failed party or an invalid reply stops the run and is raised again: the run fails."""
-        vertical_outcome.check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
-        if timeout is not None:
-            self.round_timeout = float(timeout)
-        t0 = time.perf_counter()
-        log(INFO, "Starting %s strategy:", type(self).__name__)
-        self.summary()
-        try:
-            self.fit(grid)
-        except (PartyRefused, PartyLost, PartyFailed, ReplyError, CalibrationFailed) as exc:
-            self.stopped_reason_, self.failed_ = str(exc), True
-            log(ERROR, "stopping (stacked SSP route): %s", exc)
-            self._finish(t0)
-            raise
+        t0 = self._start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
         row = {"round": SSP_ROUND, "parties": self.num_parties, **{k: float(v) for k, v in self.metrics_.items()}}
         self.history_ = [row]
         if self.progress is not None:
@@ -261,28 +178,3 @@ class StackedSSPStrategy(Strategy):
             res.evaluate_metrics_clientapp[SSP_ROUND] = MetricRecord(
                 {"test_loss": row["test_loss"], "test_accuracy": row["test_accuracy"]})
         return res
-
-    def _finish(self, t0) -> None:
-        self.final_ = dict(self.history_[-1]) if self.history_ else {}
-        self.final_["rounds"] = len(self.history_)
-        self.final_["wall_time_s"] = time.perf_counter() - t0
-        self.final_["route"] = "stacked-ssp"
-        self.final_["protection"] = self.protection()
-        if self.stopped_reason_:
-            self.final_["stopped_reason"] = self.stopped_reason_
-        if self.failed_:
-            self.final_["failed"] = True
-
-    def protection(self) -> dict:
-        """What this run protects, per party (the run report's plain statement)."""
-        out = {}
-        for m in range(self.num_parties):
-            rep = self.privacy_.get(m)
-            feats = (f"row-level DP of this party's training rows: one SSP release (budget epsilon="
-                     f"{rep['config']['epsilon']:g}, delta={rep['config']['delta']:g}; spent "
-                     f"{rep['totals'].get('exact', float('nan')):.4g} by its own ledger)" if rep else "no release")
-            out[str(m)] = {"features": feats,
-                           "labels": "not protected from the parties: the target v = kappa (t - pi) reveals them",
-                           "scored_rows": "not protected: the held-out rows' scores are released (the calibration "
-                                          "pool)"}
-        return out

@@ -1,0 +1,173 @@
+"""What a private party of a one-release route shares (issue 21 items 2 and 3).
+
+:class:`~flower_vfl.clients.party_ssp.SSPPartyClient` (route='stacked-ssp') and
+:class:`~flower_vfl.clients.party_moment.MomentPartyClient` (route='moment') both make one
+release per run from the party's node config only: privacy settings (strict output noise, one
+release, OS entropy), the party's store and ledger under the run ``"<run_id><RUN_SUFFIX>"`` keyed
+by the source its node config declares. This module holds that part: the party object's build,
+the identify reply (nothing charged), the release handler's shape, the refusal of a non-private
+party, the target's boundary checks, the privacy report and the refusal reply
+(:class:`~flower_vfl.clients.party_base.PartyClient`'s). What a route releases and replies
+(the SSP scores, the moment route's acknowledgement and ADMM rounds) stays in its own module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+from flower_vfl.clients.party_base import PartyClient
+from flower_vfl.clients.party_private import party_store
+from flower_vfl.privacy.boundary import InvalidMessage, Refused
+
+__all__ = ["OneReleasePartyClient"]
+
+
+class OneReleasePartyClient:
+    """Party ``party_id`` with training block ``D`` and held-out block ``D_test``; ``privacy``: its
+    PrivacyConfig from its node config (None: not private, refuses); ``state_dir``, ``source``: its
+    store and declared source (the ledger key), as :class:`~flower_vfl.clients.party_private.PrivatePartyClient`'s.
+    A base: a route sets the class attributes below, :meth:`_party_class` and :meth:`_release_reply`."""
+
+    #: the route in prose ("the <ROUTE> route is for private parties")
+    ROUTE = ""
+    #: the release in prose, with its article ("does not make <A_RELEASE>")
+    A_RELEASE = ""
+    #: the release's name in the node-config refusal ("the <RELEASE> release is differentially private")
+    RELEASE = ""
+    #: the ledger run of a Flower run's release: "<run_id><RUN_SUFFIX>"
+    RUN_SUFFIX = ""
+    #: the round number under which the release is kept
+    ROUND = 1
+    #: the target's name in the "missing" refusal (after ``vectors['v']``)
+    TARGET_NAME = ""
+
+    def __init__(self, party_id, D, D_test, privacy, state_dir=None, source=None):
+        self.party_id = int(party_id)
+        self.D, self.D_test = D, D_test
+        self.state_dir, self.source = state_dir, source
+        self.privacy = None
+        if privacy is not None:
+            from flower_vfl.config.schema import ConfigError
+            if privacy.calibration != "strict" or privacy.noise_form != "output":
+                raise ConfigError(f"party {self.party_id}: node config dp-calibration={privacy.calibration!r}, "
+                                  f"dp-noise={privacy.noise_form!r}: the {self.RELEASE} release is differentially "
+                                  "private only with dp-calibration='strict' and dp-noise='output'; refused")
+            # one release per run (the ADMM plan's dp-train-rounds / dp-eval-rounds do not apply);
+            # noise from OS entropy only (a node config seed is refused by the ClientApp)
+            self.privacy = dataclasses.replace(privacy, train_rounds=0, eval_rounds=1, seed=None)
+        self.party = None
+
+    @property
+    def who(self):
+        return f"party {self.party_id}"
+
+    # ------------------------------------------------------------------ the party
+    def _party_class(self):
+        """The route's release object (SSPParty, MomentParty): imported on use."""
+        raise NotImplementedError
+
+    def _source_key(self):
+        return self.source.key if self.source is not None else f"partition:{self.party_id}"
+
+    def _run(self, context: Context):
+        return f"{context.run_id}{self.RUN_SUFFIX}"
+
+    def _build(self, context: Context):
+        src = self.source
+        return self._party_class()(self.D, self.privacy, party_id=self.party_id, store=party_store(self.state_dir),
+                                   run=self._run(context), source=self._source_key(),
+                                   about=src.about if src is not None else None)
+
+    def _refuse_if_public(self):
+        if self.privacy is None:
+            raise Refused(f"{self.who} is not private (its node config gives no dp budget): the {self.ROUTE} route is "
+                          f"for private parties and a non-private party does not make {self.A_RELEASE}. Give this "
+                          "party dp=true dp-epsilon=<ε> in its node config, or run route='admm', where its exact "
+                          "releases join the model")
+
+    def _refuse_if_unfit(self):
+        """What refuses the route before anything is parsed (a route may add to it)."""
+        self._refuse_if_public()
+
+    # ------------------------------------------------------------------ handlers
+    def _identity_extra(self) -> dict:
+        """A route's own identity fields (after 'private')."""
+        return {}
+
+    def identify(self, msg: Message, context: Context) -> Message:
+        info = {"party": self.party_id, "n_rows": int(self.D.shape[0]),
+                "n_test": int(self.D_test.shape[0]) if self.D_test is not None else 0,
+                "private": self.privacy is not None, **self._identity_extra()}
+        if self.privacy is not None:
+            party = self._build(context)
+            info["c_v"] = float(self.privacy.c_v)
+            info.update(party.ledger.affordable([("gaussian", party.z)], exclude_run=party.run))
+            if party.ledger.answer(party.run, self.ROUND, "eval") is not None:
+                info["affordable"] = True       # this run's release is made: a re-send gets it
+        return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
+
+    def _release_reply(self, rnd, v) -> RecordDict:
+        """The route's release from ``self.party`` (built) and the reply's content (without the privacy report)."""
+        raise NotImplementedError
+
+    def release(self, msg: Message, context: Context) -> Message:
+        try:
+            self._refuse_if_unfit()
+            rnd, v = self._parse_release(msg)
+            self.party = self._build(context)
+            content = self._release_reply(rnd, v)       # the party checks v (length, finite) before any charge
+        except Refused as exc:
+            return self._refusal(msg, exc)
+        self._privacy(content)
+        return Message(content, reply_to=msg)
+
+    # ------------------------------------------------------------------ boundary and replies
+    def _check_release_round(self, rnd) -> None:
+        """The release request's ``config['round']``: the route's range (InvalidMessage otherwise)."""
+        raise NotImplementedError
+
+    def _parse_release(self, msg: Message):
+        """``config['round']`` (:meth:`_check_release_round`) and ``vectors['v']`` (a float vector,
+        one value per training row, finite); anything else is refused, nothing charged."""
+        cfg = msg.content.config_records.get("config")
+        rnd = None if cfg is None else cfg.get("round")
+        self._check_release_round(rnd)
+        return int(rnd), self._vector(msg, "v", int(self.D.shape[0]), "training row", None, self.TARGET_NAME)
+
+    def _vector(self, msg, key, n, what, bound, name=""):
+        """``vectors[key]``: a readable float vector of shape (n,) ("one value per <what>"), finite,
+        within +-bound (None: unbounded); ``name`` follows the key in the "missing" refusal."""
+        who = self.who
+        vectors = msg.content.array_records.get("vectors")
+        if vectors is None or key not in vectors:
+            raise InvalidMessage(f"{who}: message field vectors[{key!r}]{name} is missing", field=f"vectors.{key}")
+        try:
+            a = vectors[key].numpy()
+        except Exception:
+            raise InvalidMessage(f"{who}: vectors[{key!r}] is not a readable array", field=f"vectors.{key}") from None
+        if a.dtype.kind != "f":
+            raise InvalidMessage(f"{who}: vectors[{key!r}] has dtype {a.dtype}; expected float64",
+                                 field=f"vectors.{key}")
+        if a.shape != (n,):
+            raise InvalidMessage(f"{who}: vectors[{key!r}] has shape {a.shape}; expected ({n},) (one value per "
+                                 f"{what})", field=f"vectors.{key}")
+        if not np.all(np.isfinite(a)):
+            raise InvalidMessage(f"{who}: vectors[{key!r}] holds NaN or inf values", field=f"vectors.{key}")
+        if bound is not None and np.max(np.abs(a), initial=0.0) > bound:
+            raise InvalidMessage(f"{who}: vectors[{key!r}] holds values beyond +-{bound:g}", field=f"vectors.{key}")
+        return np.asarray(a, dtype=np.float64)
+
+    def _privacy(self, content):
+        if self.party is not None:
+            from flower_vfl.reporting.report import to_jsonable
+            content["privacy"] = ConfigRecord({"report": json.dumps(to_jsonable(self.party.report()))})
+
+    def _reply_extra(self, content: RecordDict, refusal: bool):
+        self._privacy(content)
+
+    #: the refusal reply (party, reason, code, field; then :meth:`_reply_extra`: the privacy report)
+    _refusal = PartyClient._refusal
