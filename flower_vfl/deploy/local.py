@@ -38,7 +38,7 @@ from pathlib import Path
 
 __all__ = ["Processes", "any_alive", "free_port", "make_pki", "write_connection", "submit", "run_status", "wait_run",
            "exit_code", "run_error", "failure_message", "ray_did_not_start", "managed_superlink_pids", "simulation_superlink",
-           "party_is_private", "loopback_env", "start_supernode", "Zygote", "ZygoteError", "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local", "RoundProgress"]
+           "party_is_private", "loopback_env", "idle_poll_for", "start_supernode", "Zygote", "ZygoteError", "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local", "RoundProgress"]
 
 FINISHED = "finished:"
 #: seconds between the SuperExec's task polls on the loopback SuperNodes (Flower's default: 1.0)
@@ -278,6 +278,12 @@ class simulation_superlink:
 
 def free_port() -> int:
     with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -676,9 +682,19 @@ def hot_poll_for(num_parties: int) -> float:
     from flower_vfl.deploy.supernode import HOT_POLL_RANGE, HOT_POLL_S
     return round(min(HOT_POLL_RANGE[1], HOT_POLL_S * max(1.0, num_parties / 2)), 4)
 
+def idle_poll_for(num_parties: int, idle_poll: float = 0.5) -> float:
+    """The ``--idle-poll`` of each of ``num_parties`` SuperNodes on one SuperLink: ``idle_poll``
+    for up to 8 parties, stretched with M beyond (x M/8, at most 3 s, Flower's own), so that the
+    idle nodes' pulls stay at ~16 a second whatever M. A node's hot window opens near when its
+    next message came last time (:class:`flower_vfl.deploy.supernode._CappedTime`), so in regular
+    rounds the message is picked up within the hot poll, not the idle one."""
+    from flower_vfl.deploy.supernode import IDLE_POLL_RANGE
+    return round(min(IDLE_POLL_RANGE[1], max(idle_poll, idle_poll * num_parties / 8)), 4)
+
+
 def start_supernode(procs: Processes, name: str, superlink: str, node_config, env, cwd, *, exec_name=None,
                     root_certificates=None, auth_key=None, idle_poll=0.5, isolation="warm", accountants="auto",
-                    heartbeat=None, hot_poll=None, node_main=None, zygote=None):
+                    heartbeat=None, hot_poll=None, node_main=None, zygote=None, wake=True):
     """One party's SuperNode as ``deploy-local`` runs it, started by ``procs`` under ``name``
     (and, with ``isolation='warm'``, its warm executor under ``exec_name``, default
     ``<name>-exec``: two process groups; stop both). ``node_config``: a dict (or the
@@ -689,8 +705,11 @@ def start_supernode(procs: Processes, name: str, superlink: str, node_config, en
     --heartbeat``; None: Flower's 30 s); ``node_main``: the interpreter arguments that run
     flower-vfl's SuperNode (default ``-m flower_vfl.deploy.supernode``); ``zygote``: a
     :class:`Zygote` that forks the SuperNode and its executor (the same
-    arguments; separate interpreters if it cannot). Returns the SuperNode's Popen (or the fork's
-    stand-in)."""
+    arguments; separate interpreters if it cannot); ``wake`` (default True, with the warm isolation
+    and flower-vfl's SuperNode): the node wakes its executor over a loopback UDP port when it
+    stored a message (``--wake-executor`` / ``--wake-port``) instead of the executor polling for
+    tasks every 10 ms (docs/benchmarks.md, "The floor of a round"). Returns the SuperNode's Popen
+    (or the fork's stand-in)."""
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation={isolation!r}; choose one of {ISOLATIONS}")
     port = free_port()
@@ -713,6 +732,11 @@ def start_supernode(procs: Processes, name: str, superlink: str, node_config, en
         cmd += ["--isolation", "process"]
     ecmd = [sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--insecure",
             "--runtime-api-address", f"127.0.0.1:{port}", "--accountants", accountants]
+    if isolation == "warm" and idle_poll is not None and wake:
+        # the node wakes its executor when it stored a message: no task polling every 10 ms
+        wport = free_udp_port()
+        cmd += ["--wake-executor", str(wport)]
+        ecmd += ["--wake-port", str(wport)]
     if zygote is not None and isolation == "warm" and idle_poll is not None and node_main is None:
         try:
             proc = zygote.start(name, "node", cmd[3:])
@@ -761,8 +785,9 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
 
     ``idle_poll``: seconds an idle SuperNode waits between pulls (default 0.5): the SuperNodes
     are started as ``flower-vfl-supernode --idle-poll`` (:mod:`flower_vfl.deploy.supernode`, Flower's
-    ``flower-supernode`` with its hard-coded 3 s idle sleep capped); ``None`` starts Flower's
-    ``flower-supernode`` as shipped.
+    ``flower-supernode`` with its hard-coded 3 s idle sleep capped), stretched beyond 8 parties
+    (:func:`idle_poll_for`); ``None`` starts Flower's ``flower-supernode`` as shipped. Each node
+    wakes its warm executor when it stored a message (:func:`start_supernode`'s ``wake``).
     """
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation={isolation!r}; choose one of {ISOLATIONS}")
@@ -809,7 +834,8 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
             start_supernode(procs, f"node{m}", f"127.0.0.1:{link}", nc, env, workdir, exec_name=f"exec{m}",
                             root_certificates=pki["ca"] if tls else None,
                             auth_key=pki["nodes"][(node_keys or {}).get(m, m)]["private"] if auth else None,
-                            idle_poll=idle_poll, isolation=isolation,
+                            idle_poll=None if idle_poll is None else idle_poll_for(num_parties, idle_poll),
+                            isolation=isolation,
                             # the accountants' libraries (torch) only in a private party's executor
                             accountants="eager" if party_is_private(m, run_config, nc) else "auto", zygote=zygote,
                             hot_poll=None if idle_poll is None else hot_poll_for(num_parties))

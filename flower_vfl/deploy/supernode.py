@@ -13,6 +13,12 @@ behaviour, except for the sleeps *inside that one module*:
 - ``--hot-poll`` (default 0.02 s; 0: off): the idle sleep for 2 s after the node sent a reply (the
   next round's message is near), and 10 ms between its looks for the ClientApp's reply (a look-up
   in the node's own state);
+- the looks for the ClientApp's reply come every 5 % of the time it has taken so far (10 ms to
+  0.1 s), and once the node has seen how long after its reply its next message comes, the hot
+  window opens near then (0.8 x the shortest of the last 3 such gaps), not right after the reply;
+- ``--wake-executor PORT``: one UDP datagram to 127.0.0.1:PORT each time the node stored a
+  message, for its warm executor (``warm_exec --wake-port PORT``), which then asks for the task at
+  once instead of polling the node every 10 ms;
 - a pulled object the SuperLink does not have yet is asked for again after 10 ms, doubling up to
   0.5 s (Flower: 1 s, up to 10 s), as in every forked ClientApp of the warm executor.
 
@@ -56,6 +62,7 @@ import time
 import warnings
 
 __all__ = ["IDLE_POLL_S", "HOT_POLL_S", "cap_idle_sleep", "hint_tls_mismatch", "main", "probe_tls", "set_heartbeat",
+           "wake_executor",
            "telemetry_off_by_default"]
 
 #: default idle poll of ``flower-vfl-supernode`` and of ``flower-vfl deploy-local`` (seconds)
@@ -67,10 +74,17 @@ IDLE_POLL_RANGE = (0.05, 3.0)
 #: :data:`HOT_WINDOW_S` seconds: the next round's message usually comes within a fraction of a
 #: second; then every ``--idle-poll``. 0 turns it off (every idle pull ``--idle-poll`` apart).
 HOT_POLL_S, HOT_WINDOW_S = 0.02, 2.0
+#: the hot window opens at HOT_LEAD of the shortest of the last HOT_GAPS times from the node's
+#: reply to its next message (at once until the node has seen one)
+HOT_LEAD, HOT_GAPS = 0.8, 3
 HOT_POLL_RANGE = (0.01, 0.5)
 #: the node's waits for its ClientApp's reply (a look-up in the node's own state, no network;
 #: Flower: every 0.5 s) when the hot poll is on
 REPLY_POLL_S = 0.01
+#: ... growing with the time the ClientApp has taken so far: a look every REPLY_POLL_FRACTION of
+#: it (a reply is seen at most 5 % late), at most every REPLY_POLL_CAP_S (Flower: 0.5 s). 16
+#: ClientApps sharing 2 cores take seconds each: ~100 looks instead of ~1,000 per message.
+REPLY_POLL_FRACTION, REPLY_POLL_CAP_S = 0.05, 0.1
 #: what the patch replaces, read in flwr 1.41.0 and 1.42.0's start_client_internal.py
 FLOWER_IDLE_SLEEP, FLOWER_REPLY_SLEEP = "time.sleep(3)", "time.sleep(0.5)"
 #: the Flower releases whose SuperNode loop this was read in; any other runs unpatched
@@ -81,27 +95,49 @@ class _CappedTime:
     """The ``time`` module as seen by Flower's SuperNode loop module: ``sleep`` shortened.
 
     Flower's loop sleeps 3 s when a pull found no message, and 0.5 s between its looks for the
-    ClientApp's reply. Here the idle sleep is ``hot`` within ``window`` seconds after the node's
-    last reply (:meth:`active`), else ``cap``; the shorter waits are ``reply`` (``hot=0``: every
-    sleep capped at ``cap``, the previous behaviour)."""
+    ClientApp's reply. Here the idle sleep is ``hot`` within a window of ``window`` seconds after
+    the node's last reply (:meth:`active`), else ``cap``; the shorter waits are ``reply``, growing
+    with the ClientApp's time (``hot=0``: every sleep capped at ``cap``, the previous behaviour).
+
+    The hot window opens at once after a reply, or, once the node has seen how long after its
+    reply the next message came (the shortest of the last :data:`HOT_GAPS` such gaps), at
+    :data:`HOT_LEAD` of that gap (the node sleeps until then, at most ``cap`` at a time): with 16
+    parties a round's next message comes seconds after a party's reply, and a window right after
+    the reply would be pulls for nothing."""
 
     def __init__(self, cap: float, hot: float = 0.0):
         self.cap, self.hot, self.window, self.reply = cap, hot, HOT_WINDOW_S, REPLY_POLL_S
         self.last = -math.inf
+        self.since = None           # when the current wait for a ClientApp's reply began
+        self.gaps: list[float] = []  # reply -> the next message, the last HOT_GAPS times
 
     def __getattr__(self, name):
         return getattr(time, name)
 
     def active(self) -> None:
         self.last = time.monotonic()
+        self.since = None
+
+    def hot_start(self) -> float:
+        """Seconds after a reply at which the hot window opens."""
+        return HOT_LEAD * min(self.gaps) if self.gaps else 0.0
 
     def sleep(self, seconds):
         if not self.hot:
             s = self.cap
         elif seconds >= 3:                                       # the idle sleep
-            s = self.hot if time.monotonic() - self.last < self.window else self.cap
+            el, start = time.monotonic() - self.last, self.hot_start()
+            if el < start:                                       # sleep until the window opens
+                s = min(self.cap, max(self.hot, start - el))
+            else:
+                s = self.hot if el < start + self.window else self.cap
         else:                                                    # waits for the ClientApp's reply
-            s = self.reply
+            now = time.monotonic()
+            if self.since is None:                               # a message came: its first wait
+                self.since = now
+                if math.isfinite(self.last):
+                    self.gaps = (self.gaps + [now - self.last])[-HOT_GAPS:]
+            s = min(REPLY_POLL_CAP_S, max(self.reply, REPLY_POLL_FRACTION * (now - self.since)))
         time.sleep(min(seconds, s))
 
 
@@ -158,6 +194,44 @@ def cap_idle_sleep(idle_poll: float = IDLE_POLL_S, hot_poll: float = 0.0) -> boo
 
     sci.time = proxy
     sci._push_messages = _push_messages
+    return True
+
+
+def wake_executor(port: int) -> bool:
+    """After Flower's SuperNode loop stored a pulled message (``_pull_and_store_message``
+    returned a run id), send one UDP datagram to 127.0.0.1:``port``, where this node's warm
+    executor waits between its task polls (``warm_exec --wake-port``): it asks for the task at
+    once instead of polling every 10 ms. Returns False (and warns) without patching on a Flower
+    release this was not read in; the executor then finds the task at its next poll (<= 1 s)."""
+    import socket
+
+    import flwr
+    import flwr.supernode.start_client_internal as sci
+
+    version = getattr(flwr, "__version__", "?")
+    pull = getattr(sci, "_pull_and_store_message", None)
+    if getattr(pull, "wake_port", None) is not None:          # already patched in this process
+        pull.wake_port = int(port)
+        return True
+    if not version.startswith(PATCHED_FLWR) or not callable(pull) or "_pull_and_store_message(" \
+            not in inspect.getsource(sci.start_client_internal):
+        warnings.warn(f"flower-vfl-supernode: flwr {version}'s SuperNode loop is not one this was read in "
+                      f"({', '.join(v + 'x' for v in PATCHED_FLWR)}); --wake-executor is ignored (the executor "
+                      "finds each task at its next poll, up to 1 s later)", stacklevel=2)
+        return False
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    def _pull_and_store_message(*args, **kwargs):   # Flower's, then: a message stored -> wake
+        run_id = pull(*args, **kwargs)
+        if run_id is not None:
+            try:
+                sock.sendto(b"m", ("127.0.0.1", _pull_and_store_message.wake_port))
+            except OSError:
+                pass
+        return run_id
+
+    _pull_and_store_message.wake_port = int(port)
+    sci._pull_and_store_message = _pull_and_store_message
     return True
 
 
@@ -464,7 +538,8 @@ def set_heartbeat(seconds: float) -> bool:
 
 
 def _split_args(argv: list[str]) -> tuple[float, float, float | None, list[str]]:
-    """(--idle-poll, --hot-poll, --heartbeat or None, the rest for flower-supernode, in order)."""
+    """(--idle-poll, --hot-poll, --heartbeat or None, the rest for flower-supernode, in order);
+    ``--wake-executor`` is taken by :func:`_wake_arg` first."""
     ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     ap.add_argument("--idle-poll", default=IDLE_POLL_S)
     ap.add_argument("--hot-poll", default=HOT_POLL_S)
@@ -480,6 +555,20 @@ def _split_args(argv: list[str]) -> tuple[float, float, float | None, list[str]]
             None if ns.heartbeat is None else check_heartbeat(ns.heartbeat), rest)
 
 
+def _wake_arg(argv: list[str]) -> tuple[int | None, list[str]]:
+    """(--wake-executor PORT or None, the other arguments)."""
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    ap.add_argument("--wake-executor", default=None)
+    try:
+        ns, rest = ap.parse_known_args(argv)
+        port = None if ns.wake_executor is None else int(ns.wake_executor)
+    except (argparse.ArgumentError, ValueError):
+        raise ValueError("--wake-executor needs a UDP port on 127.0.0.1 (the warm executor's --wake-port)") from None
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"--wake-executor={port} is not a port number")
+    return port, rest
+
+
 def main(argv: list[str] | None = None) -> int | None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "-h" in argv or "--help" in argv:
@@ -492,8 +581,12 @@ def main(argv: list[str] | None = None) -> int | None:
               f"0: off)\n"
               f"  --heartbeat  seconds between the node's heartbeats (default: Flower's {FLOWER_HEARTBEAT_S}; "
               f"{HEARTBEAT_RANGE[0]:g}..{HEARTBEAT_RANGE[1]:g}); the SuperLink takes a node for gone 2 of them "
-              f"after its last\n\nflower-supernode's arguments follow:\n")
+              f"after its last\n"
+              f"  --wake-executor PORT  send a UDP datagram to 127.0.0.1:PORT when a message was stored (the warm "
+              f"executor's --wake-port: it asks for the task at once, without polling)"
+              f"\n\nflower-supernode's arguments follow:\n")
     try:
+        wake, argv = _wake_arg(argv)
         idle, hot, heartbeat, rest = _split_args(argv)
     except ValueError as exc:
         print(f"flower-vfl-supernode: {exc}", file=sys.stderr)
@@ -504,6 +597,8 @@ def main(argv: list[str] | None = None) -> int | None:
     if heartbeat is not None:
         set_heartbeat(heartbeat)
     cap_idle_sleep(idle, hot)
+    if wake is not None:
+        wake_executor(wake)
     if hot:
         fast_object_retries()
     from flwr.supernode.cli import flower_supernode

@@ -30,7 +30,9 @@ Flower); when off, its per-process look-ups are made once here instead of in eve
 
 Also (each checked against the Flower release, 1.41.x / 1.42.x; any other runs Flower's SuperExec
 unpatched, with a warning): the SuperExec asks its SuperNode for the next task every 10 ms for 2 s
-after a launch or a ClientApp's exit (then at Flower's interval); a forked ClientApp does not
+after a launch or a ClientApp's exit (then at Flower's interval), or, with ``--wake-port U``, waits
+on UDP 127.0.0.1:U between polls instead (its SuperNode, ``flower-vfl-supernode --wake-executor U``,
+sends a datagram when it stored a message; a poll every 1 s without one); a forked ClientApp does not
 extract and verify a FAB whose bytes it already installed; a ClientApp's pull of an object its
 SuperNode does not hold yet is retried after 10 ms (Flower: 1 s).
 
@@ -75,6 +77,9 @@ FLOWER_TASK_SLEEP = "time.sleep(task_poll_interval)"
 #: every HOT_TASK_POLL_S for HOT_WINDOW_S seconds (the next round's message is near), then at
 #: Flower's interval ($FLWR_SUPEREXEC_TASK_POLL_INTERVAL, default 1 s)
 HOT_TASK_POLL_S, HOT_WINDOW_S = 0.01, 2.0
+#: with ``--wake-port`` (the node wakes the loop when it stored a message): the loop's fallback
+#: poll, at least this many seconds (Flower's default interval)
+WAKE_POLL_S = 1.0
 #: benchmarks only: a file each forked ClientApp appends one JSON line of timings to
 TIMING_ENV = "FLOWER_VFL_TIMING"
 #: at most this many bundles' modules are kept imported in the warm process (oldest dropped)
@@ -240,12 +245,19 @@ def _report_bundle_modules(preloaded, wfd: int, bundles: bool = True, learn=()):
 
 class _HotTime:
     """The ``time`` module as seen by Flower's SuperExec loop: its poll sleep is
-    :data:`HOT_TASK_POLL_S` within :data:`HOT_WINDOW_S` after :meth:`active`."""
+    :data:`HOT_TASK_POLL_S` within :data:`HOT_WINDOW_S` after :meth:`active`.
 
-    def __init__(self):
+    With ``wake`` (a bound, non-blocking UDP socket on loopback: ``--wake-port``), the sleep is a
+    wait for a datagram on it instead, up to ``max(seconds, WAKE_POLL_S)``: the node
+    (``flower-vfl-supernode --wake-executor``) sends one when it stored a message, a forked
+    ClientApp when it ends; no hot polling. A datagram that came while the loop was asking the node
+    for a task is still queued, so none is lost; without any, the loop polls every WAKE_POLL_S."""
+
+    def __init__(self, wake=None):
         import math
         import time
-        self._time, self.last = time, -math.inf
+        self._time, self.last, self.wake = time, -math.inf, wake
+        self.wakes = 0
 
     def __getattr__(self, name):
         return getattr(self._time, name)
@@ -254,8 +266,36 @@ class _HotTime:
         self.last = self._time.monotonic()
 
     def sleep(self, seconds):
+        if self.wake is not None:
+            import select
+            ready, _, _ = select.select([self.wake], [], [], max(seconds, WAKE_POLL_S))
+            if ready:
+                self.wakes += 1
+                try:
+                    while self.wake.recv(64):          # drain: one wake for all that came
+                        pass
+                except OSError:                        # BlockingIOError: nothing left
+                    pass
+            return
         hot = self._time.monotonic() - self.last < HOT_WINDOW_S
         self._time.sleep(min(seconds, HOT_TASK_POLL_S) if hot else seconds)
+
+    def poke(self) -> None:
+        """Wake the loop (from a forked child at its end: its parent reaps it at once)."""
+        if self.wake is not None:
+            try:
+                self.wake.sendto(b"x", self.wake.getsockname())
+            except OSError:
+                pass
+
+
+def wake_socket(port: int):
+    """The executor's end of ``--wake-port``: a non-blocking UDP socket bound to 127.0.0.1:port."""
+    import socket
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", int(port)))
+    sock.setblocking(False)
+    return sock
 
 
 def _reuse_installed_fabs() -> None:
@@ -443,6 +483,8 @@ def _fork_executor(clock=None, preloader=None, learn=False):
                         _timing_line({**timing, "t_exit": time.time(), "exit": code}, tops)
                     if report is not None and code == 0:
                         report()
+                    if self._clock is not None:
+                        self._clock.poke()           # the parent reaps this child at once
                     sys.stdout.flush()
                     sys.stderr.flush()
                 finally:
@@ -520,6 +562,10 @@ def main(argv=None) -> None:
                          "i.e. after its first private message; never for a non-private party), eager (at start), "
                          "off (never: ~3-4 s more per private message)")
     ap.add_argument("--lean", action="store_true", help="the same as --accountants off")
+    ap.add_argument("--wake-port", type=int, default=None,
+                    help="a UDP port on 127.0.0.1 to wait on between task polls: the SuperNode "
+                         "(flower-vfl-supernode --wake-executor PORT) sends a datagram when it stored a message; "
+                         f"the loop then polls every {WAKE_POLL_S:g} s at most, with no hot polling")
     ap.add_argument("--no-preload", action="store_true",
                     help="do not import an app bundle's modules here: every message's process imports them "
                          "(as flwr-clientapp does; ~0.5-1 s a message)")
@@ -550,7 +596,14 @@ def main(argv=None) -> None:
         if telemetry_off:                # Flower's event() still gathers ids and platform data (~0.4 s
             from flwr.supercore.telemetry import EventType, create_event   # first time): once, here
             create_event(EventType.FLWR_CLIENTAPP_RUN_ENTER, None)         # (off: nothing is sent)
-        clock = _HotTime()
+        wake = None
+        if args.wake_port:
+            try:
+                wake = wake_socket(args.wake_port)
+            except OSError as exc:
+                warnings.warn(f"flower_vfl.deploy.warm_exec: cannot listen on UDP 127.0.0.1:{args.wake_port} "
+                              f"({exc}); polling for tasks instead", stacklevel=1)
+        clock = _HotTime(wake)
         executor = _fork_executor(clock, None if args.no_preload else AppPreloader(), learn=accountants == "auto")
         rs.get_executor = lambda *a, **k: executor     # the ClientApp launch
         rs.time = clock                                # the task poll: hot after a launch / an exit

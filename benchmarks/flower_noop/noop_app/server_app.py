@@ -83,9 +83,17 @@ def main(grid: Grid, context: Context) -> None:
         for mode in modes:
             _round_trip(grid, nodes, mode, n, 10**6 + k, busy, pull)
     times = {m: [] for m in modes}
+    out_dir = str(rc.get("out-dir", "") or "")
+    t0, rounds = time.monotonic(), []
     for k in range(repeats):
         for mode in modes:
             times[mode].append(_round_trip(grid, nodes, mode, n, k, busy, pull))
+        if out_dir:       # as flower-vfl's report.json: one entry per round (all modes once), elapsed_s
+            rounds.append({"round": k + 1, "elapsed_s": time.monotonic() - t0, "t": time.time()})
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            tmp = Path(out_dir) / "report.json.tmp"
+            tmp.write_text(json.dumps({"rounds": rounds, "nodes": len(nodes), "modes": modes}))
+            tmp.replace(Path(out_dir) / "report.json")
     summary = {m: {part: {"mean": float(np.mean([t[part] for t in v])),
                           "median": float(np.median([t[part] for t in v]))}
                    for part in ("total", "delivery", "handling", "return")}
@@ -94,6 +102,9 @@ def main(grid: Grid, context: Context) -> None:
            "bytes_to_each_node": {"tiny": 0, "payload": 16 * n, "payload-state": 16 * n, "payload-busy": 16 * n},
            "bytes_from_each_node": {"tiny": 0, "payload": 8 * n, "payload-state": 8 * n, "payload-busy": 8 * n},
            "summary_s": summary, "round_trips_s": times}
+    idle = float(rc.get("idle-s", 0.0))
+    if idle > 0:          # the nodes idle (polling) while this process waits: bench_floor.py's idle rate
+        time.sleep(idle)
     print(json.dumps({m: s["total"] for m, s in summary.items()}))
     path = str(rc["out-file"])
     if path:
