@@ -96,10 +96,11 @@ def test_supernode_wake_argument(capsys):
     assert "--wake-executor needs a UDP port" in capsys.readouterr().err
 
 
-def test_reply_waits_grow_with_the_clientapps_time(monkeypatch):
-    import flwr.supernode.start_client_internal as sci
 
-    from flower_vfl.deploy import supernode
+@pytest.fixture
+def clock(monkeypatch):
+    """Flower's SuperNode loop module with a fake clock: (module, [now], the sleeps asked for)."""
+    import flwr.supernode.start_client_internal as sci
 
     monkeypatch.setattr(sci, "time", time)
     monkeypatch.setattr(sci, "_push_messages", lambda *a, **k: None)
@@ -107,6 +108,13 @@ def test_reply_waits_grow_with_the_clientapps_time(monkeypatch):
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
     slept = []
     monkeypatch.setattr(time, "sleep", slept.append)
+    return sci, now, slept
+
+
+def test_reply_waits_grow_with_the_clientapps_time(clock):
+    from flower_vfl.deploy import supernode
+
+    sci, now, slept = clock
     assert supernode.cap_idle_sleep(0.5, 0.02) is True
     for dt in (0.0, 0.1, 0.5, 1.0, 3.0, 30.0):            # the ClientApp has taken dt s so far
         now[0] = 100.0 + dt
@@ -131,17 +139,10 @@ def test_deploy_local_wires_the_wake_port(monkeypatch, tmp_path):
     assert not any("--wake" in a for cmd in stock.values() for a in cmd)
 
 
-def test_hot_window_opens_near_when_the_next_message_came_last_time(monkeypatch):
-    import flwr.supernode.start_client_internal as sci
-
+def test_hot_window_opens_near_when_the_next_message_came_last_time(clock):
     from flower_vfl.deploy import supernode
 
-    monkeypatch.setattr(sci, "time", time)
-    monkeypatch.setattr(sci, "_push_messages", lambda *a, **k: None)
-    now = [100.0]
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    slept = []
-    monkeypatch.setattr(time, "sleep", slept.append)
+    sci, now, slept = clock
     assert supernode.cap_idle_sleep(0.5, 0.1) is True
     sci._push_messages("state")                             # a reply at t=100: nothing seen yet
     sci.time.sleep(3)
