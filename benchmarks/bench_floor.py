@@ -57,7 +57,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -159,15 +158,9 @@ class CpuSampler:
                 "load1": os.getloadavg()[0]}
 
 
-def rounds_done(out_dir: Path) -> list[float]:
-    try:
-        return [r["elapsed_s"] for r in json.loads((out_dir / "report.json").read_text())["rounds"]]
-    except (OSError, ValueError, KeyError):
-        return []
-
-
 def run_job(kind: str, parties: int, rounds: int, data_dir: str, every: float, keep: bool) -> dict:
     from flower_vfl.deploy.local import Processes, deploy_local
+    from bench_soak import sampled_run      # after flower_vfl: a --before job keeps its copy
     work = Path(tempfile.mkdtemp(prefix=f"bench_floor_{kind}_{parties}_"))
     procs = Processes(work / "logs")
     out = work / "out"
@@ -192,22 +185,7 @@ def run_job(kind: str, parties: int, rounds: int, data_dir: str, every: float, k
             res.update(deploy_local(work, parties, rc, node_configs=nodes, processes=procs, timeout=3600, **kw))
         except Exception as exc:         # reported below
             res["error"] = f"{type(exc).__name__}: {exc}"
-    sampler = CpuSampler(procs)
-    th = threading.Thread(target=job, daemon=True)
-    samples = []
-    t0 = time.time()
-    th.start()
-    try:
-        while th.is_alive():
-            s = sampler.sample()
-            s["round"] = len(rounds_done(out))
-            samples.append(s)
-            th.join(every)
-    finally:
-        th.join(60)
-        procs.stop_all()
-    el = rounds_done(out)
-    diffs = [b - a for a, b in zip(el[1:], el[2:])] if len(el) > 2 else []
+    samples, el, diffs, t0 = sampled_run(job, CpuSampler(procs).sample, procs, out, every)
     spr = statistics.median(diffs) if diffs else None
     win = [s for s in samples if 2 <= s["round"] < len(el)]
     row = {"job": kind, "parties": parties, "rounds": len(el), "exit_code": res.get("exit_code"),

@@ -125,6 +125,27 @@ def rounds_done(out_dir: Path) -> list[float]:
         return []
 
 
+def sampled_run(job, sample, procs, out: Path, every: float):
+    """Run ``job()`` (a deployment) in a thread and call ``sample()`` every ``every`` s while it
+    runs, each sample tagged with the rounds done so far (report.json in ``out``); stop ``procs``
+    after. Returns (samples, each round's elapsed_s, the gaps of rounds 2..R, the start time)."""
+    th = threading.Thread(target=job, daemon=True)
+    samples = []
+    t0 = time.time()
+    th.start()
+    try:
+        while th.is_alive():
+            s = sample()
+            s["round"] = len(rounds_done(out))
+            samples.append(s)
+            th.join(every)
+    finally:
+        th.join(60)
+        procs.stop_all()
+    el = rounds_done(out)
+    return samples, el, [b - a for a, b in zip(el[1:], el[2:])] if len(el) > 2 else [], t0
+
+
 def run_job(work: Path, parties: int, rounds: int, data_dir: str, every: float) -> dict:
     from flower_vfl.deploy.local import Processes, deploy_local
     procs = Processes(work / "logs")
@@ -140,22 +161,12 @@ def run_job(work: Path, parties: int, rounds: int, data_dir: str, every: float) 
                                     isolation="warm", app_dir=str(ROOT)))
         except Exception as exc:         # reported below
             res["error"] = f"{type(exc).__name__}: {exc}"
-    th = threading.Thread(target=job, daemon=True)
-    samples, loads = [], []
-    t0 = time.time()
-    th.start()
-    try:
-        while th.is_alive():
-            s = sample(procs)
-            s["round"] = len(rounds_done(out))
-            samples.append(s)
-            loads.append(os.getloadavg()[0])
-            th.join(every)
-    finally:
-        th.join(60)
-        procs.stop_all()
-    el = rounds_done(out)
-    diffs = [b - a for a, b in zip(el[1:], el[2:])] if len(el) > 2 else []
+    loads = []
+
+    def one():
+        loads.append(os.getloadavg()[0])
+        return sample(procs)
+    samples, el, diffs, t0 = sampled_run(job, one, procs, out, every)
     return {"parties": parties, "rounds": len(el), "exit_code": res.get("exit_code"), "error": res.get("error"),
             "wall_s": time.time() - t0, "s_per_round": statistics.median(diffs) if diffs else None,
             "round1_end_s": el[0] if el else None, "elapsed_s": el, "samples": samples,
