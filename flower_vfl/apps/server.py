@@ -1,7 +1,9 @@
 """Flower ServerApp: the central node (label owner) of vertical ADMM sharing."""
 
+import copy
 from logging import INFO, WARNING
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -150,6 +152,20 @@ def write_outputs(strategy: VerticalADMMStrategy, run_config, final: dict | None
             atomic_write(path, lambda fh: np.save(fh, strategy.decision_test_))
 
 
+def outputs_snapshot(strategy):
+    """What :func:`write_outputs` reads of ``strategy``, copied: the next round changes the
+    strategy while its writer thread writes this round's files."""
+    snap = SimpleNamespace(history_=[dict(row) for row in strategy.history_],
+                           final_=copy.deepcopy(strategy.final_), privacy_=copy.deepcopy(strategy.privacy_))
+    lp = getattr(strategy, "label_privacy_", None)
+    if lp is not None:
+        report = lp.report()
+        snap.label_privacy_ = SimpleNamespace(report=lambda: report)
+    if hasattr(strategy, "decision_test_"):
+        snap.decision_test_ = np.array(strategy.decision_test_, copy=True)
+    return snap
+
+
 def log_round(k: int, row: dict) -> None:
     """One line per round in the ServerApp's log (what `flwr run --stream` shows)."""
     extra = "".join(f", {key}={row[key]:.4f}" for key in ("test_loss", "test_accuracy") if key in row)
@@ -203,7 +219,12 @@ def main(grid: Grid, context: Context) -> None:
                     row["fit"], row["fit_round"], row["primal_residual"], row["dual_residual"], row["max_change"])
             else:
                 log_round(k, row)
-            write_outputs(strategy, context.run_config, {"rounds": k, "running": True})
+            writer = getattr(strategy, "writer", None)
+            if writer is None:
+                write_outputs(strategy, context.run_config, {"rounds": k, "running": True})
+            else:       # after this round's checkpoint, while the parties compute the next round
+                snap, rc = outputs_snapshot(strategy), context.run_config
+                writer.submit(lambda: write_outputs(snap, rc, {"rounds": k, "running": True}))
 
         strategy.progress = progress
         try:

@@ -101,7 +101,8 @@ def replay_q(q, s_prev, theta):
 
 def save(st, k, i_phase, j, stopped) -> None:
     """Checkpoint after round ``k`` (phase ``i_phase``, its round ``j``; ``stopped``: the
-    stopping rule ended the phase)."""
+    stopping rule ended the phase): handed to ``st.writer`` as a snapshot; durable once
+    ``st.writer.wait()`` returned."""
     if not st.state_dir:
         return
     c = st.central
@@ -126,7 +127,11 @@ def save(st, k, i_phase, j, stopped) -> None:
               "node_to_party": {str(n): p for n, p in st.node_to_party.items()},
               "stale": {str(m): v for m, v in st._stale.items()},
               "history": st.history_, "privacy": st.privacy_, "anderson": aa}
-    save_checkpoint(st.state_dir, arrays, to_jsonable(header))
+    # a snapshot (the next round updates z, y, q and Anderson's history in place), written by
+    # the strategy's RoundWriter while the parties compute the next round (io/writer.py)
+    arrays = {key: np.array(v, copy=True) for key, v in arrays.items()}
+    header, folder = to_jsonable(header), st.state_dir
+    st.writer.submit(lambda: save_checkpoint(folder, arrays, header))
 
 
 def load(folder, mine: dict) -> tuple[dict, dict]:

@@ -40,6 +40,7 @@ from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, Pa
                                             ReplyError, check_release, keep_report, party_keys_from)
 from flower_vfl.strategies.vertical_rounds import FlowerRounds, check_penalty, read_identity
 from flower_vfl.secagg import SecAggError
+from flower_vfl.io.writer import RoundWriter
 
 __all__ = ["VerticalADMMStrategy", "PartyRefused", "PartyFailed", "PartyLost", "ReplyError", "ResumeRefused",
            "DEFAULT_MAX_RELEASE"]
@@ -124,7 +125,16 @@ class VerticalADMMStrategy(Strategy):
         releases and this node decodes only their sum. Needs stragglers='wait', no resume, at
         least 2 parties in every phase; Anderson acceleration is turned off (it needs each
         party's release); a party back without its state cannot be re-synchronized (refused).
+
+    Every round's checkpoint (``state_dir``) is written by ``writer``
+    (:class:`~flower_vfl.io.writer.RoundWriter`) in a thread while the parties compute the next
+    round; a ``progress`` callback may hand its own per-round files to ``writer.submit`` (as a
+    snapshot) to be written after the checkpoint. The run waits for them before the next round's
+    writes, at its end and when it fails; ``write_inline = True`` writes them in line.
     """
+
+    #: True: the per-round checkpoint and report are written in line (benchmarks compare both)
+    write_inline = False
 
     def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", rho="auto", alpha=1.0,
                  variant="sharing", fit_intercept=True, max_rounds=DEFAULT_MAX_ROUNDS, tol=DEFAULT_TOL,
@@ -160,6 +170,8 @@ class VerticalADMMStrategy(Strategy):
             raise ValueError(f"stragglers={stragglers!r}; choose 'wait' or 'stale'")
         self.party_wait, self.stragglers, self.max_staleness = float(party_wait), stragglers, int(max_staleness)
         self.state_dir, self.resume = state_dir or None, resume or None
+        #: the per-round checkpoint and report: written in line until start() hands them to a thread
+        self.writer = RoundWriter(inline=True)
         self.party_keys = party_keys_from(party_keys, self.num_parties)
         self.max_release = float(max_release)
         if not self.max_release > 0:
@@ -502,22 +514,38 @@ class VerticalADMMStrategy(Strategy):
             begin = checkpointing.restore(self, self.resume, *ckpt)
             log(INFO, "resuming from %s after round %d", self.resume, begin[0])
         rounds = FlowerRounds(self, grid)
+        self.writer = RoundWriter(inline=self.write_inline)
         try:
             rounds.resync(range(self.num_parties))    # parties back without state: their x_m first
             self.driver.run(rounds, start=begin, t0=t0, on_round=self._on_round, on_warm_start=self._on_warm_start)
+            self.writer.close()                      # the last round's checkpoint and report are on disk
             if self.t_test is not None:
                 vertical_outcome.warn_if_dp_hurts(self)
         except (PartyRefused, PartyLost, PartyFailed, ReplyError, ResumeRefused, PermissionError, SecAggError) as exc:
             # no model: the run fails (a refusal too: the rounds done are kept, never reported as a success)
+            self._close_writer()
             self.stopped_reason_, self.failed_ = str(exc), True
             log(ERROR, "stopping after round %d (checkpoint: %s): %s", len(self.history_),
                 self.state_dir or "none, set state-dir or out-dir", exc)
             vertical_outcome.finish(self, t0)
             raise
+        except BaseException:
+            self._close_writer()
+            raise
         vertical_outcome.finish(self, t0)
         return vertical_outcome.flower_result(self)
 
+    def _close_writer(self) -> None:
+        """The run is failing: the writes of the rounds done still reach the disk (their own
+        error is logged: the run's error is the one to see)."""
+        err = self.writer.close(raising=False)
+        if err is not None:
+            log(WARNING, "%s", err)
+
     def _on_round(self, k, row, i_phase, j, stopped) -> None:
+        # round k-1's checkpoint and report were written while the parties computed round k
+        # (io/writer.py): wait for them (their disk error stops the run here), then hand over k's
+        self.writer.wait()
         checkpointing.save(self, k, i_phase, j, stopped)
         if self.progress is not None:
             self.progress(k, row)
