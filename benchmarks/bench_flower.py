@@ -44,6 +44,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 NOOP_APP = Path(__file__).resolve().parent / "flower_noop"
 RESULTS = Path(__file__).resolve().parent / "results"
+#: the simulation's client-resources-num-cpus (--client-cpus; 0: Flower's default of 2)
+CLIENT_CPUS = 0
 A9A_DIR = Path(os.environ.get("A9A_DIR", "/work/shared/data/a9a"))
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -119,7 +121,8 @@ class SuperLink:
         raise RuntimeError("flower-superlink did not open its port")
 
     def flwr_run(self, app_dir: Path, run_config: str, log: Path, timeout=1200.0) -> float:
-        cmd = ["flwr", "run", str(app_dir), "bench", "--stream", "--federation-config", "num-supernodes=2",
+        fed = "num-supernodes=2" + (f" client-resources-num-cpus={CLIENT_CPUS}" if CLIENT_CPUS else "")
+        cmd = ["flwr", "run", str(app_dir), "bench", "--stream", "--federation-config", fed,
                "--run-config", run_config]
         t = time.perf_counter()
         with open(log, "w") as fh:
@@ -261,7 +264,12 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3, help="repetitions of (in process, our app, no-op app)")
     ap.add_argument("--out", default=str(RESULTS / "bench_flower.json"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary run directory (logs)")
+    ap.add_argument("--client-cpus", type=int, default=0,
+                    help="the simulation's client-resources-num-cpus for both apps (0: Flower's default, 2: "
+                         "one Ray actor on 2 cores runs the two parties one after the other; 1: two actors)")
     args = ap.parse_args(argv)
+    global CLIENT_CPUS
+    CLIENT_CPUS = args.client_cpus
     if shutil.which("flwr") is None or shutil.which("flower-superlink") is None:
         sys.exit("the flwr CLI is not on PATH")
     if not (A9A_DIR / "a9a").is_file():

@@ -45,6 +45,7 @@ def cli_import_s() -> float:
 
 def one_job(rounds: int, poll: float) -> dict:
     from flower_vfl.cli.app import app_dir
+    from flower_vfl.cli.commands import simulation_federation
     from flower_vfl.deploy import local
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-startup-"))
@@ -56,7 +57,7 @@ def one_job(rounds: int, poll: float) -> dict:
         with local.simulation_superlink(workdir, {"FLOWER_VFL_NODE_CONFIG": str(workdir / "node-config.json")},
                                         command="bench-startup") as link:
             stamps["superlink"] = time.monotonic()
-            run_id = local.submit(app_dir(), link.connection, rc, link.env, federation_config="num-supernodes=2")
+            run_id = local.submit(app_dir(), link.connection, rc, link.env, federation_config=simulation_federation(2))
             stamps["submitted"] = time.monotonic()
 
             def on_line(line):

@@ -285,6 +285,15 @@ def print_privacy_summary(reports):
 SIMULATE_ATTEMPTS = 3
 
 
+def simulation_federation(num_parties: int) -> str:
+    """The simulation's federation config: ``num_parties`` SuperNodes and one ClientApp CPU, with Ray
+    given ``min(cores, parties)`` CPUs, so up to that many Ray actors run the parties' x-updates of a
+    round side by side (Flower's default of 2 CPUs a ClientApp runs them one after the other on a
+    2-core machine: docs/benchmarks.md, "Flower per-round vs round trip")."""
+    cpus = max(1, min(os.cpu_count() or 1, int(num_parties)))
+    return f"num-supernodes={num_parties} client-resources-num-cpus=1 init-args-num-cpus={cpus}"
+
+
 def cmd_simulate(args):
     rc = _run_config(args)
     if rc.get("mode") == "predict" and not getattr(args, "party", None):
@@ -321,11 +330,12 @@ def cmd_simulate(args):
     # The Flower app is the one shipped in the package (flower_vfl.cli.app): any working folder
     run_config = " ".join(items).replace('"', "'")
     app = app_dir()
-    print(f"flwr run {app} --federation-config num-supernodes={num_parties} --run-config \"{run_config}\"")
+    federation = simulation_federation(num_parties)
+    print(f"flwr run {app} --federation-config \"{federation}\" --run-config \"{run_config}\"")
     for attempt in range(1, SIMULATE_ATTEMPTS + 1):
         with local.simulation_superlink(workdir, {"FLOWER_VFL_NODE_CONFIG": str(path)}) as link:
             run_id = local.submit(app, link.connection, run_config, link.env,
-                                  federation_config=f"num-supernodes={num_parties}")
+                                  federation_config=federation)
             # the log's lines on stdout as they come, the rounds' bar under them on stderr
             with local.RoundProgress(_max_rounds(rc), echo=sys.stdout) as progress:
                 record = local.wait_run(run_id, link.connection, link.env, workdir / "logs" / "run.log",
