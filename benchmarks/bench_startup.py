@@ -43,7 +43,7 @@ def cli_import_s() -> float:
     return time.monotonic() - t
 
 
-def one_job(rounds: int, poll: float) -> dict:
+def one_job(rounds: int, poll: float, timeline: list | None = None) -> dict:
     from flower_vfl.cli.app import app_dir
     from flower_vfl.cli.commands import simulation_federation
     from flower_vfl.deploy import local
@@ -62,6 +62,8 @@ def one_job(rounds: int, poll: float) -> dict:
 
             def on_line(line):
                 now = time.monotonic()
+                if timeline is not None:
+                    timeline.append((round(now - stamps["submitted"], 2), line.rstrip()[:160]))
                 stamps.setdefault("first_line", now)
                 if "round_1" not in stamps and ROUND_1.search(line):
                     stamps["round_1"] = now
@@ -95,14 +97,20 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=50, help="max-rounds (the README's main job: 50)")
     ap.add_argument("--poll", type=float, default=2.0, help="flwr ls status poll (the CLI's: 2 s)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_startup.json"))
+    ap.add_argument("--timeline", action="store_true",
+                    help="print every log line of the last job with its arrival time after the submit")
     args = ap.parse_args(argv)
     import os
     rows = []
     for i in range(args.repeats):
         load0 = os.getloadavg()[0]
-        row = {"cli_import_s": round(cli_import_s(), 3), **one_job(args.rounds, args.poll), "load": round(load0, 1)}
+        timeline = [] if args.timeline else None
+        row = {"cli_import_s": round(cli_import_s(), 3), **one_job(args.rounds, args.poll, timeline),
+               "load": round(load0, 1)}
         rows.append(row)
         print(json.dumps(row), flush=True)
+    for t, line in timeline or []:
+        print(f"{t:7.2f}  {line}")
     keys = [k for k in rows[0] if k.endswith("_s")]
     summary = {k: {"min": min(r[k] for r in rows), "median": statistics.median(r[k] for r in rows)} for k in keys}
     print("step                    min      median (s)")
