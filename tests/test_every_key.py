@@ -33,6 +33,7 @@ CHANGED = {
     "psi-fpr": 1e-6, "predictions-path": "/tmp/p.csv", "data-dir": "/tmp/d", "out-dir": "/tmp/o",
     "id-column": "uid", "label-column": "y", "preprocess": "standardize", "psi-max-asked": 2.0,
     "run-config": "lam=0.5", "max-release": 10.0, "secagg": "true", "route": "stacked-ssp",
+    "wire-dtype": "float32",
 }
 
 

@@ -63,6 +63,7 @@ def make_strategy(run_config, y=None, y_test=None, ids=None) -> VerticalADMMStra
                                 penalty=str(get("penalty")),   # acceleration is on only where the engine's is
                                 acceleration=str(get("acceleration")),
                                 secagg=bool(get("secagg")),     # secure aggregation (docs/secagg.md)
+                                wire_dtype=str(get("wire-dtype")),  # the N-vectors' dtype on the wire
                                 # the parties' settings that define the run too (checkpoint record)
                                 run_settings={"lam": float(get("lam")), "x-solver": str(get("x-solver")),
                                               "dataset": "" if get("labels-path") else str(get("dataset"))})

@@ -16,7 +16,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict, ArrayRecord, Array, MetricRecord
 import numpy as np
 
-from flower_vfl.privacy.boundary import MAX_OUTPUTS, InvalidMessage, Refused, parse_count, parse_flag, parse_round
+from flower_vfl.privacy.boundary import MAX_OUTPUTS, InvalidMessage, Refused, parse_count, parse_flag, parse_round, to_wire
 from flower_vfl.secagg.errors import SecAggError
 
 __all__ = ["PartyClient", "STATE_META"]
@@ -177,7 +177,7 @@ class PartyClient:
         meta["n_outputs"] = n_out
         self._after_train(context)
         context.state[STATE_META] = ConfigRecord(meta)
-        return self._reply(msg, {"s": s}, inputs.round)
+        return self._reply(msg, {"s": s}, inputs.round, inputs.wire)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
         """Held-out scores D_test x_m (a private party's: from its released x~)."""
@@ -199,14 +199,15 @@ class PartyClient:
             return self._refusal(msg, exc)
         except SecAggError as exc:
             return self._refusal(msg, exc)
-        return self._reply(msg, {"s_test": s_test}, inputs.round)
+        return self._reply(msg, {"s_test": s_test}, inputs.round, inputs.wire)
 
     # ----------------------------------------------------------------- replies
-    def _reply(self, msg, vectors, rnd):
+    def _reply(self, msg, vectors, rnd, wire="float64"):
         content = RecordDict({
-            # a masked release (secure aggregation) stays uint64 in Z_2^64; a plain one is float64
+            # a masked release (secure aggregation) stays uint64 in Z_2^64; a plain one travels in
+            # the message's wire dtype (float64, or float32: rounded after any noise was added)
             "release": ArrayRecord({k: Array(v if isinstance(v, np.ndarray) and v.dtype == np.uint64
-                                             else np.asarray(v, dtype=float)) for k, v in vectors.items()}),
+                                             else to_wire(v, wire)) for k, v in vectors.items()}),
             "meta": MetricRecord({"party": self.party_id, "round": rnd}),
         })
         self._reply_extra(content, refusal=False)

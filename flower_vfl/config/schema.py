@@ -145,6 +145,10 @@ SCHEMA: dict[str, Key] = dict([
     _k("max-staleness", int, 5, "run", "stragglers='stale': most consecutive rounds a party's last "
                                        "release may stand in for it", lo=1, hi=1000),
     _k("max-release", float, 1e6, "run", "the largest absolute value the label owner accepts in a party's release (s_m, test scores); beyond it the reply is refused naming the party", lo=0.0, lo_open=True),
+    _k("wire-dtype", str, "float64", "run", "dtype of the N-vectors on the wire, both ways: 'float64' (exact) or "
+                                            "'float32' (half the bytes; rounded once after any noise, upcast to "
+                                            "float64 on receipt; docs/benchmarks.md, issue 24 item 4)",
+       choices=("float64", "float32")),
     _k("resume", str, "", "run", "a state folder of an earlier run: continue it from its last checkpoint"),
     _k("party-keys", str, "", "run", "JSON file mapping party -> SHA-256 fingerprint of the SuperNode "
                                      "auth public key allowed to serve it ('' = no binding)"),

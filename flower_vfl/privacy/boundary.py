@@ -22,7 +22,7 @@ import numpy as np
 from flower_vfl.errors import UserError
 
 __all__ = ["InvalidMessage", "Refused", "RoundInputs", "inputs_hash", "parse_count", "parse_flag", "parse_round",
-           "PROTOCOL_RANGES", "MAX_OUTPUTS"]
+           "parse_wire_dtype", "to_wire", "PROTOCOL_RANGES", "MAX_OUTPUTS", "WIRE_DTYPES", "WIRE_FIELD"]
 
 #: the most score columns (classes K) a party builds an x-update for
 MAX_OUTPUTS = 1000
@@ -30,6 +30,15 @@ MAX_OUTPUTS = 1000
 #: scalars the protocol uses (docs/privacy.md, "Trust model"): rho > 0 finite; theta is the
 #: sharing damping 1/M .. 1; alpha is Boyd's over-relaxation in (0, 2)
 PROTOCOL_RANGES = {"rho": (0.0, math.inf), "theta": (0.0, 1.0), "alpha": (0.0, 2.0)}
+
+#: the dtypes N-vectors travel in (run config ``wire-dtype``), both ways: float64 (exact) or
+#: float32 (half the bytes; each value rounded once, to 24 significant bits). What arrives is
+#: upcast to float64 before any use; anything else is refused. The codec of both ends: the
+#: central node's :func:`flower_vfl.strategies.exchange.wire_content` and a party's
+#: :func:`parse_round` / ``PartyClient._reply``, both through :func:`to_wire`.
+WIRE_DTYPES = ("float64", "float32")
+#: the config field telling a party in which dtype to reply (absent: float64)
+WIRE_FIELD = "wire_dtype"
 
 
 class Refused(UserError, RuntimeError):
@@ -59,6 +68,8 @@ class RoundInputs:
     q: np.ndarray | None
     y: np.ndarray | None
     final_update: bool
+    #: the dtype the party replies in (:data:`WIRE_DTYPES`)
+    wire: str = "float64"
 
 
 def _who(party) -> str:
@@ -92,9 +103,9 @@ def _vector(vectors, key, n_rows, n_outputs, party):
         a = rec.numpy() if hasattr(rec, "numpy") else np.asarray(rec)
     except Exception as exc:  # an Array that does not decode
         raise InvalidMessage(f"party {party}: vectors[{key!r}] does not decode: {exc}", field=f"vectors.{key}") from None
-    if a.dtype.kind not in "fiu":
-        raise InvalidMessage(f"party {party}: vectors[{key!r}] has dtype {a.dtype}; expected float64",
-                             field=f"vectors.{key}")
+    if a.dtype not in (np.float64, np.float32):
+        raise InvalidMessage(f"party {party}: vectors[{key!r}] has dtype {a.dtype}; expected float64 or float32 "
+                             "(the wire dtypes); refused, nothing charged", field=f"vectors.{key}")
     want = (n_rows,) if n_outputs == 1 else (n_rows, n_outputs)
     if a.shape != want:
         raise InvalidMessage(f"party {party}: vectors[{key!r}] has shape {a.shape}; this party holds "
@@ -104,6 +115,25 @@ def _vector(vectors, key, n_rows, n_outputs, party):
         raise InvalidMessage(f"party {party}: vectors[{key!r}] holds {int((~np.isfinite(a)).sum())} NaN/inf "
                              "entries; refused, nothing charged", field=f"vectors.{key}")
     return a
+
+
+def parse_wire_dtype(cfg, party) -> str:
+    """``cfg['wire_dtype']``: the dtype this party's reply travels in (absent: float64); anything but
+    one of :data:`WIRE_DTYPES` is refused, naming the key."""
+    v = cfg.get(WIRE_FIELD, "float64") if hasattr(cfg, "get") else "float64"
+    if not isinstance(v, str) or v not in WIRE_DTYPES:
+        raise InvalidMessage(f"{_who(party)}: config[{WIRE_FIELD!r}]={v!r} is not a wire dtype; expected one of "
+                             f"{', '.join(map(repr, WIRE_DTYPES))}; refused, nothing charged",
+                             field=f"config.{WIRE_FIELD}")
+    return v
+
+
+def to_wire(a, wire: str = "float64") -> np.ndarray:
+    """The float vector ``a`` as it travels: float64, or float32 (one rounding; values are
+    computed, and a private party's noise added, in float64 before: the cast is post-processing)."""
+    if wire not in WIRE_DTYPES:
+        raise ValueError(f"wire dtype {wire!r}: expected one of {WIRE_DTYPES}")
+    return np.asarray(a, dtype=np.float32 if wire == "float32" else np.float64)
 
 
 def parse_flag(cfg, key, party) -> bool:
@@ -150,12 +180,13 @@ def parse_round(content, *, n_rows: int, party, needs_vectors: bool, n_outputs: 
     theta = _scalar(cfg, "theta", *PROTOCOL_RANGES["theta"], party)
     alpha = _scalar(cfg, "alpha", *PROTOCOL_RANGES["alpha"], party, open_hi=True)
     final = parse_flag(cfg, "final_update", party)
+    wire = parse_wire_dtype(cfg, party)
     q = y = None
     if needs_vectors:
         vectors = _field(content, "vectors", "message")
         q = _vector(vectors, "q", n_rows, n_outputs, party)
         y = _vector(vectors, "y", n_rows, n_outputs, party)
-    return RoundInputs(int(rnd), rho, alpha, theta, q, y, final)
+    return RoundInputs(int(rnd), rho, alpha, theta, q, y, final, wire)
 
 
 def inputs_hash(run, kind: str, inputs: RoundInputs) -> str:

@@ -45,6 +45,8 @@ def run_record(st) -> dict:
            "adaptive_rho": bool(st.adaptive_rho), "acceleration": str(st.acceleration),
            "penalty": str(st.penalty), "constraint": None if st.constraint is None else repr(st.constraint),
            "label-epsilon": float(st.label_epsilon or 0.0), "stragglers": st.stragglers}
+    if getattr(st, "wire_dtype", "float64") != "float64":    # float32 on the wire rounds the iterates
+        rec["wire-dtype"] = st.wire_dtype
     rec.update({k: v for k, v in (st.run_settings or {}).items()})
     return to_jsonable(rec)
 

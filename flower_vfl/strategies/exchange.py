@@ -21,6 +21,10 @@ Every central-node path uses it: vertical ADMM training and evaluation
   party's handler raised) is final: :class:`PartyFailed`.
 - **Check.** A release is read with :func:`check_release` (record, key, dtype, shape, finite)
   before it can touch the central node's state.
+- **Wire dtype.** With :attr:`Exchange.wire_dtype` = ``'float32'`` (run config ``wire-dtype``) every
+  request's ``vectors`` travel as float32 and its ``config`` asks the party to reply in float32
+  (:func:`wire_content`); a release arrives float32 or float64 and is upcast to float64 by
+  :func:`check_release`. ``'float64'`` (the default) sends every message unchanged.
 
 API, for a new path (e.g. secure aggregation): build an :class:`Exchange` over the Grid, call
 :meth:`Exchange.identify` once with the query that makes a node claim its index, then
@@ -40,14 +44,15 @@ from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from flower_vfl.errors import UserError
+from flower_vfl.privacy.boundary import WIRE_DTYPES, WIRE_FIELD, to_wire
 
 __all__ = ["Exchange", "ReplyError", "PartyFailed", "PartyLost", "PartyRefused", "keep_report", "LOST_CODES", "check_release", "claim", "identity_record",
-           "key_fingerprint", "load_party_keys", "message_key", "send_and_receive"]
+           "key_fingerprint", "load_party_keys", "message_key", "send_and_receive", "wire_content", "WIRE_DTYPES"]
 
 #: error codes meaning "the node or its message went away" (a restarted SuperNode can take over);
 #: any other error reply (the party's handler raised, e.g. it refused an invalid message) is final
@@ -122,8 +127,24 @@ def send_and_receive(grid, messages, timeout, stop=None) -> list:
         wait = min(wait * 1.5, cap)
     if os.environ.get(TIMING_ENV):
         _timing_line({"who": "server", "t_push": t0, "t_pushed": t_pushed, "t_done": time.time(),
-                      "messages": n, "replies": len(out), "pulls": pulls})
+                      "messages": n, "replies": len(out), "pulls": pulls, **_sizes(messages, out)})
     return out
+
+
+def _sizes(messages, replies) -> dict:
+    """For the timing line (benchmarks): the message types and the serialized array bytes
+    (``Array.data``: the values and a ~128-byte header each) sent to / received from each node."""
+    def nbytes(msg) -> int:
+        try:
+            return sum(len(rec[k].data) for rec in msg.content.array_records.values() for k in rec)
+        except Exception:          # an error reply has no content
+            return 0
+    try:
+        return {"type": sorted({m.metadata.message_type for m in messages}),
+                "array_bytes_out": {str(m.metadata.dst_node_id): nbytes(m) for m in messages},
+                "array_bytes_in": {str(m.metadata.src_node_id): nbytes(m) for m in replies}}
+    except AttributeError:         # not Flower messages (a test's stand-ins)
+        return {}
 
 
 def _timing_line(rec: dict) -> None:
@@ -151,8 +172,8 @@ def check_release(rep: Message, party: int, key: str, shape: tuple, what: str,
         v = rec[key].numpy()
     except Exception as exc:          # a record that does not deserialize
         raise ReplyError(f"{where} is not a readable array: {exc}") from None
-    if v.dtype.kind != "f":
-        raise ReplyError(f"{where} has dtype {v.dtype}; expected float64")
+    if v.dtype not in (np.float64, np.float32):
+        raise ReplyError(f"{where} has dtype {v.dtype}; expected float64 or float32 (the wire dtypes)")
     if v.shape != tuple(shape):
         raise ReplyError(f"{where} has shape {v.shape}; expected {tuple(shape)} (one value per aligned row)")
     if not np.all(np.isfinite(v)):
@@ -168,6 +189,28 @@ def check_release(rep: Message, party: int, key: str, shape: tuple, what: str,
     return np.asarray(v, dtype=np.float64)
 
 
+
+def wire_content(content: RecordDict, wire: str) -> RecordDict:
+    """``content`` as it travels in wire dtype ``wire``: ``float64`` returns it unchanged; ``float32``
+    a new RecordDict whose ``vectors`` floating arrays are float32 (one rounding of the float64
+    values the central node holds) and whose ``config`` tells the party to reply in float32
+    (``config['wire_dtype']``). Every other record is the same object."""
+    if wire not in WIRE_DTYPES:
+        raise ValueError(f"run config key 'wire-dtype'={wire!r}: expected one of {WIRE_DTYPES}")
+    if wire == "float64" or "config" not in content.config_records:
+        return content
+    out = {}
+    for name, rec in content.items():
+        if name == "vectors" and name in content.array_records:
+            arrays = {}
+            for key in rec:
+                a = rec[key].numpy()
+                arrays[key] = Array(to_wire(a, wire)) if a.dtype.kind == "f" else rec[key]
+            rec = ArrayRecord(arrays)
+        elif name == "config" and name in content.config_records:
+            rec = ConfigRecord({**dict(rec), WIRE_FIELD: wire})
+        out[name] = rec
+    return RecordDict(out)
 
 
 def keep_report(rep: Message, party: int, reports: dict, what: str = "") -> None:
@@ -283,6 +326,8 @@ class Exchange:
         self._query = None                   # (message_type, content, read, what) of identify
         self._sent: dict[str, int] = {}      # message id -> party, of the last exchange
         self._losses: tuple[str, dict[int, int]] = ("", {})   # (request, party -> times lost on it)
+        #: the dtype N-vectors travel in (:func:`wire_content`; run config ``wire-dtype``)
+        self.wire_dtype = "float64"
 
     # ------------------------------------------------------------------ identify
     def node_of(self) -> dict[int, int]:
@@ -552,7 +597,7 @@ class Exchange:
         losses = self._losses[1]
         while pending:
             node_of = self.node_of()
-            requests = {p: make(p, node_of[p]) for p in sorted(pending) if p in node_of}
+            requests = self._wired({p: make(p, node_of[p]) for p in sorted(pending) if p in node_of})
             ok, lost, gone = self.collect(requests, what)
             lost.update({p: "no node serves it" for p in pending if p not in node_of})
             got.update(ok)
@@ -580,6 +625,22 @@ class Exchange:
                                           f"{self.party_wait:g} s ({lost[p]})" for p in sorted(still)))
             pending = set(lost)
         return (got, {}) if stale_ok else got
+
+    def _wired(self, requests: dict[int, Message]) -> dict[int, Message]:
+        """``requests`` in :attr:`wire_dtype` (:func:`wire_content`; a content shared by several
+        parties is converted once)."""
+        if self.wire_dtype == "float64":
+            return requests
+        done: dict[int, tuple] = {}
+        out = {}
+        for p, msg in requests.items():
+            key = id(msg.content)
+            if key not in done:
+                done[key] = (msg.content, wire_content(msg.content, self.wire_dtype))
+            content = done[key][1]
+            out[p] = msg if content is msg.content else Message(
+                content, dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type)
+        return out
 
     def party_of(self, reply: Message) -> int:
         """The party a reply of the last exchange answers (by ``reply_to_message_id``)."""

@@ -36,7 +36,7 @@ from flower_vfl.core.validation import check_params
 from flower_vfl.core.scoring import combine
 from flower_vfl.strategies import checkpointing, vertical_outcome
 from flower_vfl.strategies.checkpointing import ResumeRefused, replay_q
-from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, PartyRefused,  # noqa: F401 (re-exported)
+from flower_vfl.strategies.exchange import (WIRE_DTYPES, Exchange, PartyFailed, PartyLost, PartyRefused,  # noqa: F401 (re-exported)
                                             ReplyError, check_release, keep_report, party_keys_from)
 from flower_vfl.strategies.vertical_rounds import FlowerRounds, check_penalty, read_identity
 from flower_vfl.secagg import SecAggError
@@ -120,6 +120,9 @@ class VerticalADMMStrategy(Strategy):
     progress : callable(round, row) or None, default=None
         Called after every round with its history row (the ServerApp logs it and rewrites
         its report).
+    wire_dtype : {'float64', 'float32'}, default='float64'
+        The dtype the N-vectors travel in, both ways (run config ``wire-dtype``): float32 halves
+        the bytes (one rounding, after any noise; upcast to float64 on receipt).
     secagg : bool, default=False
         Secure aggregation (run config ``secagg``; docs/secagg.md): the parties mask their
         releases and this node decodes only their sum. Needs stragglers='wait', no resume, at
@@ -142,7 +145,7 @@ class VerticalADMMStrategy(Strategy):
                  stragglers="wait", max_staleness=5, state_dir=None, resume=None, party_keys=None,
                  acceleration="auto", penalty="l2", constraint=None, label_epsilon=None, label_seed=None,
                  label_source=None, label_store=None, max_release=DEFAULT_MAX_RELEASE, run_settings=None,
-                 progress=None, secagg=False):
+                 progress=None, secagg=False, wire_dtype="float64"):
         check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
         if variant not in ("sharing", "paper"):
             raise ValueError(f"variant={variant!r}; choose 'sharing' or 'paper'")
@@ -174,6 +177,9 @@ class VerticalADMMStrategy(Strategy):
         self.writer = RoundWriter(inline=True)
         self.party_keys = party_keys_from(party_keys, self.num_parties)
         self.max_release = float(max_release)
+        if wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype={wire_dtype!r}; choose one of {list(WIRE_DTYPES)} (run config wire-dtype)")
+        self.wire_dtype = wire_dtype
         if not self.max_release > 0:
             raise ValueError(f"max_release={max_release!r}; expected a bound > 0 on |s_m|")
         self.run_settings = dict(run_settings or {})
@@ -277,6 +283,7 @@ class VerticalADMMStrategy(Strategy):
         self._resync, self._stateless = set(), set()
         self.exchange = Exchange(grid, self.num_parties, timeout=self.round_timeout, party_wait=self.party_wait,
                                  party_keys=self.party_keys, on_join=self._joined)
+        self.exchange.wire_dtype = self.wire_dtype
         self.exchange.identify("query.identify", RecordDict({"config": ConfigRecord({"want": "party"})}),
                                lambda nid, rep: read_identity(self, nid, rep))
         return self.node_to_party
