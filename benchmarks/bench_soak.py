@@ -63,6 +63,7 @@ def _proc(pid: int) -> dict | None:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         rss = next((int(x.split()[1]) for x in status.splitlines() if x.startswith("VmRSS:")), 0) / 1024
+        hwm = next((int(x.split()[1]) for x in status.splitlines() if x.startswith("VmHWM:")), 0) / 1024
         threads = next(int(x.split()[1]) for x in status.splitlines() if x.startswith("Threads:"))
         fds = len(os.listdir(f"/proc/{pid}/fd"))
         try:                             # proportional set size: shared pages split between sharers
@@ -71,7 +72,7 @@ def _proc(pid: int) -> dict | None:
         except (OSError, StopIteration):
             pss = rss
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        return {"rss_mb": rss, "pss_mb": pss, "threads": threads, "fds": fds,
+        return {"rss_mb": rss, "hwm_mb": hwm, "pss_mb": pss, "threads": threads, "fds": fds,
                 "cmd": " ".join(c.decode(errors="replace") for c in cmd[:4])[:160]}
     except (OSError, ValueError, StopIteration, IndexError):
         return None
@@ -107,12 +108,15 @@ def sample(procs) -> dict:
             forked["n"] += 1                     # a forked ClientApp (one per message)
             forked["rss_mb"] += info["rss_mb"]
             forked["pss_mb"] += info["pss_mb"]
+            # per executor: the largest peak RSS (VmHWM) of its ClientApps alive at this sample
+            mine = forked.setdefault("hwm_mb_by_exec", {})
+            mine[leader] = max(mine.get(leader, 0.0), info["hwm_mb"])
             continue
         else:
             role = f"child({leader})"
         if role in out:                          # two of one kind: keep them apart
             role = f"{role}#{pid}"
-        out[role] = {k: info[k] for k in ("rss_mb", "pss_mb", "threads", "fds")} | {"pid": pid}
+        out[role] = {k: info[k] for k in ("rss_mb", "hwm_mb", "pss_mb", "threads", "fds")} | {"pid": pid}
     return {"t": time.time(), "procs": out, "forked": forked,
             "total_rss_mb": sum(v["rss_mb"] for v in out.values()) + forked["rss_mb"],
             "total_pss_mb": sum(v["pss_mb"] for v in out.values()) + forked["pss_mb"]}
@@ -146,21 +150,29 @@ def sampled_run(job, sample, procs, out: Path, every: float):
     return samples, el, [b - a for a, b in zip(el[1:], el[2:])] if len(el) > 2 else [], t0
 
 
+def deploy_job(work: Path, parties: int, rc: dict, nodes: dict, procs, res: dict):
+    """The deployment (``deploy_local``: loopback, warm executor) as :func:`sampled_run`'s job:
+    its result, or its error as ``res['error']``, goes into ``res``."""
+    from flower_vfl.deploy.local import deploy_local
+
+    def job():
+        try:
+            res.update(deploy_local(work, parties, rc, node_configs=nodes, processes=procs, timeout=7200,
+                                    isolation="warm", app_dir=str(ROOT)))
+        except Exception as exc:         # reported by the caller
+            res["error"] = f"{type(exc).__name__}: {exc}"
+    return job
+
+
 def run_job(work: Path, parties: int, rounds: int, data_dir: str, every: float) -> dict:
-    from flower_vfl.deploy.local import Processes, deploy_local
+    from flower_vfl.deploy.local import Processes
     procs = Processes(work / "logs")
     out = work / "out"
     nodes = {m: {"state-dir": str(work / f"party{m}-state"), "data-dir": data_dir} for m in range(parties)}
     rc = {"dataset": "a9a", "num-parties": parties, "max-rounds": rounds, "tol": 0.0, "data-dir": data_dir,
           "out-dir": str(out)}
     res: dict = {}
-
-    def job():
-        try:
-            res.update(deploy_local(work, parties, rc, node_configs=nodes, processes=procs, timeout=7200,
-                                    isolation="warm", app_dir=str(ROOT)))
-        except Exception as exc:         # reported below
-            res["error"] = f"{type(exc).__name__}: {exc}"
+    job = deploy_job(work, parties, rc, nodes, procs, res)
     loads = []
 
     def one():
