@@ -6,7 +6,17 @@
   at the project's regularization (:func:`lam_to_C`), the horizontal lines of Figure 3.
 """
 from flower_vfl.baselines.sgd import SGDCentral, SGDParty, VerticalSGD, batch_indices, learning_rate
-from flower_vfl.baselines.sklearn_baselines import C_to_lam, centralized_logreg, lam_to_C, local_only_logreg, logreg_objective
+
+#: imported on first use (PEP 562): scikit-learn is ~1.3 s of imports that the Flower strategies
+#: (which import ``baselines.sgd`` through this package) never need (issue 24, item 5)
+_SKLEARN = ("C_to_lam", "centralized_logreg", "lam_to_C", "local_only_logreg", "logreg_objective")
 
 __all__ = ["VerticalSGD", "SGDParty", "SGDCentral", "batch_indices", "learning_rate", "lam_to_C",
            "C_to_lam", "centralized_logreg", "local_only_logreg", "logreg_objective"]
+
+
+def __getattr__(name):
+    if name in _SKLEARN:
+        from flower_vfl.baselines import sklearn_baselines
+        return getattr(sklearn_baselines, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

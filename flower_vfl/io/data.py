@@ -40,12 +40,11 @@ def load_all(name: str, data_dir: str | None = None):
     """(X_train, y_train, X_test, y_test); labels in {-1, +1}."""
     _check_name(name)
     if name == "breast_cancer":
-        from sklearn.model_selection import train_test_split
-
         from flower_vfl.io import Preprocessor
         t = _read_bundled("breast_cancer")              # a file with IDs, read like a party's export
         X, y = t.X, np.where(t.y == 1, 1.0, -1.0)
-        X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=0.25, random_state=0, stratify=y)
+        tr, te = _bundled_split(y)
+        X_tr, X_te, y_tr, y_te = X[tr], X[te], y[tr], y[te]
         scaler = Preprocessor("standardize").fit(X_tr, t.columns)   # fitted on the training rows
         return scaler.transform(X_tr), y_tr, scaler.transform(X_te), y_te
 
@@ -57,6 +56,33 @@ def load_all(name: str, data_dir: str | None = None):
                 "data-dir to the folder holding a9a and a9a.t")
     tr, te = (_read_bundled("a9a", p) for p in paths)     # LIBSVM + sidecar IDs, as a party's export
     return tr.X.tocsc(), tr.y.astype(float), te.X.tocsc(), te.y.astype(float)
+
+
+def _bundled_split(y):
+    """breast_cancer's train / test rows: scikit-learn's stratified ``train_test_split`` (test 25 %,
+    random_state 0), computed once and kept beside the bundled CSV (``breast_cancer.split.npz``,
+    checked against the labels), so that the processes of a run (the ServerApp, one ClientApp per
+    party) do not each import scikit-learn for it: ~0.7-1.3 s of a process's start-up (issue 24,
+    item 5)."""
+    import os
+    import tempfile
+    path = bundled_cache_dir() / "breast_cancer.split.npz"
+    if path.is_file():
+        try:
+            with np.load(path) as f:
+                tr, te, ys = f["train"], f["test"], f["y"]
+            if np.array_equal(ys, y) and tr.size + te.size == y.size:
+                return tr, te
+        except (OSError, KeyError, ValueError):
+            pass                                        # unreadable or stale: computed again
+    from sklearn.model_selection import train_test_split
+    tr, te = train_test_split(np.arange(y.size), test_size=0.25, random_state=0, stratify=y)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        np.savez(fh, train=tr, test=te, y=y)
+    os.replace(tmp, path)                               # atomic: concurrent readers see a whole file
+    return tr, te
 
 
 def source_files(name: str, data_dir=None) -> list[Path]:

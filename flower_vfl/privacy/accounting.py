@@ -44,11 +44,13 @@ import numbers
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.optimize
-import dp_accounting
-from dp_accounting.pld import PLDAccountant
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 __all__ = [
     "METHODS",
@@ -65,6 +67,14 @@ __all__ = [
     "epsilon_rdp",
     "noise_multiplier_rdp",
 ]
+
+
+def dpa():
+    """``dp_accounting``, imported on first use: with the scipy.stats it pulls in it is ~1 s of a
+    process's start-up, which a party or a central node without privacy never needs (issue 24,
+    item 5: the README's job starts a ClientApp per party)."""
+    import dp_accounting
+    return dp_accounting
 
 METHODS = ("paper", "exact", "pld", "rdp", "prv")
 _OPACUS_METHODS = ("rdp", "prv")
@@ -141,12 +151,12 @@ def composed_event(noise_multipliers: Iterable[float]) -> dp_accounting.DpEvent:
     """The dp-accounting event for a sequence of Gaussian releases (no subsampling)."""
     counts = Counter(float(z) for z in noise_multipliers)
     parts = [
-        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), n)
+        dpa().SelfComposedDpEvent(dpa().GaussianDpEvent(z), n)
         for z, n in sorted(counts.items())
     ]
     if len(parts) == 1:
         return parts[0]
-    return dp_accounting.ComposedDpEvent(parts)
+    return dpa().ComposedDpEvent(parts)
 
 
 # ----------------------------------------------------------------------------
@@ -178,7 +188,7 @@ def _eps_paper(zs: Sequence[float], delta: float) -> float:
 
 def _eps_exact(zs: Sequence[float], delta: float) -> float:
     z_eff = 1.0 / math.sqrt(sum(1.0 / (z * z) for z in zs))
-    return float(dp_accounting.get_epsilon_gaussian(z_eff, delta))
+    return float(dpa().get_epsilon_gaussian(z_eff, delta))
 
 
 def _eps_pld(zs: Sequence[float], delta: float) -> float:
@@ -294,10 +304,12 @@ def epsilon_for_events(events: Sequence[tuple[str, float]], delta: float, method
 def _eps_mixed(groups, delta: float) -> float:
     """PLD ε of ((mechanism, z), count) groups (cached: a ledger is re-checked on every release,
     and a refused request asks again about the same releases)."""
+    from dp_accounting.pld import PLDAccountant
+
     accountant = PLDAccountant(value_discretization_interval=pld_interval(groups))
     for (mech, z), n in groups:
-        ev = dp_accounting.LaplaceDpEvent(z) if mech == "laplace" else dp_accounting.GaussianDpEvent(z)
-        accountant.compose(dp_accounting.SelfComposedDpEvent(ev, n))
+        ev = dpa().LaplaceDpEvent(z) if mech == "laplace" else dpa().GaussianDpEvent(z)
+        accountant.compose(dpa().SelfComposedDpEvent(ev, n))
     return float(accountant.get_epsilon(delta))
 
 
@@ -325,7 +337,7 @@ def epsilon_spent(noise_multiplier, rounds, delta, method="exact") -> float:
     rounds = _check_rounds(rounds)
     delta = _check_delta(delta)
     if method in ("exact", "pld"):  # one Gaussian at z / sqrt(T) (module docstring)
-        return float(dp_accounting.get_epsilon_gaussian(z / math.sqrt(rounds), delta))
+        return float(dpa().get_epsilon_gaussian(z / math.sqrt(rounds), delta))
     return _EPSILON[method]([z] * rounds, delta)
 
 
@@ -412,7 +424,7 @@ def noise_multiplier_for(epsilon, delta, rounds, method="exact") -> float:
         z = _paper_noise_multiplier(epsilon, delta, rounds)
     else:
         # dp-accounting's own calibration for one Gaussian, scaled by sqrt(T)
-        z = float(dp_accounting.get_sigma_gaussian(epsilon, delta)) * math.sqrt(rounds)
+        z = float(dpa().get_sigma_gaussian(epsilon, delta)) * math.sqrt(rounds)
         if method not in ("exact", "pld"):        # "pld" of Gaussians is the closed form
             z = _invert(spent, epsilon, z)
     # Round towards privacy: never hand back a z that overspends the target.
@@ -445,7 +457,7 @@ def epsilon_rdp(events: Sequence[tuple[str, float]], delta: float) -> float:
     for (mech, z), n in sorted(Counter((str(m), _check_positive("noise_multiplier", z)) for m, z in events).items()):
         if mech not in MECHANISMS:
             raise ValueError(f"mechanism {mech!r} is not supported; accepted values: {MECHANISMS}")
-        ev = dp_accounting.LaplaceDpEvent(z) if mech == "laplace" else dp_accounting.GaussianDpEvent(z)
+        ev = dpa().LaplaceDpEvent(z) if mech == "laplace" else dpa().GaussianDpEvent(z)
         accountant.compose(ev, n)
     return float(accountant.get_epsilon(delta)) if events else 0.0
 
@@ -460,7 +472,7 @@ def noise_multiplier_rdp(epsilon, delta, rounds) -> float:
     def spent(z):
         return epsilon_rdp([("gaussian", z)] * rounds, delta)
 
-    lo = hi = float(dp_accounting.get_sigma_gaussian(epsilon, delta)) * math.sqrt(rounds)
+    lo = hi = float(dpa().get_sigma_gaussian(epsilon, delta)) * math.sqrt(rounds)
     while spent(hi) > epsilon:
         hi *= 1.5
     while spent(lo) <= epsilon:

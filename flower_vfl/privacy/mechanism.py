@@ -32,10 +32,15 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+from typing import TYPE_CHECKING
 
-import dp_accounting
 import numpy as np
 import scipy.linalg
+
+from flower_vfl.privacy.accounting import dpa
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 __all__ = ["FORMS", "KIND_CODES", "GaussianOutputMechanism"]
 
@@ -151,5 +156,5 @@ class GaussianOutputMechanism:
     def dp_event(self, sensitivity: float) -> dp_accounting.DpEvent:
         """What one release is: Gaussian at z = σ/C ("output"), or not private ("paper")."""
         if self.form == "paper":
-            return dp_accounting.NonPrivateDpEvent()
-        return dp_accounting.GaussianDpEvent(self.sigma / float(sensitivity))
+            return dpa().NonPrivateDpEvent()
+        return dpa().GaussianDpEvent(self.sigma / float(sensitivity))
