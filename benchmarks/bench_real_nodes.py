@@ -26,6 +26,10 @@ The split of our round comes from ``$FLOWER_VFL_TIMING`` (set here): the central
 - return: the ClientApp ended -> the central node has both replies (the SuperNode's reply poll,
   its push over TLS, the central node's pull poll).
 
+Each of our jobs after the first also gets a ``timeline_s``: the seconds after ``flwr run`` started at
+which ``flwr run`` returned, the streamed log showed each of :data:`MILESTONES`, the log stream ended
+and the status was read as finished (where the time outside the rounds goes).
+
 Delivery and return are Flower transport plus polling waits; the empty app's round trip is the
 same two without our compute.
 
@@ -101,13 +105,44 @@ def split_rounds(timing: list[dict], rounds: int) -> dict:
     return {k: _med([r[k] for r in rows if not np.isnan(r[k])]) for k in keys} | {"rounds_split": len(rows)}
 
 
+#: the milestones of a job's wall time (``timeline``): the first log line matching each, in order
+MILESTONES = (("first log line", r"."), ("strategy started", r"Starting VerticalADMMStrategy"),
+              ("parties identified", r"\bparties: \d+ -> node"), ("round 1 logged", r"\bround 1: train_loss="),
+              ("last round logged", None), ("final evaluation logged", r"\bfinal \(round \d+\)"))
+
+
+def timeline(stamps: list, submit_s: float, wall_s: float) -> dict:
+    """Seconds after ``flwr run`` started at which the job passed each milestone: ``flwr run``
+    returned (FAB built, uploaded, run id), each of :data:`MILESTONES` in the streamed log, and the
+    status read as finished (the wall time)."""
+    import re
+    out = {"flwr run returned": submit_s}
+    for name, pat in MILESTONES:
+        if pat is None:                                     # the last 'round k:' line
+            hits = [t for t, line in stamps if re.search(r"\bround \d+: train_loss=", line)]
+            out[name] = hits[-1] if hits else None
+        else:
+            out[name] = next((t for t, line in stamps if re.search(pat, line)), None)
+    out["status read as finished"] = wall_s
+    return out
+
+
 def run_job(procs, workdir: Path, env: dict, conn: str, app: Path, run_config: str, log: Path) -> dict:
     from flower_vfl.deploy.local import exit_code, submit, wait_run
 
     t0 = time.monotonic()
     run_id = submit(app, conn, run_config, env)
-    rec = wait_run(run_id, conn, env, log, timeout=1800, poll=0.5)
-    return {"run_id": run_id, "exit_code": exit_code(rec), "wall_s": time.monotonic() - t0, "status": rec.get("status")}
+    t_submit = time.monotonic() - t0
+    stamps: list = []
+    rec = wait_run(run_id, conn, env, log, timeout=1800, poll=0.5,
+                   on_line=lambda line: stamps.append((time.monotonic() - t0, line)))
+    wall = time.monotonic() - t0
+    tl = timeline(stamps, t_submit, wall)
+    if rec.get("stream_ended_at") is not None:      # the log stream ended (the run finished): then `flwr ls`
+        tl = {**{k: v for k, v in tl.items() if k != "status read as finished"},
+              "log stream ended": rec["stream_ended_at"] - t0, "status read as finished": wall}
+    return {"run_id": run_id, "exit_code": exit_code(rec), "wall_s": wall, "status": rec.get("status"),
+            "timeline_s": tl}
 
 
 def rounds_to_gap(gap: float, data_dir: str, cap: int = 300) -> tuple[int, float]:
@@ -196,6 +231,10 @@ def main(argv=None):
             ours.append({"s_per_round": _med(np.diff(el[1:]).tolist()) if len(el) > 2 else float("nan"),
                          "rounds": len(el), "exit_code": r["exit_code"], "job_wall_s": r["wall_s"],
                          "round1_end_s": el[0], "split_s": split})
+            if r.get("timeline_s"):
+                ours[-1]["timeline_s"] = r["timeline_s"]
+                print(f"pair {i + 1} ours, s after `flwr run` started: "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in r["timeline_s"].items() if v is not None), flush=True)
             if f_star is not None:
                 ours[-1]["final_gap"] = (rep["rounds"][-1]["objective"] - f_star) / abs(f_star)
                 print(f"pair {i + 1} ours: gap {ours[-1]['final_gap']:.3g} after {len(el)} rounds, "

@@ -61,3 +61,69 @@ def test_baselines_still_export_the_sklearn_helpers(name):
     assert getattr(b, name) is getattr(sklearn_baselines, name)
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         b.nope
+
+
+def _tiny_a9a(folder, rows=(("+1", "3:1 70:1"), ("-1", "5:1 123:1"), ("-1", "1:1"))):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("a9a", "a9a.t"):
+        (folder / name).write_text("".join(f"{y} {x}\n" for y, x in rows))
+    return folder
+
+
+def test_a9a_labels_cached_for_the_label_owner(tmp_path, monkeypatch):
+    # the ServerApp needs only the labels: parsed once (load_all's parse), then read without the
+    # LIBSVM reader (scikit-learn) and without X; a changed file is parsed again
+    from flower_vfl.io import data
+    monkeypatch.setenv("FLOWER_VFL_CACHE", str(tmp_path / "cache"))
+    d = _tiny_a9a(tmp_path / "a9a")
+    y, yt = data.labels("a9a", str(d))
+    np.testing.assert_array_equal(y, [1.0, -1.0, -1.0])
+    _, y0, _, yt0 = data.load_all("a9a", str(d))
+    assert y.dtype == y0.dtype and np.array_equal(y, y0) and np.array_equal(yt, yt0)
+    assert len(list((tmp_path / "cache").glob("a9a.labels.*.npz"))) == 1
+    code = (f"from flower_vfl.io.data import labels\ny, yt = labels('a9a', {str(d)!r})\n"
+            "assert list(y) == [1.0, -1.0, -1.0], y")
+    env_cache = tmp_path / "cache"
+    probe = code + f"\nimport sys\nprint('loaded:' + ','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True, text=True, check=True,
+                         env={"FLOWER_VFL_CACHE": str(env_cache), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                         timeout=120)
+    assert out.stdout.splitlines()[-1] == "loaded:"
+    import os
+    _tiny_a9a(d, rows=(("-1", "3:1"), ("+1", "5:1"), ("+1", "2:1")))       # the file changed
+    st = (d / "a9a").stat()
+    os.utime(d / "a9a", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    np.testing.assert_array_equal(data.labels("a9a", str(d))[0], [-1.0, 1.0, 1.0])
+    for f in (tmp_path / "cache").glob("a9a.labels.*.npz"):
+        f.write_bytes(b"torn")                                                 # unreadable: parsed again
+    np.testing.assert_array_equal(data.labels("a9a", str(d))[0], [-1.0, 1.0, 1.0])
+    with pytest.raises(FileNotFoundError, match="a9a data file not found: .*nowhere/a9a. Set the node-config"):
+        data.labels("a9a", str(tmp_path / "nowhere"))
+
+
+def test_warm_plots_leaves_nothing_and_changes_no_pixel(tmp_path, monkeypatch):
+    # the ServerApp draws a throwaway run while the rounds run (apps/server.warm_plots_thread): the
+    # real run.png must be byte for byte what it is without the warm-up, and no folder is left
+    import tempfile
+
+    from flower_vfl.reporting import plots
+    from flower_vfl.reporting.report import write_report
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    hist = [{"round": k, "train_loss": 1.0 / k, "objective": 1.0 / k, "primal_residual": 2.0 / k,
+             "dual_residual": 0.5 / k, "parties": 2, "elapsed_s": 0.1 * k} for k in range(1, 8)]
+    write_report(tmp_path / "run", {"dataset": "a9a"}, hist, {"rounds": 7, "test_loss": 0.3, "test_accuracy": 0.8,
+                                                             "wall_time_s": 1.0}, plot=False)
+    cold = plots.plot_run(tmp_path / "run", tmp_path / "cold.png").read_bytes()
+    plots.warm_plots()
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert plots.plot_run(tmp_path / "run", tmp_path / "warm.png").read_bytes() == cold
+
+
+def test_server_starts_the_warm_up_only_when_it_writes_outputs(tmp_path):
+    from flower_vfl.apps.server import _join, warm_plots_thread
+    assert warm_plots_thread({"out-dir": ""}) is None
+    t = warm_plots_thread({"out-dir": str(tmp_path)})
+    assert t.daemon and t.name == "flower-vfl-warm-plots"
+    _join(t)
+    assert not t.is_alive()

@@ -210,6 +210,7 @@ def main(grid: Grid, context: Context) -> None:
     else:
         cfg = parse_run_config(context.run_config)
         strategy = make_strategy(context.run_config)
+        warm = warm_plots_thread(context.run_config)
 
         def progress(k, row):
             if isinstance(strategy, StackedSSPStrategy):      # one exchange, no ADMM residuals
@@ -233,11 +234,32 @@ def main(grid: Grid, context: Context) -> None:
                            timeout=float(cfg["round-timeout"]))
         except Exception as exc:      # keep what was done, then fail the run (non-zero status)
             try:
+                _join(warm)
                 write_outputs(strategy, context.run_config,
                               dict(strategy.final_ or {"rounds": len(strategy.history_)}, failed=True,
                                    error=f"{type(exc).__name__}: {exc}"))
             except DiskError as disk:  # the disk that failed the run: the run's own error is the one to see
                 log(WARNING, "%s", disk)
             raise
+        _join(warm)
     log_final(strategy)
     write_outputs(strategy, context.run_config)
+
+
+def warm_plots_thread(run_config):
+    """A daemon thread drawing a throwaway run (:func:`flower_vfl.reporting.plots.warm_plots`) while
+    the rounds run, when the run writes its outputs (out-dir): its last write then does not pay
+    matplotlib's import and first figure. Join it (:func:`_join`) before any write that plots."""
+    if not run_setting("out-dir", run_config):
+        return None
+    import threading
+
+    from flower_vfl.reporting.plots import warm_plots
+    t = threading.Thread(target=warm_plots, name="flower-vfl-warm-plots", daemon=True)
+    t.start()
+    return t
+
+
+def _join(thread) -> None:
+    if thread is not None:
+        thread.join()

@@ -421,12 +421,15 @@ def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0, e
         # the log stream ends with the run: Flower is asked for the status (a `flwr ls` process,
         # ~1 s of CPU) when it ends, and meanwhile only every STATUS_EVERY_S (`poll` s once the
         # stream is gone: it may also end early, e.g. with a lost connection)
+        stream_end = None
         while True:
             if streamer.poll() is None:
                 try:
                     streamer.wait(timeout=max(0.0, min(STATUS_EVERY_S, deadline - time.monotonic())))
                 except subprocess.TimeoutExpired:
                     pass
+            if stream_end is None and streamer.poll() is not None:
+                stream_end = time.monotonic()
             rec = run_status(run_id, connection, env)
             if str(rec.get("status", "")).startswith(FINISHED) or time.monotonic() > deadline:
                 break
@@ -446,6 +449,7 @@ def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0, e
         if "rec" in locals():
             rec["log_lines"] = lines
             rec["log_path"] = str(log_path) if log_path else None
+            rec["stream_ended_at"] = locals().get("stream_end")    # time.monotonic(), or None
 
 
 class RoundProgress:

@@ -38,6 +38,11 @@ def column_ranges(name: str, n_features: int, num_parties: int):
 @lru_cache(maxsize=4)
 def load_all(name: str, data_dir: str | None = None):
     """(X_train, y_train, X_test, y_test); labels in {-1, +1}."""
+    return _load_uncached(name, data_dir)
+
+
+def _load_uncached(name, data_dir=None):
+    """:func:`load_all` without its cache."""
     _check_name(name)
     if name == "breast_cancer":
         from flower_vfl.io import Preprocessor
@@ -150,8 +155,51 @@ def party_block(name, party: int, num_parties: int, data_dir=None):
 
 
 def labels(name, data_dir=None):
-    """(y_train, y_test): what the label owner (the central node) loads."""
-    _, y, _, yt = load_all(name, None if data_dir in (None, "") else str(data_dir))
+    """(y_train, y_test): what the label owner (the central node) loads. a9a's are parsed from its
+    LIBSVM files once and kept in the bundled cache (:func:`_cached_labels`)."""
+    data_dir = None if data_dir in (None, "") else str(data_dir)
+    if name == "a9a":
+        return _cached_labels(name, data_dir)
+    _, y, _, yt = load_all(name, data_dir)
+    return y, yt
+
+
+def _cached_labels(name, data_dir):
+    """a9a's (y_train, y_test) from ``<bundled cache>/<name>.labels.<key>.npz``, the key a hash of
+    both files' resolved paths, sizes and modification times (a changed file is parsed again);
+    written on the first parse, which is :func:`load_all`'s. The label owner needs only the labels:
+    the parse (scikit-learn's LIBSVM reader, whose import is ~1.3-3 s of a ServerApp's start and
+    pulls scipy.stats) and the whole X (~4 GB at 10M rows, kept by ``load_all``'s cache) are paid
+    once per file, not by every run's ServerApp (issue 24, items 1, 4 and 5)."""
+    import hashlib
+    import os
+    import tempfile
+    paths = source_files(name, data_dir)
+    try:
+        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+    except OSError:
+        stats = None                                   # missing: load_all names the file and the key
+    path = None
+    if stats is not None:
+        key = hashlib.sha256(repr(stats).encode()).hexdigest()[:16]
+        path = bundled_cache_dir() / f"{name}.labels.{key}.npz"
+        if path.is_file():
+            try:
+                with np.load(path) as f:
+                    return f["train"], f["test"]
+            except (OSError, KeyError, ValueError):
+                pass                                   # unreadable: parsed again, written again
+    X, y, Xt, yt = _load_uncached(name, data_dir)
+    del X, Xt
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".npz", dir=path.parent)
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, train=y, test=yt)
+            os.replace(tmp, path)                      # atomic: concurrent readers see a whole file
+        except OSError:
+            pass                                       # a read-only cache: parsed every run, as before
     return y, yt
 
 
