@@ -50,3 +50,64 @@ def test_a_stream_that_ends_before_the_run_falls_back_to_polling(monkeypatch):
     rec, asked = _run(monkeypatch, stream, ["running", "running", "finished:failed"])
     assert rec["status"] == "finished:failed"
     assert asked == [1, ("slept", 2.0), 1, ("slept", 2.0), 1]
+
+
+def _flwr_env(tmp_path):
+    env = local.loopback_env(tmp_path / "flwr_home")        # this interpreter's bin folder first
+    (tmp_path / "flwr_home").mkdir()
+    return env
+
+
+def test_a_warm_flwr_answers_as_a_fresh_flwr_does(tmp_path):
+    # the status read at the stream's end runs Flower's own CLI in a process started ahead
+    env = _flwr_env(tmp_path)
+    args = ["ls", "nosuch", "--run-id", "1"]
+    local._flwr_json(args, env)                              # creates the default configuration
+    fresh = local._flwr_json(args, env)
+    warm = local.WarmFlwr.start(env)
+    assert warm is not None
+    assert warm.json(args) == fresh
+    assert fresh["success"] is False and "SuperLink connection 'nosuch' not found" in fresh["error-message"]
+    assert warm.proc.wait(timeout=30) is not None            # one command, then the process is gone
+
+
+def test_no_warm_flwr_for_another_flwr_on_path_and_a_fresh_one_after_a_failure(tmp_path, monkeypatch):
+    wrapper = tmp_path / "bin" / "flwr"                      # e.g. tests/_netns.py's wrapper on PATH
+    wrapper.parent.mkdir()
+    wrapper.write_text("#!/bin/sh\nexec ip netns exec x flwr \"$@\"\n")
+    wrapper.chmod(0o755)
+    assert local.WarmFlwr.start({"PATH": str(wrapper.parent)}) is None
+    assert local.WarmFlwr.start({"PATH": str(tmp_path / "nothing")}) is None
+    fresh = []
+    monkeypatch.setattr(local, "_flwr_json", lambda args, env: fresh.append(args) or
+                        {"success": True, "runs": [{"status": "finished:completed"}]})
+
+    class Broken:
+        def json(self, args, timeout=120):
+            raise RuntimeError("warm `flwr ls` gave no JSON (exit 1)")
+    assert local.run_status("7", "loopback", {}, Broken()) == {"status": "finished:completed"}
+    assert fresh == [["ls", "loopback", "--run-id", "7"]]
+
+
+def test_wait_run_hands_each_status_read_a_warm_flwr_started_before_it(monkeypatch):
+    started, handed = [], []
+
+    class Warm:
+        closed = False
+
+        @classmethod
+        def start(cls, env):
+            started.append(cls())
+            return started[-1]
+
+        def close(self):
+            self.closed = True
+    statuses = ["running", "finished:completed"]
+    monkeypatch.setattr(local, "WarmFlwr", Warm)
+    monkeypatch.setattr(local.subprocess, "Popen", lambda *a, **k: _Stream([], open_for=None))
+    monkeypatch.setattr(local, "run_status", lambda run_id, conn, env, warm=None: handed.append(warm) or
+                        {"status": statuses.pop(0)})
+    monkeypatch.setattr(local.time, "sleep", lambda s: None)
+    assert local.wait_run("7", "loopback", {}, echo=io.StringIO(), timeout=3600, poll=2.0)["status"] == \
+        "finished:completed"
+    assert handed == started and len(started) == 2         # one per read; none left over to close

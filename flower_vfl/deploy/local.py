@@ -371,9 +371,88 @@ def submit(app_dir, connection, run_config: str, env, federation_config=None) ->
     return str(res["run-id"])
 
 
-def run_status(run_id, connection, env) -> dict:
-    """The run's record from ``flwr ls --run-id --format json`` (keys status, status-details...)."""
-    res = _flwr_json(["ls", *([connection] if connection else []), "--run-id", str(run_id)], env)
+#: a ``flwr`` command run by a process that imported Flower's CLI ahead of time (:class:`WarmFlwr`):
+#: it reads its arguments (a JSON list) from stdin, then runs them through the ``flwr`` entry point
+_WARM_FLWR = """
+import json, sys
+from flwr.cli.app import app
+line = sys.stdin.readline()
+if not line:
+    sys.exit(0)
+sys.argv = ["flwr", *json.loads(line)]
+app()
+"""
+
+
+class WarmFlwr:
+    """One ``flwr`` command whose process is started (and has imported Flower's CLI: ~1-4 s of a
+    ``flwr ls``, with the machine's load) before the command is known. :func:`wait_run` starts one
+    while the run runs and reads the finished run's status through it, so the status is read as
+    soon as the log stream ends instead of a CLI start later. Flower's own CLI code runs the
+    command (``flwr.cli.app:app``, the ``flwr`` entry point, in this interpreter); if the process
+    is gone or gives no JSON, the caller falls back to a fresh ``flwr`` (:func:`_flwr_json`)."""
+
+    @classmethod
+    def start(cls, env) -> "WarmFlwr | None":
+        """A warm ``flwr`` when the ``flwr`` that ``env``'s PATH finds is the entry-point script of
+        this interpreter's Flower (else None: e.g. a wrapper on PATH, which a fresh ``flwr`` runs)."""
+        import shutil
+        exe = shutil.which("flwr", path=(env or {}).get("PATH", ""))
+        if not exe:
+            return None
+        try:
+            with open(exe, "rb") as fh:
+                head = fh.read(4096).decode("utf-8", "replace")
+        except OSError:
+            return None
+        first = head.splitlines()[0] if head else ""
+        if not first.startswith("#!") or "from flwr.cli.app import app" not in head:
+            return None
+        interp = first[2:].strip().split()[0] if first[2:].strip() else ""
+        try:
+            if not interp or os.path.realpath(interp) != os.path.realpath(sys.executable):
+                return None
+        except OSError:
+            return None
+        try:
+            return cls(env)
+        except OSError:
+            return None
+
+    def __init__(self, env):
+        self.proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", _WARM_FLWR], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+
+    def json(self, args, timeout=120) -> dict:
+        """``flwr <args> --format json``'s answer, by the warm process (used once)."""
+        out, err = self.proc.communicate(json.dumps([*map(str, args), "--format", "json"]) + "\n", timeout=timeout)
+        try:
+            return json.loads(out[out.index("{"):])
+        except ValueError:
+            raise RuntimeError(f"warm `flwr {' '.join(map(str, args))}` gave no JSON (exit {self.proc.returncode}): "
+                               f"{(out + err)[-2000:]}") from None
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.communicate("", timeout=10)     # an empty line: it exits without a command
+            except subprocess.TimeoutExpired:
+                _stop_group(self.proc.pid, signal.SIGTERM, 5.0, self.proc)
+
+
+def run_status(run_id, connection, env, warm: WarmFlwr | None = None) -> dict:
+    """The run's record from ``flwr ls --run-id --format json`` (keys status, status-details...);
+    by ``warm`` (its one command) when given, else by a fresh ``flwr`` process."""
+    args = ["ls", *([connection] if connection else []), "--run-id", str(run_id)]
+    res = None
+    if warm is not None:
+        try:
+            res = warm.json(args)
+        except (RuntimeError, OSError, ValueError, subprocess.SubprocessError):
+            res = None                                   # a fresh `flwr ls` answers instead
+    if res is None:
+        res = _flwr_json(args, env)
     runs = res.get("runs") or []
     if not res.get("success") or not runs:
         raise RuntimeError(f"flwr ls found no run {run_id}: {res}")
@@ -422,6 +501,9 @@ def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0, e
         # ~1 s of CPU) when it ends, and meanwhile only every STATUS_EVERY_S (`poll` s once the
         # stream is gone: it may also end early, e.g. with a lost connection)
         stream_end = None
+        # a `flwr` process that imports Flower's CLI while the run runs: the status read when the
+        # stream ends is then not a CLI start (1-4 s) later; each poll after it starts the next
+        warm = WarmFlwr.start(env)
         while True:
             if streamer.poll() is None:
                 try:
@@ -430,7 +512,8 @@ def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0, e
                     pass
             if stream_end is None and streamer.poll() is not None:
                 stream_end = time.monotonic()
-            rec = run_status(run_id, connection, env)
+            rec = run_status(run_id, connection, env, warm)
+            warm = WarmFlwr.start(env) if not str(rec.get("status", "")).startswith(FINISHED) else None
             if str(rec.get("status", "")).startswith(FINISHED) or time.monotonic() > deadline:
                 break
             if streamer.poll() is not None:
@@ -441,6 +524,8 @@ def wait_run(run_id, connection, env, log_path=None, timeout=3600.0, poll=2.0, e
             pass
         return rec
     finally:
+        if locals().get("warm") is not None:
+            warm.close()
         if streamer.poll() is None:
             _stop_group(streamer.pid, signal.SIGTERM, 5.0, streamer)
         reader.join(timeout=5)
