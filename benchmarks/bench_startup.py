@@ -8,7 +8,8 @@ same app folder, same run config), each step timed on the wall clock:
   (``flower_vfl.cli.commands``), measured in a subprocess (``python -c``);
 - ``superlink``: ``flower_vfl.deploy.local.simulation_superlink`` (start ``flower-superlink
   --simulation`` on a free port, wait for its ``/health``);
-- ``flwr run``: ``local.submit`` (the ``flwr`` CLI process: build the FAB, upload, get a run id);
+- ``flwr run``: ``local.submit`` (the ``flwr`` CLI process: build the FAB, upload, get a run id; as in
+  ``cmd_simulate``, a process that imported Flower's CLI while the SuperLink started, ``WarmFlwr``);
 - ``to first log line`` / ``to round 1`` / ``rounds`` / ``to finished``: from the submit's return,
   stamped on the lines of ``flwr log --stream`` (``local.wait_run``): the first line of the run's
   log, the ServerApp's line after round 1 (``round 1: train_loss=...``), its last round's line, and
@@ -57,7 +58,8 @@ def one_job(rounds: int, poll: float, timeline: list | None = None) -> dict:
         with local.simulation_superlink(workdir, {"FLOWER_VFL_NODE_CONFIG": str(workdir / "node-config.json")},
                                         command="bench-startup") as link:
             stamps["superlink"] = time.monotonic()
-            run_id = local.submit(app_dir(), link.connection, rc, link.env, federation_config=simulation_federation(2))
+            run_id = local.submit(app_dir(), link.connection, rc, link.env, federation_config=simulation_federation(2),
+                                  warm=link.warm_flwr)         # as cmd_simulate: Flower's CLI imported meanwhile
             stamps["submitted"] = time.monotonic()
 
             def on_line(line):

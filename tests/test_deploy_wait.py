@@ -111,3 +111,31 @@ def test_wait_run_hands_each_status_read_a_warm_flwr_started_before_it(monkeypat
     assert local.wait_run("7", "loopback", {}, echo=io.StringIO(), timeout=3600, poll=2.0)["status"] == \
         "finished:completed"
     assert handed == started and len(started) == 2         # one per read; none left over to close
+
+
+def test_submit_never_gives_a_command_twice(tmp_path, monkeypatch):
+    # the warm process may have submitted the run before it failed: no fresh `flwr run` after it
+    fresh = []
+    monkeypatch.setattr(local, "_flwr_json", lambda args, env, timeout=120: fresh.append(args) or
+                        {"success": True, "run-id": 11})
+
+    class Warm:
+        def __init__(self, alive):
+            self._alive = alive
+
+        def alive(self):
+            return self._alive
+
+        def json(self, args, timeout=120):
+            raise RuntimeError("warm `flwr run` gave no JSON (exit 1)")
+    import pytest
+    with pytest.raises(RuntimeError, match="warm `flwr run` gave no JSON"):
+        local.submit(tmp_path, "loopback", "x=1", {}, warm=Warm(alive=True))
+    assert fresh == []
+    assert local.submit(tmp_path, "loopback", "x=1", {}, warm=Warm(alive=False)) == "11"   # died first
+    assert fresh == [["run", str(tmp_path), "loopback", "--run-config", "x=1"]]
+    env = _flwr_env(tmp_path)
+    w = local.WarmFlwr.start(env)
+    assert w.alive()
+    w.close()
+    assert not w.alive() and w.proc.returncode is not None

@@ -334,8 +334,9 @@ def cmd_simulate(args):
     print(f"flwr run {app} --federation-config \"{federation}\" --run-config \"{run_config}\"")
     for attempt in range(1, SIMULATE_ATTEMPTS + 1):
         with local.simulation_superlink(workdir, {"FLOWER_VFL_NODE_CONFIG": str(path)}) as link:
-            run_id = local.submit(app, link.connection, run_config, link.env,
-                                  federation_config=federation)
+            warm = getattr(link, "warm_flwr", None)        # Flower's CLI, imported while the SuperLink started
+            run_id = local.submit(app, link.connection, run_config, link.env, federation_config=federation,
+                                  **({"warm": warm} if warm is not None else {}))
             # the log's lines on stdout as they come, the rounds' bar under them on stderr
             with local.RoundProgress(_max_rounds(rc), echo=sys.stdout) as progress:
                 record = local.wait_run(run_id, link.connection, link.env, workdir / "logs" / "run.log",

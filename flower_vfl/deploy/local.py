@@ -261,6 +261,9 @@ class simulation_superlink:
         self.connection = write_connection(home, "flower-vfl-simulation", f"127.0.0.1:{self.port}")
         cmd = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess", "--host", "127.0.0.1",
                "--port", self.port, "--disable-runtime-dependency-installation"]
+        #: a `flwr` for the job's `flwr run` (:func:`submit`'s ``warm``), importing Flower's CLI
+        #: while the SuperLink starts; closed at the end if unused
+        self.warm_flwr = WarmFlwr.start(self.env)
         try:
             proc = self.procs.start("superlink", cmd, self.env, self.workdir)
             self.record = record_superlink(proc, self.port, home, self.command, self.procs.log_dir / "superlink.log")
@@ -271,6 +274,8 @@ class simulation_superlink:
         return self
 
     def __exit__(self, *exc):
+        if getattr(self, "warm_flwr", None) is not None:
+            self.warm_flwr.close()
         self.procs.stop_all()
         if self.record is not None:
             Path(self.record).unlink(missing_ok=True)
@@ -360,12 +365,18 @@ def _flwr_json(args, env, timeout=120) -> dict:
                            f"{(proc.stdout + proc.stderr)[-2000:]}") from None
 
 
-def submit(app_dir, connection, run_config: str, env, federation_config=None) -> str:
-    """``flwr run`` (not streamed); returns the run id or raises with Flower's message."""
+def submit(app_dir, connection, run_config: str, env, federation_config=None, warm=None) -> str:
+    """``flwr run`` (not streamed); returns the run id or raises with Flower's message. ``warm``: a
+    :class:`WarmFlwr` started with ``env`` earlier (e.g. while the SuperLink started); a fresh
+    ``flwr`` runs the command only if the warm process died before it was given the command (a
+    command given may have submitted the run: it is never given twice)."""
     args = ["run", str(app_dir), *([connection] if connection else []), "--run-config", run_config]
     if federation_config:
         args += ["--federation-config", federation_config]
-    res = _flwr_json(args, env, timeout=300)
+    if warm is not None and warm.alive():
+        res = warm.json(args, timeout=300)
+    else:
+        res = _flwr_json(args, env, timeout=300)
     if not res.get("success"):
         raise RuntimeError(f"flwr run failed: {res.get('error-message', res)}")
     return str(res["run-id"])
@@ -424,6 +435,10 @@ class WarmFlwr:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
 
+    def alive(self) -> bool:
+        """Not yet given a command, and its process is running (its import did not fail)."""
+        return self.proc.poll() is None and not self.proc.stdin.closed
+
     def json(self, args, timeout=120) -> dict:
         """``flwr <args> --format json``'s answer, by the warm process (used once)."""
         out, err = self.proc.communicate(json.dumps([*map(str, args), "--format", "json"]) + "\n", timeout=timeout)
@@ -434,11 +449,10 @@ class WarmFlwr:
                                f"{(out + err)[-2000:]}") from None
 
     def close(self):
+        """Stop it if it was never given a command (it runs nothing else: no child to wait for)."""
         if self.proc.poll() is None:
-            try:
-                self.proc.communicate("", timeout=10)     # an empty line: it exits without a command
-            except subprocess.TimeoutExpired:
-                _stop_group(self.proc.pid, signal.SIGTERM, 5.0, self.proc)
+            self.proc.kill()
+            self.proc.communicate()
 
 
 def run_status(run_id, connection, env, warm: WarmFlwr | None = None) -> dict:
@@ -902,6 +916,7 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
             cmd.append("--enable-supernode-auth")
         record = record_superlink(procs.start("superlink", cmd, env, workdir), link, home, "deploy-local",
                                   logs / "superlink.log")
+        warm = WarmFlwr.start(env)              # the job's `flwr run`, importing while the nodes start
         _wait_port(link, procs.procs["superlink"], logs / "superlink.log")
         if auth:
             for m in range(num_parties):
@@ -928,12 +943,14 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
                             # the accountants' libraries (torch) only in a private party's executor
                             accountants="eager" if party_is_private(m, run_config, nc) else "auto", zygote=zygote,
                             hot_poll=None if idle_poll is None else hot_poll_for(num_parties))
-        run_id = submit(Path(app_dir).resolve(), conn, _node_config(run_config), env)
+        run_id = submit(Path(app_dir).resolve(), conn, _node_config(run_config), env, warm=warm)
         rec = wait_run(run_id, conn, env, logs / "run.log", timeout=timeout, echo=echo, on_line=on_line)
         return {"record": rec, "exit_code": exit_code(rec), "run_id": run_id,
                 "out_dir": run_config["out-dir"], "logs": logs,
                 "fingerprints": [n["fingerprint"] for n in pki["nodes"]] if pki else []}
     finally:
+        if locals().get("warm") is not None:
+            warm.close()
         if processes is None:
             procs.stop_all()
             if record is not None:
