@@ -106,7 +106,7 @@ def test_warm_plots_leaves_nothing_and_changes_no_pixel(tmp_path, monkeypatch):
     # real run.png must be byte for byte what it is without the warm-up, and no folder is left
     import tempfile
 
-    from flower_vfl.reporting import plots
+    from flower_vfl.reporting import plots, warm
     from flower_vfl.reporting.report import write_report
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
@@ -115,7 +115,7 @@ def test_warm_plots_leaves_nothing_and_changes_no_pixel(tmp_path, monkeypatch):
     write_report(tmp_path / "run", {"dataset": "a9a"}, hist, {"rounds": 7, "test_loss": 0.3, "test_accuracy": 0.8,
                                                              "wall_time_s": 1.0}, plot=False)
     cold = plots.plot_run(tmp_path / "run", tmp_path / "cold.png").read_bytes()
-    plots.warm_plots()
+    warm.warm_plots()
     assert list((tmp_path / "tmp").iterdir()) == []
     assert plots.plot_run(tmp_path / "run", tmp_path / "warm.png").read_bytes() == cold
 

@@ -247,14 +247,14 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def warm_plots_thread(run_config):
-    """A daemon thread drawing a throwaway run (:func:`flower_vfl.reporting.plots.warm_plots`) while
+    """A daemon thread drawing a throwaway run (:func:`flower_vfl.reporting.warm.warm_plots`) while
     the rounds run, when the run writes its outputs (out-dir): its last write then does not pay
     matplotlib's import and first figure. Join it (:func:`_join`) before any write that plots."""
     if not run_setting("out-dir", run_config):
         return None
     import threading
 
-    from flower_vfl.reporting.plots import warm_plots
+    from flower_vfl.reporting.warm import warm_plots
     t = threading.Thread(target=warm_plots, name="flower-vfl-warm-plots", daemon=True)
     t.start()
     return t
