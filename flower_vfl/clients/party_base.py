@@ -77,9 +77,16 @@ class PartyClient:
         self.party = None
 
     # ------------------------------------------------------ what a subclass releases
-    def _build(self, context: Context, n_outputs: int):
-        """The party's x-update object for this run (restored from its state)."""
+    def _build(self, context: Context, n_outputs: int, plain: bool = False):
+        """The party's x-update object for this run (restored from its state); ``plain``: the
+        request's :meth:`_plain_rounds`."""
         raise NotImplementedError
+
+    def _plain_rounds(self, cfg) -> bool:
+        """The train request's ``config['plain_rounds']`` (:data:`~flower_vfl.core.party.PLAIN_ROUNDS`:
+        no accelerator runs, so the x-update may be looser). A private party ignores it, unread:
+        its x-update is its own whatever the server says."""
+        return False
 
     def _identity(self, context: Context) -> dict:
         """What identify adds to the party's row counts."""
@@ -167,7 +174,8 @@ class PartyClient:
             n_out = self._n_outputs(msg, meta, context)
             inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
                                  needs_vectors=True, n_outputs=n_out, rho_range=self.rho_range)
-            self.party = self._build(context, n_out)
+            plain = self._plain_rounds(msg.content["config"])
+            self.party = self._build(context, n_out, plain)
             s = self._answer(msg, context, "train", inputs.round,
                              lambda: self._train_release(inputs, meta, context))
         except Refused as exc:
@@ -191,7 +199,7 @@ class PartyClient:
                 why=" (this party is private: one score column)" if self.private else "")
             inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
                                  needs_vectors=final, n_outputs=n_out, rho_range=self.rho_range)
-            self.party = self._build(context, n_out)
+            self.party = self._build(context, n_out, bool(meta.get("plain_rounds", False)))
             final_kind = "evaluate-final" if asked_final else "evaluate"
             s_test = self._answer(msg, context, final_kind, inputs.round,
                                   lambda: self._eval_scores(inputs, final, context))

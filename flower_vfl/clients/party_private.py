@@ -67,7 +67,8 @@ class PrivatePartyClient(PartyClient):
         """True when the node config sets dp-distributed-max-colluders (a share of the noise only)."""
         return self.secagg is not None and self.secagg.colluders is not None
 
-    def _build(self, context: Context, n_outputs: int):
+    def _build(self, context: Context, n_outputs: int, plain: bool = False):
+        # ``plain`` is never read: the server's hint does not change a private party's x-update
         from flower_vfl.privacy.party import PrivateParty
         from flower_vfl.privacy.distributed import DistributedParty
         src = self.source

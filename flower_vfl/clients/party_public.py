@@ -17,10 +17,10 @@ from flwr.app import Array, ArrayRecord, Context
 
 from flower_vfl.clients.party_base import PartyClient
 from flower_vfl.core.constraints import make_constraint
-from flower_vfl.core.party import PartyUpdate
+from flower_vfl.core.party import PLAIN_ROUNDS, PartyUpdate
 from flower_vfl.core.penalties import get_penalty
 from flower_vfl.core.scoring import released_scores
-from flower_vfl.privacy.boundary import InvalidMessage, Refused, inputs_hash
+from flower_vfl.privacy.boundary import InvalidMessage, Refused, inputs_hash, parse_flag
 
 __all__ = ["PublicPartyClient"]
 
@@ -33,7 +33,10 @@ STATE_LAST = "vfl.last"
 STATE_FACTOR = "vfl.factor"
 
 #: x-update solvers (they hold the factorization of lam I + rho D^T D) kept across messages
-#: while the process lives, keyed by a hash of the block and the solver parameters. A
+#: while the process lives, keyed by a hash of the block and the solver parameters (and the
+#: plain-rounds hint, which may change the method: :meth:`PartyUpdate.plain_rounds`). What a
+#: solver carries from one solve to the next (CG's measured rate) is the party's state, set from
+#: context.state on every message (reset when a run starts), never the cache's. A
 #: simulation actor or an in-process grid serves many messages from one process: without
 #: this cache every message re-factorized (about 60% of a non-private a9a party's handler
 #: time, benchmarks/bench_flower.py). On real SuperNodes each message is a fresh process
@@ -61,15 +64,22 @@ class PublicPartyClient(PartyClient):
 
     private = False
 
-    def _build(self, context: Context, n_outputs: int):
+    def _plain_rounds(self, cfg):
+        """A bool or refused, naming the key (absent: False, the accelerated rounds' x-update)."""
+        return parse_flag(cfg, PLAIN_ROUNDS, self.party_id)
+
+    def _build(self, context: Context, n_outputs: int, plain: bool = False):
         # centred x-update (core/xsolve.py) when the label owner fits the intercept that absorbs
         # the constants; a wrong flag only slows or biases the central node's own model
         center = bool(context.run_config.get("fit-intercept", True))
         party = PartyUpdate(self.D, get_penalty(self.penalty, self.l1_ratio), self.lam,
                             make_constraint(self.constraint), n_outputs=n_outputs, x_solver=self.x_solver,
                             center=center)
+        self._plain = bool(plain)
+        if self._plain:                # as the engine does (estimator/engine.py), before any solve
+            party.plain_rounds()
         key = (_fingerprint(self.D), str(self.penalty), float(self.l1_ratio), float(self.lam), repr(self.constraint),
-               str(self.x_solver), center)
+               str(self.x_solver), center, self._plain)
         self._factor_key = np.frombuffer(hashlib.sha256(repr(key).encode()).digest(), dtype=np.uint8).copy()
         if key in _SOLVERS:
             party.solver = _SOLVERS[key]       # same block and parameters: reuse its factorization
@@ -82,9 +92,9 @@ class PublicPartyClient(PartyClient):
                 rec = context.state[STATE_FACTOR]
                 if "key" in rec and np.array_equal(rec["key"].numpy(), self._factor_key):
                     party.solver.adopt_factorization({k: rec[k].numpy() for k in rec if k != "key"})
-        if STATE_ARRAYS in context.state:
-            rec = context.state[STATE_ARRAYS]
-            party.set_state({k: rec[k].numpy() for k in rec})
+        # this run's state (none yet: a run's start, which also resets what a cached solver carried)
+        rec = context.state[STATE_ARRAYS] if STATE_ARRAYS in context.state else {}
+        party.set_state({k: rec[k].numpy() for k in rec})
         return party
 
     def _identity(self, context: Context) -> dict:
@@ -108,7 +118,7 @@ class PublicPartyClient(PartyClient):
             raise InvalidMessage(f"party {self.party_id}: the train release at rho={inputs.rho!r} is not finite; "
                                  "refused (the party's node config can narrow the accepted rho with min-rho / "
                                  "max-rho)", field="config.rho")
-        meta.update(last_train=inputs.round, answers=meta["answers"] + 1, last_hash=h)
+        meta.update(last_train=inputs.round, answers=meta["answers"] + 1, last_hash=h, plain_rounds=self._plain)
         context.state[STATE_LAST] = ArrayRecord({"s": Array(np.asarray(s, dtype=float))})
         return s
 

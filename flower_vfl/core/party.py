@@ -20,7 +20,12 @@ import numpy as np
 
 from flower_vfl.core.xsolve import XSolver, _norm
 
-__all__ = ["PartyUpdate"]
+__all__ = ["PartyUpdate", "PLAIN_ROUNDS"]
+
+#: the train-config flag by which the central node tells a party that no accelerator
+#: extrapolates the rounds (:meth:`PartyUpdate.plain_rounds`); the Flower strategy sends it, a
+#: non-private party's ClientApp reads it, a private party ignores it (an accuracy knob only)
+PLAIN_ROUNDS = "plain_rounds"
 
 
 class PartyUpdate:
@@ -83,10 +88,16 @@ class PartyUpdate:
         # x is the party's own array (never handed out except by get_state): the CG path
         # updates it in place instead of allocating a new d-vector each round
         self.x = self.solver.solve(v, rho_x, x0=self.x, outer=outer, carry=self.carry,
-                                   overwrite_x0=True)
+                                   overwrite_x0=True, overwrite_v=self.last_target is None)
         self.rho_x = float(rho_x)
         self.carry = self.solver.last_carry   # the CG path carries D x: no extra mat-vec
         return self.D @ self.x if self.carry is None else self.carry[0]
+
+    def plain_rounds(self):
+        """No accelerator extrapolates this run's rounds: the x-update may be looser
+        (:meth:`XSolver.plain_rounds`). Called before the first x-update, by the engine and by a
+        non-private party's ClientApp alike; never for a private party."""
+        self.solver.plain_rounds()
 
     def commit(self, s_released):
         """Cache the value actually sent (noisy when private): the next residual contains it."""
@@ -116,9 +127,13 @@ class PartyUpdate:
             state["Dx"] = self.carry[0]
             if self.carry[1] is not None:     # D^T D x: carried unless the solver is low-memory
                 state["DtDx"] = self.carry[1]
+        state.update(self.solver.cg_state())  # CG's measured rate (the predicted last iteration)
         return state
 
     def set_state(self, state: dict):
+        """Restore :meth:`get_state` (``{}``: the state a run starts from, as far as the solver
+        carries any: its measured CG rate is reset, :meth:`XSolver.set_cg_state`)."""
+        self.solver.set_cg_state(state)
         for k in ("x", "s", "z_loc"):
             if k in state:    # x is copied: the CG x-update writes into the party's own x
                 conv = np.array if k == "x" else np.asarray

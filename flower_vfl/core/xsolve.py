@@ -18,9 +18,14 @@ Methods (``method=``; 'auto' picks one from the shape and logs the choice):
   (lam I + rho D^T D) x = rho D^T v (2 mat-vecs per iteration) for sparse blocks with d > N or
   very large N and many nonzeros per row (``GRAM_PAIRS_PER_NNZ``); the preconditioner is
   Jacobi plus the rank-one term of the column means (``XSolver._preconditioner``). Inexact:
-  relative residual <= max(inner_tol, min(0.1, 1e-3 ||theta q|| / ||v||)), i.e. tied to the
-  ADMM residual the party received (docs/math.md, Section 6). Non-smooth
-  penalties use FISTA on D with the same tolerance rule.
+  relative residual <= max(inner_tol, min(0.1, f ||theta q|| / ||v||)), i.e. tied to the
+  ADMM residual the party received (docs/math.md, Section 6), f = :data:`FORCING` (1e-3), or
+  :data:`FORCING_PLAIN` (0.1) after :meth:`XSolver.plain_rounds` (no accelerator). Non-smooth
+  penalties use FISTA on D with the same tolerance rule. An 'auto' CG solve predicts its last
+  iteration from the residual reduction it measured (``predict_last``): that iteration skips
+  D^T D p (2 mat-vecs a round once warm, as the Gram path), re-measured every
+  :data:`CG_RECHECK` solves. With plain rounds a tall sparse L2 block (N > ``CG_ROWS``) gets
+  CG instead of the Gram unless the Gram is very cheap (:data:`GRAM_PAIRS_PER_NNZ_L2`).
 - ``'dual'``: the N x N form (lam I + rho D D^T) w = rho v, x = D^T w, through the
   eigendecomposition of D D^T (N <= EIG_MAX, dense blocks only), L2 without constraints.
 - ``'chol'``: the previous direct solver (Cholesky / splu of lam I + rho D^T D per rho).
@@ -38,7 +43,8 @@ import scipy.sparse.linalg as spla
 from flower_vfl.core.blas import SMALL_MM, mm, one_blas_thread  # noqa: F401  (re-exported)
 from flower_vfl.core.penalties import Ball
 
-__all__ = ["XSolver", "choose_method", "sparse_gram", "METHODS", "EIG_MAX", "GRAM_MAX"]
+__all__ = ["XSolver", "choose_method", "sparse_gram", "METHODS", "EIG_MAX", "GRAM_MAX", "FORCING",
+           "FORCING_PLAIN"]
 
 LOG = logging.getLogger("flower_vfl.core")
 METHODS = ("auto", "gram", "cg", "dual", "chol")
@@ -54,28 +60,57 @@ CG_ROWS = 200_000
 #: pays for itself within ~1.3-2 x this many rounds (1M x 300 binary at 5 %: 7.5 pairs per
 #: entry, ~10 rounds; measured in benchmarks/bench_scale.py)
 GRAM_PAIRS_PER_NNZ = 16
+#: ... and for an L2 penalty without a constraint (the CG path's direct solve): with the
+#: predicted last iteration (``XSolver._cg``) CG costs ~2 mat-vecs a round once warm, as the
+#: Gram path does, plus ~1 more in the first round and in every ``CG_RECHECK``-th; the Gram
+#: (~5-9 ns a pair, ~1.3 ns an entry per mat-vec) then pays only past ~(pairs / nnz) x 10
+#: rounds. At 1M x (100, 200, 300) binary at 5 % (2.5 / 5 / 7.5 pairs an entry) the three
+#: Grams were 0.9 s of a 3.1 s fit to a gap of 1e-4 (8 rounds; benchmarks/bench_vs_sklearn.py)
+GRAM_PAIRS_PER_NNZ_L2 = 2
+#: CG's predicted last iteration: the measured residual reduction of an iteration, times this
+#: margin, must reach the tolerance; after this many solves without a checked iteration (which
+#: re-measures the rate) a solve runs checked throughout
+CG_PREDICT_MARGIN = 1.25
+CG_RECHECK = 6
 #: inner relative tolerance = FORCING * ||theta q|| / ||v|| (floored at inner_tol): Anderson
 #: extrapolates the round map, so it needs T evaluated well beyond the ADMM residual
 FORCING = 1e-3
+#: ... the same constant when no accelerator extrapolates the rounds
+#: (``PartyUpdate.plain_rounds`` calls :meth:`XSolver.plain_rounds` then, in the engine and in a
+#: non-private Flower party): plain ADMM rounds tolerate a much looser inner solve. On
+#: the sparse 200k x (100, 200, 300) set (CG forced, 12 plain rounds) the objective gaps were the
+#: exact solve's to 2 digits at 0.01, 0.03 and 0.1 (70 / 59 / 45 CG iterations in 36 solves);
+#: at 0.2 (with the predicted last iteration) round 8 moved from 9.3e-5 to 1.2e-4, at 0.3
+#: (checked) to 1.8e-4
+FORCING_PLAIN = 0.1
 #: the CG path's elementwise kernels that need a temporary run in slices of this many entries
 #: (128 KB buffers) instead of through d-vector temporaries (``XSolver._preconditioner``)
 _CHUNK = 16384
 
 
 def _gram_pairs(D) -> float:
-    """sum over rows of nnz_i (nnz_i - 1) / 2: the pairs :func:`sparse_gram` counts."""
-    nz = np.diff(D.tocsr().indptr).astype(float)
-    return float(np.einsum("i,i->", nz, nz - 1.0)) / 2.0
+    """sum over rows of nnz_i (nnz_i - 1) / 2: the pairs :func:`sparse_gram` counts (from the
+    histogram of the row counts: no N-vector of floats)."""
+    c = np.bincount(np.diff(D.tocsr().indptr))
+    k = np.arange(c.size, dtype=float)
+    return float(np.dot(c, k * (k - 1.0))) / 2.0
 
 
-def choose_method(D, penalty, constraint) -> str:
-    """The x-update method for a block: see the module docstring. Pure function of the shape."""
+def choose_method(D, penalty, constraint, plain=False) -> str:
+    """The x-update method for a block: see the module docstring. Pure function of the shape
+    (and of ``plain``: the rounds are not extrapolated, :meth:`XSolver.plain_rounds`)."""
     n, d = D.shape
     if sp.issparse(D):
         if d > GRAM_MAX or d > n:
             return "cg"
-        if n > CG_ROWS and _gram_pairs(D) > GRAM_PAIRS_PER_NNZ * max(D.nnz, 1):
-            return "cg"
+        if n > CG_ROWS:
+            # plain rounds, L2 without a constraint: CG's round costs ~2 mat-vecs once warm (the
+            # loose forcing and the predicted last iteration, ``XSolver._cg``), as the Gram
+            # path's does, so the Gram's build buys little
+            limit = GRAM_PAIRS_PER_NNZ_L2 if plain and penalty.smooth_quadratic and constraint is None \
+                else GRAM_PAIRS_PER_NNZ
+            if _gram_pairs(D) > limit * max(D.nnz, 1):
+                return "cg"
         return "gram"
     if d <= GRAM_MAX:
         return "gram"
@@ -111,6 +146,15 @@ class XSolver:
         mat-vecs more a solve (1 + 2k -> 3 + 2k for k iterations); the iterates agree with
         the default to round-off (not bitwise: the sums are added in another order).
 
+    predict_last : bool or None, default=None
+        'cg' with an L2 penalty and no constraint: an iteration predicted (from the largest
+        residual reduction per iteration measured in the last checked solve, times
+        :data:`CG_PREDICT_MARGIN`) to reach the tolerance skips D^T D p: its step length needs
+        ||Dc p||^2 only, and the next solve starts from the carried D x with r = rho Dc^T (v - D x)
+        - lam x (one product) and the last solve's ||Dc^T v|| as the tolerance's scale; every
+        :data:`CG_RECHECK`-th solve runs checked iterations. None: on when 'auto' chose CG
+        (never with ``low_memory``).
+
     center : bool, default=False
         Solve with the block's columns centred, argmin lam R(x) + rho/2 ||P (D x - v)||^2 with
         P = I - 1 1^T / N (the party still releases D x). Valid only when the central node fits
@@ -134,7 +178,7 @@ class XSolver:
 
     def __init__(self, D, penalty, lam: float, constraint=None, inner_tol: float = 1e-12,
                  inner_max_iter: int = 5000, method: str = "auto", low_memory: bool = False,
-                 center: bool = False):
+                 center: bool = False, predict_last: bool | None = None):
         if method not in METHODS:
             raise ValueError(f"x_solver={method!r} is not supported; choose one of {list(METHODS)}")
         self.D = D
@@ -172,10 +216,70 @@ class XSolver:
         #: CG: the centred squared column norms and the column sums (:meth:`_cg_stats`)
         self._cstats = None
         self._pc_scale = None
+        #: (sum_i D_ij^2, sum_i D_ij) from the centring decision, handed to :meth:`_cg_stats`
+        self._colstats = None
+        #: CG's predicted last iteration (``_cg``): the largest residual reduction of an
+        #: iteration measured in the last checked solve, solves since it, and ||Dc^T v|| of
+        #: the last solve that formed it (the tolerance's scale when a solve starts from D x)
+        self._cg_rate = None
+        self._cg_unchecked = 0
+        #: the inexact paths' forcing constant (:data:`FORCING`; :data:`FORCING_PLAIN` when the
+        #: caller knows that no accelerator extrapolates the rounds)
+        self.forcing = FORCING
+        self._auto = auto
+        self.predict_last = (auto if predict_last is None else bool(predict_last)) and method == "cg" \
+            and self.direct and not self.low_memory
+        self._rhs_scale = None
         self.last_carry = None
         self.inner_iters_ = 0
 
+    # ------------------------------------------------------------------ run state
+    def cg_state(self) -> dict:
+        """What the predicted last iteration (``_cg``) carries from one solve to the next, as
+        arrays: the measured rate, the solves since it was measured and ||Dc^T v|| of the last
+        checked start. Part of the party's state (:meth:`PartyUpdate.get_state`): a party that
+        restores it (a real SuperNode's fresh process per message) takes the next solve's steps
+        exactly as one that kept its solver. Empty unless ``predict_last``."""
+        if not self.predict_last:
+            return {}
+        out = {"cg_unchecked": np.array([self._cg_unchecked], dtype=np.int64)}
+        if self._cg_rate is not None:
+            out["cg_rate"] = np.array([self._cg_rate], dtype=float)
+        if self._rhs_scale is not None:
+            out["cg_rhs_scale"] = np.atleast_1d(np.asarray(self._rhs_scale, dtype=float))
+        return out
+
+    def set_cg_state(self, state: dict) -> None:
+        """Restore :meth:`cg_state` (its keys absent: the state of a solver that has not solved
+        yet, so the next solve runs checked). Called at every run's start and every restore: a
+        solver reused from the process's cache (``clients/party_public.py``) never carries one
+        run's measured rate into another."""
+        rate, scale = state.get("cg_rate"), state.get("cg_rhs_scale")
+        self._cg_rate = None if rate is None else float(np.asarray(rate).ravel()[0])
+        self._cg_unchecked = int(np.asarray(state.get("cg_unchecked", 0)).ravel()[0])
+        if scale is None:
+            self._rhs_scale = None
+        else:                              # a scalar for one output column, (K,) for K >= 2
+            scale = np.array(scale, dtype=float).ravel()
+            self._rhs_scale = scale if scale.size > 1 else scale[0]
+
     # ------------------------------------------------------------------ setup
+    def plain_rounds(self):
+        """Told (before the first solve) that no accelerator extrapolates the rounds: the inexact
+        paths take the looser forcing :data:`FORCING_PLAIN`, and an 'auto' solver re-chooses its
+        method with ``plain=True`` (:func:`choose_method`: a tall sparse L2 block then gets CG
+        instead of the Gram, see :data:`GRAM_PAIRS_PER_NNZ_L2`). Not for a private party (neither
+        the engine nor a private party's ClientApp calls it for one)."""
+        self.forcing = FORCING_PLAIN
+        if not (self._auto and self._rho is None and self.method_ == "gram" and self.direct
+                and self.lam > 0 and self._G is None and self._eig is None):
+            return
+        if choose_method(self.D, self.penalty, self.constraint, plain=True) == "cg":
+            self.method_ = "cg"
+            self.predict_last = not self.low_memory
+            LOG.info("x-update solver cg (auto, plain rounds) for a sparse block N=%d, d=%d",
+                     *self.D.shape)
+
     @property
     def direct(self) -> bool:
         return self.penalty.smooth_quadratic and self.constraint is None
@@ -215,6 +319,8 @@ class XSolver:
             self._center = bool(np.any(np.abs(mu) > 1e-8 * np.sqrt(np.maximum(sq, 0.0) / n)))
             self._mu = mu if self._center else None
             self._center_known = True
+            if self.method_ == "cg" and not self.low_memory:
+                self._colstats = (sq, s1)          # the CG preconditioner's pass, done once
         return self._center
 
     def mu(self):
@@ -282,14 +388,15 @@ class XSolver:
             self._pc_scale = None                 # the preconditioner's rho-dependent scalar
 
     # ------------------------------------------------------------------ solve
-    def solve(self, v, rho, x0=None, outer=None, carry=None, overwrite_x0=False):
+    def solve(self, v, rho, x0=None, outer=None, carry=None, overwrite_x0=False, overwrite_v=False):
         """argmin_{x in X} lam R(x) + rho/2 ||D x - v||^2 (warm start ``x0``).
 
         ``carry``: (D x0, D^T D x0) from the previous CG solve (else recomputed). After a CG
         solve ``last_carry`` holds (D x, D^T D x) of the result (else None); its D^T D x is
         updated in place by the next solve that receives it. ``overwrite_x0``: the CG path may
         update ``x0`` in place and return it (the party passes its own x, which the result
-        replaces: one d-vector less per solve); the other paths ignore it."""
+        replaces: one d-vector less per solve); the other paths ignore it. ``overwrite_v``: the CG
+        path may use ``v`` as scratch (the party's own temporary target)."""
         self.last_carry = None
         if self._rho != rho:
             self._factorize(rho)
@@ -303,7 +410,7 @@ class XSolver:
         if m == "cg" or (m == "chol" and not self.direct):
             rtol = self._outer_rtol(v, outer, x0)
             if self.direct:
-                return self._cg(v, rho, x0, rtol, carry, overwrite_x0)
+                return self._cg(v, rho, x0, rtol, carry, overwrite_x0, overwrite_v)
             from flower_vfl.core.xsolve_prox import fista_on_D
             x, it = fista_on_D(self, v, rho, x0, rtol)
             self.inner_iters_ += it
@@ -329,10 +436,10 @@ class XSolver:
         if outer == 0.0 and (x0 is None or not np.any(x0)):
             # the very first round (q = 0, x = 0): nothing to be exact about yet; the floor
             # made it 10 CG iterations against ~4 later (sparse 300k x 600)
-            return max(self.inner_tol, FORCING)
-        return max(self.inner_tol, min(0.1, FORCING * outer / max(_norm(v), 1e-300)))
+            return max(self.inner_tol, self.forcing)
+        return max(self.inner_tol, min(0.1, self.forcing * outer / max(_norm(v), 1e-300)))
 
-    def _cg(self, v, rho, x0, rtol, carry=None, overwrite_x0=False):
+    def _cg(self, v, rho, x0, rtol, carry=None, overwrite_x0=False, overwrite_v=False):
         """Preconditioned CG on (lam I + rho D^T D) x = rho D^T v, column-wise for (N, K).
 
         1 + 2k mat-vecs for k iterations: D x and D^T D x are carried along (D x += a D p,
@@ -362,35 +469,78 @@ class XSolver:
         else:
             x = np.array(x0, dtype=float).reshape(shape)
         lean = self.low_memory
-        if carry is None or x0 is None:
+        cen = self.center_
+        zero = (carry is None or x0 is None) and not np.any(x)
+        if zero:                                  # x = 0 (the first round): D x = 0, no product
+            Dx = np.zeros(v.shape)
+            DtDx = None if lean else np.zeros(shape)
+        elif carry is None or x0 is None:
             Dx = D @ x
             DtDx = None
         else:
-            # D x becomes the party's release s (a fresh array each round); D^T D x is private
-            Dx = np.array(carry[0], dtype=float)
+            # D x becomes the party's release s (a fresh array each round): the carried one is
+            # read, never written; the first step's a D p array becomes the new D x
+            # (``_step_dx``; a copy only if no step is taken). D^T D x is private
+            Dx = np.asarray(carry[0], dtype=float)
             DtDx = None if lean or carry[1] is None else _own(carry[1], shape)
+        fresh = carry is None or x0 is None       # Dx is this solve's own array
         precond = self._preconditioner(rho, x)
-        r = self._rhs(v)
-        r *= rho
-        stop = rtol * np.maximum(np.sqrt(_cdot(r, r)), 1e-300)    # rtol * ||rho D^T v||
-        cen = self.center_
-        if DtDx is None:
-            DtDx = DT @ Dx
-            if cen:                                                # the carry is Dc^T Dc x
-                self._center_gram_product(DtDx, x)
-        precond.sub_scaled(r, DtDx, rho)                           # r -= rho D^T D x0
-        if lean:
-            del DtDx                                               # not carried: not updated
-            DtDx = None
+        predict = self.predict_last and not lean
+        scale = self._rhs_scale
+        if predict and DtDx is None and scale is not None and np.shape(scale) == K:
+            # the start from D x alone (the last solve predicted its last iteration, so D^T D x
+            # is not known): r = rho Dc^T (v - D x) - lam x in one product; the tolerance's
+            # scale ||Dc^T v|| is the last solve's (it moves with v, slowly once rounds settle)
+            r = self._rhs(np.subtract(v, Dx, out=v if overwrite_v else None))
+            r *= rho
+            stop = rtol * rho * np.maximum(scale, 1e-300)
+        else:
+            r = self._rhs(v)
+            if predict:
+                self._rhs_scale = np.sqrt(_cdot(r, r))
+            r *= rho
+            stop = rtol * np.maximum(np.sqrt(_cdot(r, r)), 1e-300)    # rtol * ||rho D^T v||
+            if DtDx is None:
+                DtDx = DT @ Dx
+                if cen:                                            # the carry is Dc^T Dc x
+                    self._center_gram_product(DtDx, x)
+            precond.sub_scaled(r, DtDx, rho)                       # r -= rho D^T D x0
+            if lean:
+                del DtDx                                           # not carried: not updated
+                DtDx = None
         precond.sub_scaled(r, x, lam)                              # r -= lam x0
         p = precond(r, np.empty(shape))                            # p = z = M^-1 r
         rz = _cdot(r, p)
+        # predicted last iteration: with a measured reduction per iteration, an iteration that
+        # is predicted to reach the tolerance skips D^T D p (its step length needs ||Dc p||^2
+        # only) and leaves D^T D x unknown; every CG_RECHECK-th solve is checked throughout
+        may_skip = predict and self._cg_rate is not None and self._cg_unchecked < CG_RECHECK
+        rate, rn_prev, skipped = 0.0, None, False
         it = 0
         for it in range(1, self.inner_max_iter + 1):
-            if np.all(np.sqrt(_cdot(r, r)) <= stop):
+            rn = np.sqrt(_cdot(r, r))
+            if rn_prev is not None:
+                rate = max(rate, float(np.max(rn / np.maximum(rn_prev, 1e-300))))
+            if np.all(rn <= stop):
                 it -= 1
                 break
+            rn_prev = rn
             Dp = D @ p
+            if may_skip and np.all(CG_PREDICT_MARGIN * self._cg_rate * rn <= stop):
+                dd = _cdot(Dp, Dp)
+                if cen:                                            # ||Dc p||^2 = ||D p||^2 - N (mu^T p)^2
+                    mp = self.mu() @ p
+                    dd = dd - D.shape[0] * mp * mp
+                pAp = rho * dd + lam * _cdot(p, p)
+                if np.all(pAp > 0):
+                    a = rz / pAp
+                    p *= a
+                    Dp *= a
+                    x += p
+                    Dx, fresh = _step_dx(Dx, Dp, fresh), True
+                    DtDx = None
+                    skipped = True
+                    break
             zv = DT @ Dp                                           # D^T D p (scipy's new array)
             if cen:
                 self._center_gram_product(zv, p)                   # Dc^T Dc p
@@ -402,7 +552,7 @@ class XSolver:
             Dp *= a
             zv *= a
             x += p
-            Dx += Dp
+            Dx, fresh = _step_dx(Dx, Dp, fresh), True
             if DtDx is not None:
                 DtDx += zv
             del Dp
@@ -416,8 +566,13 @@ class XSolver:
             p += zv
             del zv
             rz = rz_new
+        if predict:
+            if rate > 0.0:                   # a checked iteration measured it (then maybe a skip)
+                self._cg_rate, self._cg_unchecked = rate, 0
+            elif skipped:
+                self._cg_unchecked += 1
         self.inner_iters_ += it
-        self.last_carry = (Dx, DtDx)
+        self.last_carry = (Dx if fresh else np.array(Dx, dtype=float), DtDx)
         return x
 
     def _cg_stats(self):
@@ -428,6 +583,8 @@ class XSolver:
         if self._cstats is None:
             if self.low_memory:
                 sq, s1 = _column_stats(self.D, sums=False)[0], self._colsum()
+            elif self._colstats is not None:
+                (sq, s1), self._colstats = self._colstats, None
             else:
                 sq, s1 = _column_stats(self.D)
             t = s1 / self.D.shape[0]                 # mu
@@ -601,9 +758,23 @@ def _column_stats(D, chunk=1 << 18, sums=True):
         i = idx[p:p + chunk].astype(np.intp)
         v = val[p:p + chunk]
         if sums:
-            s1 += np.bincount(i, weights=v, minlength=d)
+            c = np.bincount(i, weights=v, minlength=d)
+            s1 += c
+            if np.all(v == 1.0):                   # binary: the squares are the values
+                sq += c
+                continue
         sq += np.bincount(i, weights=v * v, minlength=d)
     return sq, s1
+
+
+def _step_dx(Dx, aDp, own):
+    """D x + a D p: in place in ``Dx`` when it is the solve's own array, else into ``aDp`` (the
+    array scipy returned for D p, free after the step): no copy of the carried release."""
+    if own:
+        Dx += aDp
+        return Dx
+    aDp += Dx
+    return aDp
 
 
 def _cdot(a, b):

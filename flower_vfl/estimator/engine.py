@@ -186,8 +186,9 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         if y.dtype.kind in "fc" and not np.all(np.isfinite(y)):
             raise ValueError("y contains NaN or inf")
         blocks = check_blocks(X_blocks, n_rows=y.shape[0])
+        self._binary_classes = None
         if loss.name in BINARY_LOSSES:      # any two labels; classes_[1] is the positive class
-            y = encode_classes(y, loss.name)[0]
+            y, self._binary_classes = encode_classes(y, loss.name)   # kept for fit (one pass less)
         # label DP: randomized response once, then the corrected loss (privacy/label_dp.py)
         from flower_vfl.privacy.label_dp import privatize_labels
         loss, y, self.label_privacy_ = privatize_labels(loss, y, getattr(self, "label_epsilon", None),
@@ -240,13 +241,19 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         loss, blocks, t, parties, central = self._setup(X_blocks, y)
         self._parties, self._central, self._eval_round = parties, central, 0
         self.loss_, self.n_features_in_ = loss, [D.shape[1] for D in blocks]
-        self.classes_ = encode_classes(y, loss.name)[1]     # the user's own labels (None: regression)
+        classes = self.__dict__.pop("_binary_classes", None)
+        # the user's own labels (None: regression)
+        self.classes_ = classes if classes is not None else encode_classes(y, loss.name)[1]
         private = [hasattr(p, "ledger") for p in parties]
         driver = RoundDriver(central, len(parties), max_rounds=self.max_rounds, tol=self.tol,
                              tol_abs=self.tol_abs, adaptive_rho=self.adaptive_rho)
         phases = driver.plan(private, [p.config.train_rounds for p, pr in zip(parties, private) if pr],
                              getattr(self, "acceleration", "none"), self.penalty, self.constraint is not None)
         self.acceleration_ = driver.acceleration
+        if driver.acc is None:      # plain rounds: looser inner forcing, CG for tall sparse L2 blocks
+            for p, pr in zip(parties, private):
+                if not pr:
+                    p.plain_rounds()     # as a non-private Flower party told so (clients/party_public.py)
         self.history_ = driver.history
         self.converged_ = False
         bar = None

@@ -28,6 +28,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from flower_vfl.core.accel import make_accelerator
 from flower_vfl.core.central import CentralUpdate
+from flower_vfl.core.party import PLAIN_ROUNDS
 from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, SUM, RoundDriver
 from flower_vfl.core.schedule import default_rho
 from flower_vfl.core.losses import get_loss
@@ -303,10 +304,18 @@ class VerticalADMMStrategy(Strategy):
 
     def _content(self, server_round, q, y, rho, **extra) -> RecordDict:
         c = self.central
+        # no accelerator extrapolates the rounds: a non-private party may take the looser x-update
+        # the engine's parties take then (PartyUpdate.plain_rounds); a private party ignores it.
+        # Not in a run that checkpoints or resumes: a resumed run replays the parties' last round
+        # from x = 0, which an inexact warm-started CG solve does not reproduce (the resume would
+        # be refused); the engine keeps no checkpoint, so it and a run without one agree
+        plain = (self.driver is not None and self.driver.acc is None
+                 and self.state_dir is None and self.resume is None)
         return RecordDict({
             "vectors": ArrayRecord({"q": Array(np.asarray(q)), "y": Array(np.asarray(y))}),
             "config": ConfigRecord({"round": int(server_round), "rho": float(rho),
-                                    "alpha": float(c.alpha), "theta": float(c.theta), **extra}),
+                                    "alpha": float(c.alpha), "theta": float(c.theta), PLAIN_ROUNDS: plain,
+                                    **extra}),
         })
 
     def _replay_content(self, party) -> RecordDict:
