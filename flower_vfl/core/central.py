@@ -60,7 +60,9 @@ class CentralUpdate:
         if loss.n_outputs == 1 and loss.curvature is not None:
             return self._joint_newton(a_hat)
         if loss.name == "multinomial":          # joint (z, b) Newton, O(N K) per iteration
-            w, self.b = multinomial_newton(a_hat, y, t, rho, n, self.z + self.b, self.b)
+            work = self.__dict__.setdefault("_mn_work", {})
+            w, self.b = multinomial_newton(a_hat, y, t, rho, n, self.z + self.b, self.b,
+                                           p0=self._softmax_from_dual(work), work=work)
             return w - self.b
         c = a_hat.mean(axis=0) + y.sum(axis=0) / (rho * n)
         b = self.b.copy()
@@ -84,6 +86,21 @@ class CentralUpdate:
                 b = b - np.linalg.lstsq(J, h, rcond=1e-10)[0]
         self.b = b
         return loss.z_update(a_hat + b, y, t, rho, n, z0=w) - b
+
+    def _softmax_from_dual(self, work):
+        """softmax(z + b) without an exp, or None: the last solve left l'(w) = p - t = N y_plus
+        to its tolerance (y_plus, the dual it computed; an accelerator may have replaced y since),
+        so p = t + N y_plus (multinomial :func:`~flower_vfl.core.multinomial.multinomial_newton`'s
+        predictor; rho unchanged since)."""
+        y_plus = self.__dict__.get("_y_plus")
+        if y_plus is None or self.__dict__.get("_y_plus_rho") != self.rho or y_plus.shape != self.t.shape:
+            return None
+        p0 = work.get("P0")
+        if p0 is None or p0.shape != self.t.shape:
+            p0 = work["P0"] = np.empty(self.t.shape)
+        np.multiply(y_plus, self.n, out=p0)
+        p0 += self.t
+        return p0
 
     def _intercept_then_z(self, a_hat):
         """Nonconvex l: one Gauss-Seidel sweep, the intercept block first, then z (eq. 7).
