@@ -69,8 +69,6 @@ def _bundled_split(y):
     checked against the labels), so that the processes of a run (the ServerApp, one ClientApp per
     party) do not each import scikit-learn for it: ~0.7-1.3 s of a process's start-up (issue 24,
     item 5)."""
-    import os
-    import tempfile
     path = bundled_cache_dir() / "breast_cancer.split.npz"
     if path.is_file():
         try:
@@ -81,12 +79,11 @@ def _bundled_split(y):
         except (OSError, KeyError, ValueError):
             pass                                        # unreadable or stale: computed again
     from sklearn.model_selection import train_test_split
+
+    from flower_vfl.io.checkpoint import atomic_write
     tr, te = train_test_split(np.arange(y.size), test_size=0.25, random_state=0, stratify=y)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
-        np.savez(fh, train=tr, test=te, y=y)
-    os.replace(tmp, path)                               # atomic: concurrent readers see a whole file
+    atomic_write(path, lambda fh: np.savez(fh, train=tr, test=te, y=y))   # concurrent readers: a whole file
     return tr, te
 
 
@@ -172,8 +169,6 @@ def _cached_labels(name, data_dir):
     pulls scipy.stats) and the whole X (~4 GB at 10M rows, kept by ``load_all``'s cache) are paid
     once per file, not by every run's ServerApp (issue 24, items 1, 4 and 5)."""
     import hashlib
-    import os
-    import tempfile
     paths = source_files(name, data_dir)
     try:
         stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
@@ -192,12 +187,10 @@ def _cached_labels(name, data_dir):
     X, y, Xt, yt = _load_uncached(name, data_dir)
     del X, Xt
     if path is not None:
+        from flower_vfl.io.checkpoint import atomic_write
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".npz", dir=path.parent)
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, train=y, test=yt)
-            os.replace(tmp, path)                      # atomic: concurrent readers see a whole file
+            atomic_write(path, lambda fh: np.savez(fh, train=y, test=yt))   # concurrent readers: a whole file
         except OSError:
             pass                                       # a read-only cache: parsed every run, as before
     return y, yt
