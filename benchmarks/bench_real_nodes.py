@@ -187,6 +187,9 @@ def main(argv=None):
                     help="time to a model at this relative objective gap (e.g. 1e-6): --rounds becomes the "
                          "rounds the same run takes in process to reach it, and each job reports the gap of "
                          "its last round and its wall time from `flwr run` to the finished status")
+    ap.add_argument("--no-warm-server", action="store_true",
+                    help="the SuperLink starts a new flwr-serverapp per run (Flower's subprocess isolation) instead "
+                         "of forking it from flower-vfl's warm executor (deploy_local's warm_server)")
     args = ap.parse_args(argv)
 
     from flower_vfl.deploy.local import Processes, deploy_local, _flwr_json  # noqa: F401
@@ -212,7 +215,8 @@ def main(argv=None):
         t0 = time.time()
         res = deploy_local(work, 2, {**rc, "out-dir": str(work / "ours_0")}, node_configs=nodes,
                            app_dir=args.app_dir, tls=True, auth=True, processes=procs, timeout=1800,
-                           isolation="warm", idle_poll=args.idle_poll)
+                           isolation="warm", idle_poll=args.idle_poll,
+                           **({"warm_server": False} if args.no_warm_server else {}))
         env = dict(os.environ, FLWR_HOME=str(work / "flwr_home"), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         party_keys = str(work / "party-keys.json")
@@ -278,7 +282,7 @@ def main(argv=None):
         "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(), *(argv or sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": time.time() - t_start,
         "gap": args.gap or None, "f_star": f_star,
-        "config": {**rc, "idle_poll": args.idle_poll, "pull_first_s": PULL_FIRST_S, "pull_max_s": PULL_MAX_S,
+        "config": {**rc, "idle_poll": args.idle_poll, "warm_server": not args.no_warm_server, "pull_first_s": PULL_FIRST_S, "pull_max_s": PULL_MAX_S,
                    "app_dir": args.app_dir},
         "ours": ours, "empty_app": noop, "ratio_ours_over_empty_app_median": ratios, "loadavg_1min": loads,
     }

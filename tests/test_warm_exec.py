@@ -46,6 +46,14 @@ def test_warm_isolation_end_to_end_matches_the_engine(tmp_path, packaged):
     where = re.escape(str(Path(flower_vfl.__file__).resolve().parents[1])) + r" here" if packaged \
         else r"\S*/apps/flower-vfl\.flower-vfl\.\S+ here"
     assert re.search(r"INFO[^\n]{0,24}\[warm_exec\] imported \d+ modules of the app in " + where, exec_log), exec_log[-3000:]
+    # the run's ServerApp was forked by the SuperLink's warm executor (--isolation process), not a
+    # flwr-serverapp interpreter
+    server_log = (tmp_path / "logs" / "server-exec.log").read_text()
+    assert re.search(r"\[warm_exec\] task \d+: forked ServerApp and its exit handlers done in [\d.]+ s \(exit 0\)",
+                     server_log), server_log[-3000:]
+    assert "Start `flwr-serverapp` process" not in server_log + (tmp_path / "logs" / "superlink.log").read_text()
+    # its last log lines reached the SuperLink before the final status (the shortened flush_logs)
+    assert re.search(r"final \(round 3\): test_loss=[\d.]+", (tmp_path / "logs" / "run.log").read_text())
     assert any_alive(procs.started) == []
 
 
@@ -449,3 +457,131 @@ def test_supernode_activation_retry_refuses_another_flower_release(monkeypatch):
                                          r"\(1\.41\.x, 1\.42\.x\); a refused activation ends the node at once"):
         assert supernode.retry_activation() is False
     assert FleetHttpClient.ActivateNode is flower
+
+
+def test_preload_installed_imports_the_package_module_in_the_warm_process():
+    """``--preload-package``: the installed package's module is imported at the executor's start
+    and registered as a preloaded app (its sys.path root -> its top-level name), so a forked child
+    keeps it; a module that is not installed warns and preloads nothing. In a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, warnings, json
+from flower_vfl.deploy import warm_exec as w
+p = w.AppPreloader()
+for m in [m for m in sys.modules if m.startswith("flower_vfl.apps")]:
+    del sys.modules[m]
+n = w.preload_installed(p, "flower_vfl.apps.server")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    n2 = w.preload_installed(p, "no_such_package_here.app")
+print(json.dumps({"n": n, "apps": {k: sorted(v) for k, v in p.apps.items()}, "n2": n2,
+                  "loaded": "flower_vfl.apps.server" in sys.modules, "warn": [str(c.message) for c in caught]}))
+"""
+    out = subprocess.run([sys.executable, "-W", "ignore::UserWarning:google", "-c", code], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    import flower_vfl
+    root = str(Path(flower_vfl.__file__).resolve().parents[1])
+    assert res["loaded"] is True and res["n"] >= 1
+    assert res["apps"] == {root: ["flower_vfl"]}
+    assert res["n2"] == 0
+    assert res["warn"] == ["flower_vfl.deploy.warm_exec: --preload-package no_such_package_here.app: "
+                           "no_such_package_here is not an installed package here; not preloaded"]
+
+
+def test_forked_serverapp_runs_flowers_serverapp_main(monkeypatch):
+    """The ServerApp task's child does what flwr-serverapp's main does after its arguments: its
+    output mirrored to a log queue, then Flower's run_serverapp with the task's address, token,
+    TLS and parent, and the output restored after (also when run_serverapp exits)."""
+    import sys
+    from types import SimpleNamespace
+
+    import flwr.superlink.runtime as rt
+    import flwr.supercore.logger as lg
+
+    from flower_vfl.deploy import warm_exec
+
+    calls = []
+    monkeypatch.setattr(lg, "mirror_output_to_queue", lambda q: calls.append(("mirror", q)))
+    monkeypatch.setattr(lg, "restore_output", lambda: calls.append(("restore",)))
+
+    def run_serverapp(**kw):
+        calls.append(("run", kw))
+        raise SystemExit(0)                       # flwr_exit ends the task with sys.exit
+
+    monkeypatch.setattr(rt, "run_serverapp", run_serverapp)
+    spec = SimpleNamespace(runtime_api_address="127.0.0.1:9", token="tok", insecure=False, parent_pid=7,
+                           runtime_dependency_install=False)
+    with pytest.raises(SystemExit):
+        warm_exec._run_serverapp(spec, b"CA")
+    assert [c[0] for c in calls] == ["mirror", "run", "restore"]
+    kw = calls[1][1]
+    assert kw["log_queue"] is calls[0][1]
+    assert {k: v for k, v in kw.items() if k != "log_queue"} == {
+        "runtime_api_address": "127.0.0.1:9", "token": "tok", "insecure": False, "certificates": b"CA",
+        "parent_pid": 7, "runtime_dependency_install": False}
+    assert sys.stdout is not None
+
+
+def test_serverapp_flush_waits_for_the_uploaders_last_push():
+    """The forked ServerApp's flush_logs (replacing Flower's fixed 1 s): when it returns, Flower's own
+    log uploader thread has pushed every line queued before it, also when a push is slow (0.3 s,
+    in flight when the queue empties). Flower's flush_logs of this release is the one recognised."""
+    import threading
+    import time
+
+    import flwr.supercore.logger as lg
+
+    from flower_vfl.deploy import warm_exec
+
+    assert warm_exec._is_flowers_flush(lg.flush_logs) is True
+    assert warm_exec._is_flowers_flush(lambda q, timeout=3.0: True) is False
+    pushed = []
+
+    class Client:
+        def PushLogs(self, req):                      # noqa: N802 - Flower's method name
+            time.sleep(0.3)
+            pushed.extend(req.logs)
+
+    for trial in range(3):
+        pushed.clear()
+        q = warm_exec._DrainQueue()
+        t = threading.Thread(target=lg._log_uploader, args=(q, 0, 1, Client()), daemon=True)
+        t.start()
+        lines = [f"line {trial}.{i}" for i in range(5)]
+        for i, line in enumerate(lines):
+            q.put(line)
+            if i == 2:
+                time.sleep(0.25)                      # a push is in flight when the rest arrive
+        assert warm_exec._drained_flush(q) is True
+        assert pushed == lines
+        q.put(None)
+        t.join(5)
+        assert not t.is_alive()
+
+
+def test_deploy_local_forks_the_serverapp_from_a_warm_executor_by_default(monkeypatch, tmp_path):
+    """deploy-local's SuperLink runs with --isolation process and its ServerApps are served by
+    warm_exec --app serverapp (TLS to the SuperLink's Runtime API with the deployment's CA, ended
+    with the SuperLink); warm_server=False or the subprocess isolation keep Flower's own SuperExec."""
+    import sys
+
+    from _deploy_fakes import deploy_local_commands
+
+    cmds = deploy_local_commands(monkeypatch, tmp_path / "warm", 2, auth=False)
+    link = cmds["superlink"]
+    assert link[-2:] == ["--isolation", "process"]
+    port = link[link.index("--port") + 1]
+    ca = link[link.index("--ssl-ca-certfile") + 1]
+    assert cmds["server-exec"] == [sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--app", "serverapp",
+                                   "--preload-package", "flower_vfl.apps.server", "--runtime-api-address",
+                                   f"127.0.0.1:{port}", "--root-certificates", ca, "--parent-pid", "1"]
+    # each party's executor imports flower-vfl's ClientApp (the installed package) at its start
+    assert cmds["exec0"][cmds["exec0"].index("--preload-package") + 1] == "flower_vfl.apps.client"
+    for name, kw in (("off", {"warm_server": False}), ("subprocess", {"isolation": "subprocess"})):
+        cmds = deploy_local_commands(monkeypatch, tmp_path / name, 2, auth=False, tls=False, **kw)
+        assert "--isolation" not in cmds["superlink"] and "server-exec" not in cmds

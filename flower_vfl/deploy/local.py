@@ -38,7 +38,7 @@ from pathlib import Path
 
 __all__ = ["Processes", "any_alive", "free_port", "make_pki", "write_connection", "submit", "run_status", "wait_run",
            "exit_code", "run_error", "failure_message", "ray_did_not_start", "managed_superlink_pids", "simulation_superlink",
-           "party_is_private", "loopback_env", "idle_poll_for", "start_supernode", "Zygote", "ZygoteError", "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local", "RoundProgress"]
+           "party_is_private", "loopback_env", "idle_poll_for", "start_supernode", "start_server_exec", "Zygote", "ZygoteError", "superlink_registry", "recorded_superlinks", "stop_recorded_superlink", "deploy_local", "RoundProgress"]
 
 FINISHED = "finished:"
 #: seconds between the SuperExec's task polls on the loopback SuperNodes (Flower's default: 1.0)
@@ -833,8 +833,11 @@ def start_supernode(procs: Processes, name: str, superlink: str, node_config, en
         cmd += ["--auth-supernode-private-key", str(auth_key)]
     if isolation == "warm":
         cmd += ["--isolation", "process"]
+    # flower-vfl's ClientApp (the installed package: the app folder the package ships) imported at
+    # the executor's start, so the first message (identify) is forked with it too
     ecmd = [sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--insecure",
-            "--runtime-api-address", f"127.0.0.1:{port}", "--accountants", accountants]
+            "--runtime-api-address", f"127.0.0.1:{port}", "--accountants", accountants,
+            "--preload-package", "flower_vfl.apps.client"]
     if isolation == "warm" and idle_poll is not None and wake:
         # the node wakes its executor when it stored a message: no task polling every 10 ms
         wport = free_udp_port()
@@ -859,7 +862,8 @@ def start_supernode(procs: Processes, name: str, superlink: str, node_config, en
 
 def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None, app_dir=".", tls=True,
                  auth=True, bind_keys=True, timeout=1800.0, processes=None, node_keys=None,
-                 isolation="warm", idle_poll=0.5, echo=None, on_line=None, fork_nodes=True) -> dict:
+                 isolation="warm", idle_poll=0.5, echo=None, on_line=None, fork_nodes=True,
+                 warm_server=None) -> dict:
     """SuperLink + ``num_parties`` SuperNodes on loopback, one job, everything stopped after.
 
     ``node_configs[m]`` (extra node-config keys of party m; ``state-dir`` defaults to
@@ -891,7 +895,15 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
     ``flower-supernode`` with its hard-coded 3 s idle sleep capped), stretched beyond 8 parties
     (:func:`idle_poll_for`); ``None`` starts Flower's ``flower-supernode`` as shipped. Each node
     wakes its warm executor when it stored a message (:func:`start_supernode`'s ``wake``).
+
+    ``warm_server`` (default: with the warm isolation): the SuperLink runs with ``--isolation
+    process`` and its ServerApps are forked by :mod:`flower_vfl.deploy.warm_exec` (``--app
+    serverapp``, started beside the SuperLink, with flwr, numpy, scipy, matplotlib and
+    ``flower_vfl.apps.server`` imported while the SuperNodes start) instead of Flower's SuperExec
+    starting a new ``flwr-serverapp`` interpreter for each run (:func:`start_server_exec`).
     """
+    if warm_server is None:
+        warm_server = isolation == "warm"
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation={isolation!r}; choose one of {ISOLATIONS}")
     if idle_poll is not None:
@@ -914,8 +926,13 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
             if tls else ["--insecure"]
         if auth:
             cmd.append("--enable-supernode-auth")
-        record = record_superlink(procs.start("superlink", cmd, env, workdir), link, home, "deploy-local",
-                                  logs / "superlink.log")
+        if warm_server:
+            cmd += ["--isolation", "process"]
+        superlink = procs.start("superlink", cmd, env, workdir)
+        record = record_superlink(superlink, link, home, "deploy-local", logs / "superlink.log")
+        if warm_server:
+            start_server_exec(procs, link, env, workdir, root_certificates=pki["ca"] if tls else None,
+                              parent_pid=superlink.pid)
         warm = WarmFlwr.start(env)              # the job's `flwr run`, importing while the nodes start
         _wait_port(link, procs.procs["superlink"], logs / "superlink.log")
         if auth:
@@ -955,6 +972,24 @@ def deploy_local(workdir, num_parties: int, run_config: dict, node_configs=None,
             procs.stop_all()
             if record is not None:
                 record.unlink(missing_ok=True)
+
+
+def start_server_exec(procs: Processes, link_port, env, cwd, *, root_certificates=None, parent_pid=None,
+                      name="server-exec"):
+    """The SuperExec of a SuperLink started with ``--isolation process`` on ``127.0.0.1:link_port``:
+    :mod:`flower_vfl.deploy.warm_exec` with ``--app serverapp``, which forks each run's ServerApp
+    (Flower's ``flwr-serverapp`` code, :func:`flower_vfl.deploy.warm_exec._run_serverapp`) from a
+    process that imported flwr, numpy, scipy, matplotlib and ``flower_vfl.apps.server`` once. It asks
+    the SuperLink for a task every ``$FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (:func:`loopback_env`:
+    0.2 s); ``root_certificates`` None: the Runtime API without TLS; ``parent_pid``: it ends when
+    that process (the SuperLink) does. On a Flower release it was not read in, it runs Flower's
+    SuperExec unpatched (a new ``flwr-serverapp`` per run, as Flower's subprocess isolation does)."""
+    cmd = [sys.executable, "-m", "flower_vfl.deploy.warm_exec", "--app", "serverapp",
+           "--preload-package", "flower_vfl.apps.server", "--runtime-api-address", f"127.0.0.1:{link_port}"]
+    cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
+    if parent_pid is not None:
+        cmd += ["--parent-pid", str(parent_pid)]
+    return procs.start(name, cmd, env, cwd)
 
 
 def _wait_port(port, proc, log, timeout=60.0):

@@ -62,6 +62,11 @@ __all__ = ["main"]
 WARM_IMPORTS = ("flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "flwr.app", "numpy",
                 "scipy.sparse", "scipy.sparse.linalg", "scipy.linalg", "scipy.special", "threadpoolctl",
                 "dp_accounting", "dp_accounting.pld")
+#: the same for a SuperLink's ServerApp tasks (``--app serverapp``): what flwr-serverapp and the
+#: central node import before round 1, and matplotlib for its report's figure
+SERVER_WARM_IMPORTS = ("flwr.superlink.runtime.run_serverapp", "flwr.serverapp", "flwr.app", "numpy",
+                       "scipy.sparse", "scipy.linalg", "scipy.special", "threadpoolctl", "matplotlib",
+                       "matplotlib.figure", "matplotlib.backends.backend_agg")
 #: what only a private party's reply imports (it reports its ε by every accountant; opacus' 'rdp'
 #: and 'prv' import torch, ~3-4 s and ~235 MB in every message's process otherwise): imported here
 #: only for a private party (``--accountants``: ``auto`` once a forked ClientApp imported them,
@@ -189,12 +194,154 @@ def _child_after_fork(preloaded) -> None:
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()                                  # None: OS entropy
-    for name in [m for m in sys.modules if m == "flower_vfl" or m.startswith("flower_vfl.")]:
-        if not any(name in _bundle_modules(f, t) for f, t in preloaded.items()):
+    ours = [m for m in sys.modules if m == "flower_vfl" or m.startswith("flower_vfl.")]
+    if not ours:
+        return
+    keep = set().union(*(_bundle_modules(f, t) for f, t in preloaded.items()))   # one pass per app
+    for name in ours:
+        if name not in keep:
             del sys.modules[name]
 
 
-def _report_bundle_modules(preloaded, wfd: int, bundles: bool = True, learn=()):
+#: where Flower's ClientApp / ServerApp process looks up ``load_app`` (patched in a forked child
+#: to learn the bundle's folder) and ``install_from_fab`` (:func:`_reuse_installed_fabs`)
+CLIENT_LOADER, SERVER_LOADER = "flwr.clientapp.utils", "flwr.server.run_serverapp"
+CLIENT_RUNTIME, SERVER_RUNTIME = "flwr.supernode.runtime.run_clientapp", "flwr.superlink.runtime.run_serverapp"
+
+
+def _run_serverapp(spec, certificates) -> None:
+    """In a forked child: what ``flwr-serverapp``'s main (flwr 1.41/1.42,
+    ``flwr.superlink.cli.flwr_serverapp``) does after parsing its arguments: the process's output
+    mirrored to the queue Flower's log uploader sends to the SuperLink, then Flower's
+    ``run_serverapp`` for the task's token (it ends with ``flwr_exit``: ``SystemExit``).
+
+    One change (:func:`patch_serverapp_flush`, :func:`_drained_flush`): at the end, Flower's ``flush_logs`` waits until the log
+    queue is empty and then sleeps 1 s "to allow the PushLogs call to complete" before the run's
+    final status is pushed; here it waits until the uploader thread has come back to the queue twice
+    after it was empty (each visit follows its previous push: 0.2-0.4 s), at most that 1 s."""
+    from flwr.supercore.logger import mirror_output_to_queue, restore_output
+    from flwr.superlink.runtime import run_serverapp
+
+    log_queue = _DrainQueue()
+    mirror_output_to_queue(log_queue)
+    try:
+        run_serverapp(runtime_api_address=spec.runtime_api_address, log_queue=log_queue, token=spec.token,
+                      insecure=spec.insecure, certificates=certificates, parent_pid=spec.parent_pid,
+                      runtime_dependency_install=spec.runtime_dependency_install)
+    finally:
+        restore_output()
+
+
+_FORKABLE: list = []
+
+
+def serverapp_forkable() -> bool:
+    """Does this Flower have what a forked ServerApp calls (flwr-serverapp's code as read in 1.42:
+    ``flwr.superlink.runtime.run_serverapp``, the ``load_app`` of ``flwr.server.run_serverapp``, the
+    output mirroring of ``flwr.supercore.logger``)? If not, ServerApp tasks are launched as Flower
+    does (a new ``flwr-serverapp``), with one warning."""
+    if not _FORKABLE:
+        import importlib
+        try:
+            rt, srv, lg = (importlib.import_module(m) for m in
+                           (SERVER_RUNTIME, SERVER_LOADER, "flwr.supercore.logger"))
+            ok = all(callable(getattr(m, n, None)) for m, n in (
+                (rt, "run_serverapp"), (rt, "install_from_fab"), (srv, "load_app"),
+                (lg, "mirror_output_to_queue"), (lg, "restore_output")))
+        except ImportError:
+            ok = False
+        if not ok:
+            import warnings
+            warnings.warn("flower_vfl.deploy.warm_exec: this Flower's ServerApp process code is not the one this "
+                          "was read in (flwr.superlink.runtime.run_serverapp); each run starts a new "
+                          "flwr-serverapp instead of a forked one", stacklevel=2)
+        _FORKABLE.append(ok)
+    return _FORKABLE[0]
+
+
+#: what Flower's flush_logs (flwr.supercore.logger, 1.41/1.42) ends with: the 1 s it sleeps after
+#: the log queue is empty, which :func:`_drained_flush` replaces
+FLOWER_FLUSH_SLEEP = "time.sleep(min(1, remaining))"
+
+
+def patch_serverapp_flush() -> bool:
+    """In a forked ServerApp (before anything wraps it): Flower's ``flush_logs`` as
+    ``run_serverapp`` calls it replaced by :func:`_drained_flush`, when it is the one this was read
+    in; returns whether it was."""
+    import importlib
+    rt = importlib.import_module(SERVER_RUNTIME)
+    if not _is_flowers_flush(getattr(rt, "flush_logs", None)):
+        return False
+    rt.flush_logs = _drained_flush
+    return True
+
+
+def _is_flowers_flush(fn) -> bool:
+    """``fn`` is the ``flush_logs`` of the Flower release this was read in (its queue wait, then its
+    fixed 1 s sleep); otherwise it is kept."""
+    import inspect
+    try:
+        return callable(fn) and getattr(fn, "__module__", "") == "flwr.supercore.logger" \
+            and FLOWER_FLUSH_SLEEP in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+
+
+def _drain_queue_class():
+    from queue import Empty, Queue
+    from threading import Condition
+
+    class DrainQueue(Queue):
+        """The ServerApp's log queue: counts the uploader's visits that found it empty (Flower's
+        ``_log_uploader`` takes everything with ``get_nowait`` until ``Empty``, pushes it, sleeps
+        0.2 s, comes back)."""
+
+        def __init__(self):
+            super().__init__()
+            self.drains = 0
+            self.drained = Condition()
+
+        def get_nowait(self):
+            try:
+                return super().get_nowait()
+            except Empty:
+                with self.drained:
+                    self.drains += 1
+                    self.drained.notify_all()
+                raise
+
+    return DrainQueue
+
+
+def _DrainQueue():                                     # noqa: N802 - a class, built on first use
+    return _drain_queue_class()()
+
+
+def _drained_flush(log_queue, timeout: float = 3.0) -> bool:
+    """Flower's ``flush_logs`` with its fixed 1 s replaced: wait (as Flower) until the queue is empty,
+    then until the uploader has found it empty twice more (the second visit comes after the push of
+    whatever it took at the first), at most 1 s and within ``timeout`` (as Flower)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not log_queue.empty():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return True
+    drained = getattr(log_queue, "drained", None)
+    if drained is None:                                # not ours: Flower's wait
+        time.sleep(min(1, remaining))
+        return True
+    target = log_queue.drains + 2
+    with drained:
+        drained.wait_for(lambda: log_queue.drains >= target, timeout=min(1.0, remaining))
+    return True
+
+
+def _report_bundle_modules(preloaded, wfd: int, bundles: bool = True, learn=(), loader=CLIENT_LOADER):
     """In a forked child: Flower loads the ClientApp with ``load_app(ref, error, project_dir)``;
     before that, drop the preloaded apps whose code this task would not import; at the end, tell
     the warm process (pipe ``wfd``) the task's bundle folder and the modules it imported from it,
@@ -202,10 +349,10 @@ def _report_bundle_modules(preloaded, wfd: int, bundles: bool = True, learn=()):
     that package's ``sys.path`` root and modules (``bundles``), and which of ``learn`` (module names)
     it imported that the warm process had not (``"warm"``; returns that report, called before the
     child exits)."""
+    import importlib
     import json
 
-    import flwr.clientapp.utils as cu
-
+    cu = importlib.import_module(loader)
     load, seen = cu.load_app, {}
     had = {n for n in learn if n in sys.modules}
 
@@ -298,15 +445,16 @@ def wake_socket(port: int):
     return sock
 
 
-def _reuse_installed_fabs() -> None:
+def _reuse_installed_fabs(runtime=CLIENT_RUNTIME) -> None:
     """In a forked child: a FAB whose bytes (SHA-256) this node's ClientApps already installed is
     not extracted and hash-verified again (Flower does both for every message, then finds the app
     installed and keeps it). The note is written after Flower's own install of those bytes succeeded,
     in ``$FLWR_HOME/apps/.flower-vfl-installed/<sha256>`` (the party's own disk)."""
     import hashlib
+    import importlib
     from pathlib import Path
 
-    import flwr.supernode.runtime.run_clientapp as rc
+    rc = importlib.import_module(runtime)
     from flwr.common.constant import APP_DIR
     from flwr.supercore.utils import get_flwr_home
 
@@ -363,13 +511,52 @@ def _time_clientapp_calls(rec: dict) -> None:
                 rec[name] = rec.get(name, 0.0) + time.time() - t
         return wrapped
 
+    rec["t_run"] = time.time()
     for name in ("pull_task_input", "install_from_fab", "push_message", "push_task_output", "event",
                  "start_parent_process_monitor", "cleanup_app_runtime_environment", "register_signal_handlers"):
         if callable(getattr(rc, name, None)):
             setattr(rc, name, stage(name, getattr(rc, name)))
+    # the Runtime API client's construction and the heartbeat thread's start
+    client_cls, hb_cls = getattr(rc, "RuntimeHttpClient", None), getattr(rc, "HeartbeatSender", None)
+    if isinstance(client_cls, type) and callable(getattr(client_cls, "from_server_address", None)):
+        rc.RuntimeHttpClient = type("RuntimeHttpClient", (client_cls,), {
+            "from_server_address": classmethod(lambda cls, *a, **k: stage("client", client_cls.from_server_address)(*a, **k))})
+    if isinstance(hb_cls, type) and callable(getattr(hb_cls, "start", None)):
+        rc.HeartbeatSender = type("HeartbeatSender", (hb_cls,), {
+            "start": lambda self: stage("heartbeat_start", hb_cls.start)(self),
+            "stop": lambda self: stage("heartbeat_stop", hb_cls.stop)(self)})
     load = getattr(rc, "get_load_client_app_fn", None)
     if callable(load):
         rc.get_load_client_app_fn = lambda *a, **k: stage("load_client_app", load(*a, **k))
+
+
+#: the stages of Flower's run_serverapp timed in a forked ServerApp with $FLOWER_VFL_TIMING
+SERVER_STAGES = ("install_from_fab", "get_fab_metadata", "get_project_config", "get_fused_config_from_dir",
+                 "run_", "flush_logs", "start_log_uploader", "stop_log_uploader", "event",
+                 "start_parent_process_monitor", "cleanup_app_runtime_environment", "register_signal_handlers")
+
+
+def _time_stages(rec: dict, module: str, names) -> None:
+    """In a forked child with $FLOWER_VFL_TIMING: the seconds spent in each of ``names`` (functions
+    looked up in ``module``), summed, and when the first call to each started (``t0_<name>``)."""
+    import importlib
+    import time
+
+    mod = importlib.import_module(module)
+
+    def stage(name, fn):
+        def wrapped(*args, **kwargs):
+            t = time.time()
+            rec.setdefault("t0_" + name, t)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec[name] = rec.get(name, 0.0) + time.time() - t
+        return wrapped
+
+    for name in names:
+        if callable(getattr(mod, name, None)):
+            setattr(mod, name, stage(name, getattr(mod, name)))
 
 
 def _timing_line(rec: dict, tops_at_fork=None) -> None:
@@ -390,6 +577,28 @@ def _timing_line(rec: dict, tops_at_fork=None) -> None:
             fh.write(json.dumps(rec) + "\n")
     except OSError:
         pass
+
+
+def preload_installed(preloader: AppPreloader, module: str) -> int:
+    """Import ``module`` of an installed package with ``preloader`` (as :meth:`AppPreloader.preload`
+    does for what a finished task reported: its ``sys.path`` root, its top-level name); returns how
+    many of that package's modules it imported. A module that is not installed warns and does nothing."""
+    import importlib.util
+    import warnings
+
+    top = module.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    origin = getattr(spec, "origin", None)
+    if not isinstance(origin, str) or not os.path.isfile(origin):
+        warnings.warn(f"flower_vfl.deploy.warm_exec: --preload-package {module}: {top} is not an installed "
+                      "package here; not preloaded", stacklevel=1)
+        return 0
+    root = os.path.dirname(os.path.dirname(origin)) if os.path.basename(origin) == "__init__.py" \
+        else os.path.dirname(origin)
+    return preloader.preload(root, [module], {top})
 
 
 def import_private_libraries(names=WARM_PRIVATE) -> list[str]:
@@ -437,7 +646,9 @@ def _fork_executor(clock=None, preloader=None, learn=False):
             self._preloader = preloader         # AppPreloader, or None: every child imports its app
 
         def launch(self, spec):
-            if spec.task_type != TaskType.CLIENT_APP or not hasattr(os, "fork"):
+            server = spec.task_type == TaskType.SERVER_APP
+            if spec.task_type not in (TaskType.CLIENT_APP, TaskType.SERVER_APP) or not hasattr(os, "fork") \
+                    or (server and not serverapp_forkable()):
                 return super().launch(spec)
             certificates = validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure)
             t0, t_fork = time.monotonic(), time.time()
@@ -453,32 +664,41 @@ def _fork_executor(clock=None, preloader=None, learn=False):
                 self._forked[pid] = rfd
                 return LaunchResult.accepted()
             code, report = 0, None
-            timing = {"who": "party", "task": spec.task_id, "pid": os.getpid(), "t_fork": t_fork} \
+            timing = {"who": "serverapp" if server else "party", "task": spec.task_id, "pid": os.getpid(),
+                      "t_fork": t_fork} \
                 if os.environ.get(TIMING_ENV) else None
             tops = {m.split(".")[0] for m in sys.modules} if timing is not None else None
             if rfd is not None:
                 os.close(rfd)
-            try:                                      # the child: what flwr-clientapp's main does
+            try:                          # the child: what flwr-clientapp's (flwr-serverapp's) main does
                 # the app's code comes from the task's FAB, as in flwr-clientapp: no module of this
                 # package as started, nor of another preloaded bundle; numpy's global RNG reseeded
                 _child_after_fork(preloaded)
                 if wfd is not None:
                     report = _report_bundle_modules(preloaded, wfd, bundles=self._preloader is not None,
-                                                    learn=WARM_PRIVATE if self._learn else ())
-                _reuse_installed_fabs()
-                if timing is not None:
-                    _time_clientapp_calls(timing)
-                run_clientapp(runtime_api_address=spec.runtime_api_address, token=spec.token,
-                              insecure=spec.insecure, certificates=certificates, parent_pid=spec.parent_pid,
-                              runtime_dependency_install=spec.runtime_dependency_install)
+                                                    learn=WARM_PRIVATE if self._learn and not server else (),
+                                                    loader=SERVER_LOADER if server else CLIENT_LOADER)
+                _reuse_installed_fabs(SERVER_RUNTIME if server else CLIENT_RUNTIME)
+                if server:
+                    patch_serverapp_flush()
+                    if timing is not None:
+                        _time_stages(timing, SERVER_RUNTIME, SERVER_STAGES)
+                    _run_serverapp(spec, certificates)
+                else:
+                    if timing is not None:
+                        _time_clientapp_calls(timing)
+                    run_clientapp(runtime_api_address=spec.runtime_api_address, token=spec.token,
+                                  insecure=spec.insecure, certificates=certificates, parent_pid=spec.parent_pid,
+                                  runtime_dependency_install=spec.runtime_dependency_install)
             except SystemExit as exc:                 # flwr_exit ends the task with sys.exit
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:                     # noqa: BLE001 - never return into the parent's loop
                 code = 1
             finally:
                 try:
-                    log(INFO, "[warm_exec] task %d: forked ClientApp and its exit handlers done in %.3f s "
-                        "(exit %s)", spec.task_id, time.monotonic() - t0, code)
+                    log(INFO, "[warm_exec] task %d: forked %s and its exit handlers done in %.3f s "
+                        "(exit %s)", spec.task_id, "ServerApp" if server else "ClientApp", time.monotonic() - t0,
+                        code)
                     if timing is not None:
                         _timing_line({**timing, "t_exit": time.time(), "exit": code}, tops)
                     if report is not None and code == 0:
@@ -569,11 +789,21 @@ def main(argv=None) -> None:
     ap.add_argument("--no-preload", action="store_true",
                     help="do not import an app bundle's modules here: every message's process imports them "
                          "(as flwr-clientapp does; ~0.5-1 s a message)")
+    ap.add_argument("--app", choices=("clientapp", "serverapp"), default="clientapp",
+                    help="whose tasks this executor's warm imports are for: a SuperNode's ClientApps (default) or, "
+                         "pointed at a SuperLink started with --isolation process, its ServerApps (it runs "
+                         "whichever of the two its Runtime API hands it)")
+    ap.add_argument("--preload-package", action="append", default=[], metavar="MODULE",
+                    help="a module of an installed package (e.g. flower_vfl.apps.server) imported here at start, "
+                         "as if a finished task of an app bundle whose app is that installed package had reported "
+                         "it, so the first task is forked with it too; a bundle that ships its own copy of the "
+                         "package drops it in its child (repeatable)")
     args = ap.parse_args(argv)
     from flower_vfl.deploy.supernode import telemetry_off_by_default
     telemetry_off = telemetry_off_by_default()
     import importlib
     import inspect
+    import time
     import warnings
 
     import flwr
@@ -586,8 +816,8 @@ def main(argv=None) -> None:
                       f"({', '.join(v + 'x' for v in PATCHED_FLWR)}) or its SuperExec loop changed; running "
                       "Flower's SuperExec unpatched (a new flwr-clientapp process per message)", stacklevel=1)
     else:
-        accountants = "off" if args.lean else args.accountants
-        for mod in WARM_IMPORTS:
+        accountants = "off" if args.lean or args.app == "serverapp" else args.accountants
+        for mod in SERVER_WARM_IMPORTS if args.app == "serverapp" else WARM_IMPORTS:
             importlib.import_module(mod)
         if accountants == "eager":
             import_private_libraries()
@@ -604,7 +834,18 @@ def main(argv=None) -> None:
                 warnings.warn(f"flower_vfl.deploy.warm_exec: cannot listen on UDP 127.0.0.1:{args.wake_port} "
                               f"({exc}); polling for tasks instead", stacklevel=1)
         clock = _HotTime(wake)
-        executor = _fork_executor(clock, None if args.no_preload else AppPreloader(), learn=accountants == "auto")
+        preloader = None if args.no_preload else AppPreloader()
+        if preloader is not None:
+            for mod in args.preload_package:
+                t = time.monotonic()
+                n = preload_installed(preloader, mod)
+                if n:
+                    from logging import INFO
+
+                    from flwr.supercore import log
+                    log(INFO, "[warm_exec] imported %d modules of the app in %s here in %.3f s (--preload-package %s: "
+                        "the first task is forked with them)", n, next(iter(preloader.apps)), time.monotonic() - t, mod)
+        executor = _fork_executor(clock, preloader, learn=accountants == "auto")
         rs.get_executor = lambda *a, **k: executor     # the ClientApp launch
         rs.time = clock                                # the task poll: hot after a launch / an exit
     rs.run_superexec(runtime_api_address=args.runtime_api_address, insecure=args.insecure,
