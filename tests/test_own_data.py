@@ -271,3 +271,30 @@ def test_docs_example_of_plugging_the_classes_into_an_existing_flower_app(tmp_pa
     model = VerticalADMM(max_rounds=50, tol=0).fit([t.X[_rows(t, order)] for t in tabs], owner.y[_rows(owner, order)])
     assert st.central.n == len(order) == round(0.9 * X.shape[0])
     assert float(st.central.b) == pytest.approx(float(model.intercept_), abs=1e-9)
+
+
+def test_own_data_route_warms_the_plots_while_its_rounds_run(tmp_path, a9a_small, monkeypatch):
+    """The ServerApp's own-data route starts the plot warm-up (as the bundled route does) and joins
+    it before its final write: run.png is written, and the thread has ended."""
+    from flwr.app import Context, RecordDict
+
+    import flower_vfl.apps.server as sa
+    from _own_data_helpers import HANDLERS
+    from flower_vfl.deploy.local_grid import LocalGrid
+
+    started = []
+    real = sa.warm_plots_thread
+
+    def record(run_config):
+        t = real(run_config)
+        started.append(t)
+        return t
+
+    monkeypatch.setattr(sa, "warm_plots_thread", record)
+    train, score = write_a9a_files(tmp_path, *a9a_small, fmt="csv")
+    nodes = node_configs(train, score, "csv", tmp_path)
+    rc = run_config(train, score, tmp_path, **{"max-rounds": 3, "out-dir": str(tmp_path / "out")})
+    sa.main(LocalGrid(HANDLERS, nodes, rc), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                                    run_config=rc))
+    assert len(started) == 1 and started[0] is not None and not started[0].is_alive()
+    assert (tmp_path / "out" / "run.png").stat().st_size > 0

@@ -206,7 +206,11 @@ def main(grid: Grid, context: Context) -> None:
         if predict:
             own_data.predict(grid, context.run_config)
             return
-        strategy = own_data.train(grid, context.run_config, make_strategy, progress=log_round)
+        warm = warm_plots_thread(context.run_config)      # its run.png, as the bundled route's
+        try:
+            strategy = own_data.train(grid, context.run_config, make_strategy, progress=log_round)
+        finally:
+            _join(warm)
     else:
         cfg = parse_run_config(context.run_config)
         strategy = make_strategy(context.run_config)

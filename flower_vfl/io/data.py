@@ -129,10 +129,9 @@ def _read_bundled(name, libsvm_path=None):
     if not ids.is_file():
         with open(libsvm_path, "rb") as fh:
             n = sum(1 for line in fh if line.strip())
-        fd, tmp = tempfile.mkstemp(suffix=".ids", dir=cache)
-        with os.fdopen(fd, "w") as fh:
-            fh.write("\n".join(str(i) for i in range(n)) + "\n")
-        os.replace(tmp, ids)
+        from flower_vfl.io.checkpoint import atomic_write
+        text = ("\n".join(str(i) for i in range(n)) + "\n").encode()
+        atomic_write(ids, lambda fh: fh.write(text))     # concurrent readers see a whole file
     return read_party(source_from_config({"data-path": str(libsvm_path), "format": "libsvm", "id-path": str(ids),
                                           "n-features": 123, "label-column": "label"}))
 
