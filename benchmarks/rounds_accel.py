@@ -10,6 +10,8 @@ Options (all VerticalADMM, logistic, intercept, default rho unless said, tol=0):
   aa+balance Anderson with residual balancing (the memory restarts when rho changes)
   rho1, rho/4, rho/8, rho/16   plain with rho = 0.2 c/N (the L2 default) / 1, 4, 8, 16; the
              default for L1 / elastic net is 0.2 c/(8N) (rho/8) since issue 9
+  rho*2, rho*3   plain with rho = 0.2 c/N x 2, x 3
+  relax1.5*2, relax1.5*3   over-relaxation alpha = 1.5 with rho = 0.2 c/N x 2, x 3
   auto       the default acceleration ('auto': Anderson for L2, spectral rho otherwise)
 
 Data sets: a9a (paper split, lam 1e-4), breast cancer (3 x 10 standardized columns, lam 1e-2),
@@ -58,6 +60,10 @@ OPTIONS = {
     "rho/4": dict(acceleration="none", rho_scale=0.25),
     "rho/8": dict(acceleration="none", rho_scale=0.125),
     "rho/16": dict(acceleration="none", rho_scale=0.0625),
+    "rho*2": dict(acceleration="none", rho_scale=2.0),
+    "rho*3": dict(acceleration="none", rho_scale=3.0),
+    "relax1.5*2": dict(acceleration="none", alpha=1.5, rho_scale=2.0),
+    "relax1.5*3": dict(acceleration="none", alpha=1.5, rho_scale=3.0),
 }
 
 

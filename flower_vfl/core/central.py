@@ -190,7 +190,7 @@ class CentralUpdate:
             m = max(float(G.max()), -float(G.min()))
             if not (m <= 0.5 * m_prev and np.isfinite(b)):
                 return None     # steps not shrinking (oscillation far from the root) or NaN
-            if k2 * m * m * (1.0 + 4.0 * n / s) <= tol:
+            if _certified(G, m, k2, n, s, tol):
                 self.b = np.float64(b)
                 return np.subtract(w, b, out=self._z_buffer(size))
             m_prev = m
@@ -217,12 +217,13 @@ class CentralUpdate:
         w-gradient is R_i = (l'(w_i + dw_i) - l'(w_i) - l''(w_i) dw_i)/N, |R_i| <= c3/(2N) dw_i^2.
         The remaining error is H^-1 R; with the bordered structure, |e_b| <= sum|R_i| / schur
         and |e_w,i| <= |R_i|/rho + |e_b|, so with m = max|dw| the error in z = w - b is at most
-        c3/(2N) m^2 (1 + 4N/S)/rho, S = schur/rho (a factor 2 of slack for the Hessian moving
-        along the step). The iteration stops when that bound is below ``tol``: no confirming
-        extra iteration, no evaluation of F. If a step fails to halve the previous one (Newton
-        oscillates from far-away starts on this sigmoid-shaped gradient), it has not stopped
-        after 12 steps, or a value is not finite, the damped Newton below runs from the same
-        start.
+        c3/(2N) (m^2 + 4 sum dw_i^2 / S)/rho <= c3/(2N) m^2 (1 + 4N/S)/rho, S = schur/rho (a
+        factor 2 of slack for the Hessian moving along the step). The iteration stops when the
+        right-hand bound is below ``tol`` or, when only its b-term misses, the middle one (one
+        dot; :func:`_certified`): no confirming extra iteration, no evaluation of F. If a step
+        fails to halve the previous one (Newton oscillates from far-away starts on this
+        sigmoid-shaped gradient), it has not stopped after 12 steps, or a value is not finite,
+        the damped Newton below runs from the same start.
 
         Damped path (every other convex scalar loss, and the fallback): backtracking on F
         keeps it globally convergent.
@@ -327,6 +328,17 @@ class CentralUpdate:
             return
         self._y_plus_rho = float(np.asarray(arrays["zp_rho"]).ravel()[0])
         self._y_plus = np.asarray(arrays["zp_y_plus"], dtype=float) if "zp_y_plus" in arrays else self.y
+
+
+def _certified(dw, m, k2, n, s, tol) -> bool:
+    """The fast z-update's stopping rule after a full Newton step ``dw`` (m = max|dw|, k2 =
+    c3/(2 N rho), s = schur/rho): the error bound k2 (m^2 + 4 sum dw_i^2 / s) <= tol
+    (:meth:`CentralUpdate._joint_newton`). First with sum dw_i^2 <= N m^2 (no pass over dw);
+    only when that misses by its b-term alone, with sum dw_i^2 itself (one read-only dot)."""
+    e2 = k2 * m * m
+    if e2 * (1.0 + 4.0 * n / s) <= tol:
+        return True
+    return e2 <= tol and k2 * (m * m + 4.0 * float(np.dot(dw, dw)) / s) <= tol
 
 
 def _bordered(h, G, nrho, n, out):
