@@ -46,7 +46,21 @@ objects it inherits out of Python's cyclic garbage collector (``gc.freeze()``) b
 else, so a collection in the child does not write to, and copy, the pages it shares with this
 process.
 
-Other task types (and non-POSIX systems) fall back to Flower's subprocess launch.
+The same executor serves a SuperLink's ServerApps (``--app serverapp``, pointed at a SuperLink
+started with ``--isolation process``; ``flower-vfl deploy-local`` does this): each run's ServerApp
+is Flower's ``flwr-serverapp`` code (``run_serverapp``: its log upload, heartbeat and exit) in a
+child forked from a process that imported flwr, numpy, scipy and matplotlib; ``--preload-package
+flower_vfl.apps.server`` (or ``flower_vfl.apps.client`` for a party) imports the installed app at
+start, so the first task is forked with it too (a bundle that ships its own copy drops it in its
+child). In a forked ServerApp, Flower's ``flush_logs`` (a fixed 1 s sleep before the final status)
+waits for its log uploader's last push instead (:func:`_drained_flush`).
+
+    flower-superlink --isolation process --port 9093 ...
+    python -m flower_vfl.deploy.warm_exec --app serverapp --preload-package flower_vfl.apps.server \
+        --runtime-api-address 127.0.0.1:9093 --root-certificates ca.crt --parent-pid <superlink pid>
+
+Other task types (and non-POSIX systems, or a Flower whose ServerApp process code differs:
+:func:`serverapp_forkable`) fall back to Flower's subprocess launch.
 """
 
 from __future__ import annotations
