@@ -74,6 +74,7 @@ def test_supernode_launcher_caps_only_flowers_idle_sleep(monkeypatch):
 
     monkeypatch.setattr(sci, "time", time)          # undone after the test
     monkeypatch.setattr(sci, "_push_messages", sci._push_messages)
+    monkeypatch.setattr(sci, "_pull_and_store_message", sci._pull_and_store_message)
     slept = []
     monkeypatch.setattr(time, "sleep", slept.append)
     assert supernode.cap_idle_sleep(0.25) is True
@@ -101,6 +102,7 @@ def test_supernode_hot_poll_after_a_reply(monkeypatch):
     monkeypatch.setattr(sci, "time", time)
     pushed = []
     monkeypatch.setattr(sci, "_push_messages", lambda *a, **k: pushed.append(a))
+    monkeypatch.setattr(sci, "_pull_and_store_message", sci._pull_and_store_message)
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
     slept = []

@@ -104,6 +104,7 @@ def clock(monkeypatch):
 
     monkeypatch.setattr(sci, "time", time)
     monkeypatch.setattr(sci, "_push_messages", lambda *a, **k: None)
+    monkeypatch.setattr(sci, "_pull_and_store_message", lambda *a, **k: None)
     now = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
     slept = []
@@ -168,6 +169,25 @@ def test_hot_window_opens_near_when_the_next_message_came_last_time(clock):
     now[0] = 122.0
     sci.time.sleep(0.5)
     assert sci.time.gaps == [10.0, 11.0, 1.0] and sci.time.hot_start() == pytest.approx(0.8)
+
+
+def test_the_gap_ends_when_the_pull_that_found_the_message_began(clock):
+    """The pull itself (0.1-0.3 s with TLS) is not part of the gap: counted in, it moved the window
+    later every round until the node slept through part of each round's message."""
+    from flower_vfl.deploy import supernode
+
+    sci, now, slept = clock
+    assert supernode.cap_idle_sleep(0.5, 0.02) is True
+    for _ in range(4):                                      # the message comes 1.0 s after each reply
+        reply = now[0]
+        sci._push_messages("state")
+        now[0] = reply + 1.0
+        assert sci._pull_and_store_message("found it") is None   # Flower's pull, begun at reply + 1.0
+        now[0] = reply + 1.25                               # ... took 0.25 s
+        sci.time.sleep(0.5)                                 # the first wait for the ClientApp's reply
+        now[0] = reply + 2.0
+    assert sci.time.gaps == [1.0, 1.0, 1.0]
+    assert sci.time.hot_start() == pytest.approx(0.8)       # the window opens before the message
 
 
 def test_deploy_local_stretches_the_idle_poll_beyond_8_parties(monkeypatch, tmp_path):
