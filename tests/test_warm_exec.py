@@ -587,3 +587,14 @@ def test_deploy_local_forks_the_serverapp_from_a_warm_executor_by_default(monkey
     for name, kw in (("off", {"warm_server": False}), ("subprocess", {"isolation": "subprocess"})):
         cmds = deploy_local_commands(monkeypatch, tmp_path / name, 2, auth=False, tls=False, **kw)
         assert "--isolation" not in cmds["superlink"] and "server-exec" not in cmds
+
+
+def test_serverapp_executor_refuses_the_party_only_flags(capsys):
+    from flower_vfl.deploy import warm_exec
+
+    with pytest.raises(SystemExit) as exc:
+        warm_exec.main(["--app", "serverapp", "--accountants", "eager", "--insecure",
+                        "--runtime-api-address", "127.0.0.1:9"])
+    assert exc.value.code == 2
+    assert ("error: --accountants/--lean are for a party's executor (--app clientapp): a ServerApp's executor "
+            "never imports the accountants' libraries; remove them") in capsys.readouterr().err

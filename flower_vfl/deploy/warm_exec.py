@@ -790,7 +790,7 @@ def main(argv=None) -> None:
     ap.add_argument("--insecure", action="store_true")
     ap.add_argument("--root-certificates", default=None)
     ap.add_argument("--parent-pid", type=int, default=None)
-    ap.add_argument("--accountants", choices=ACCOUNTANTS, default="auto",
+    ap.add_argument("--accountants", choices=ACCOUNTANTS, default=None,
                     help=f"when to import {', '.join(WARM_PRIVATE)} (opacus: torch, ~235 MB) here, for a private "
                          "party's messages: auto (default: once a forked ClientApp of this node imported them, "
                          "i.e. after its first private message; never for a non-private party), eager (at start), "
@@ -813,6 +813,9 @@ def main(argv=None) -> None:
                          "it, so the first task is forked with it too; a bundle that ships its own copy of the "
                          "package drops it in its child (repeatable)")
     args = ap.parse_args(argv)
+    if args.app == "serverapp" and (args.accountants is not None or args.lean):
+        ap.error("--accountants/--lean are for a party's executor (--app clientapp): a ServerApp's executor never "
+                 "imports the accountants' libraries; remove them")
     from flower_vfl.deploy.supernode import telemetry_off_by_default
     telemetry_off = telemetry_off_by_default()
     import importlib
@@ -830,7 +833,7 @@ def main(argv=None) -> None:
                       f"({', '.join(v + 'x' for v in PATCHED_FLWR)}) or its SuperExec loop changed; running "
                       "Flower's SuperExec unpatched (a new flwr-clientapp process per message)", stacklevel=1)
     else:
-        accountants = "off" if args.lean or args.app == "serverapp" else args.accountants
+        accountants = "off" if args.lean or args.app == "serverapp" else args.accountants or "auto"
         for mod in SERVER_WARM_IMPORTS if args.app == "serverapp" else WARM_IMPORTS:
             importlib.import_module(mod)
         if accountants == "eager":
