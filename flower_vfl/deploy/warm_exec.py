@@ -67,7 +67,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import sys
+import threading
 
 __all__ = ["main"]
 
@@ -301,34 +303,24 @@ def _is_flowers_flush(fn) -> bool:
         return False
 
 
-def _drain_queue_class():
-    from queue import Empty, Queue
-    from threading import Condition
+class _DrainQueue(queue.Queue):
+    """The forked ServerApp's log queue: counts the uploader's visits that found it empty (Flower's
+    ``_log_uploader`` takes everything with ``get_nowait`` until ``Empty``, pushes it, sleeps 0.2 s,
+    comes back)."""
 
-    class DrainQueue(Queue):
-        """The ServerApp's log queue: counts the uploader's visits that found it empty (Flower's
-        ``_log_uploader`` takes everything with ``get_nowait`` until ``Empty``, pushes it, sleeps
-        0.2 s, comes back)."""
+    def __init__(self):
+        super().__init__()
+        self.drains = 0
+        self.drained = threading.Condition()
 
-        def __init__(self):
-            super().__init__()
-            self.drains = 0
-            self.drained = Condition()
-
-        def get_nowait(self):
-            try:
-                return super().get_nowait()
-            except Empty:
-                with self.drained:
-                    self.drains += 1
-                    self.drained.notify_all()
-                raise
-
-    return DrainQueue
-
-
-def _DrainQueue():                                     # noqa: N802 - a class, built on first use
-    return _drain_queue_class()()
+    def get_nowait(self):
+        try:
+            return super().get_nowait()
+        except queue.Empty:
+            with self.drained:
+                self.drains += 1
+                self.drained.notify_all()
+            raise
 
 
 def _drained_flush(log_queue, timeout: float = 3.0) -> bool:
@@ -516,61 +508,55 @@ def _time_clientapp_calls(rec: dict) -> None:
     # the stages of Flower's run_clientapp (seconds spent in each, summed)
     import flwr.supernode.runtime.run_clientapp as rc
 
-    def stage(name, fn):
-        def wrapped(*args, **kwargs):
-            t = time.time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                rec[name] = rec.get(name, 0.0) + time.time() - t
-        return wrapped
-
     rec["t_run"] = time.time()
-    for name in ("pull_task_input", "install_from_fab", "push_message", "push_task_output", "event",
-                 "start_parent_process_monitor", "cleanup_app_runtime_environment", "register_signal_handlers"):
-        if callable(getattr(rc, name, None)):
-            setattr(rc, name, stage(name, getattr(rc, name)))
+    _time_stages(rec, CLIENT_RUNTIME, CLIENT_STAGES)
     # the Runtime API client's construction and the heartbeat thread's start
     client_cls, hb_cls = getattr(rc, "RuntimeHttpClient", None), getattr(rc, "HeartbeatSender", None)
     if isinstance(client_cls, type) and callable(getattr(client_cls, "from_server_address", None)):
         rc.RuntimeHttpClient = type("RuntimeHttpClient", (client_cls,), {
-            "from_server_address": classmethod(lambda cls, *a, **k: stage("client", client_cls.from_server_address)(*a, **k))})
+            "from_server_address": classmethod(lambda cls, *a, **k: _timed_stage(rec, "client", client_cls.from_server_address)(*a, **k))})
     if isinstance(hb_cls, type) and callable(getattr(hb_cls, "start", None)):
         rc.HeartbeatSender = type("HeartbeatSender", (hb_cls,), {
-            "start": lambda self: stage("heartbeat_start", hb_cls.start)(self),
-            "stop": lambda self: stage("heartbeat_stop", hb_cls.stop)(self)})
+            "start": lambda self: _timed_stage(rec, "heartbeat_start", hb_cls.start)(self),
+            "stop": lambda self: _timed_stage(rec, "heartbeat_stop", hb_cls.stop)(self)})
     load = getattr(rc, "get_load_client_app_fn", None)
     if callable(load):
-        rc.get_load_client_app_fn = lambda *a, **k: stage("load_client_app", load(*a, **k))
+        rc.get_load_client_app_fn = lambda *a, **k: _timed_stage(rec, "load_client_app", load(*a, **k))
 
 
+#: the stages of Flower's run_clientapp timed in a forked ClientApp with $FLOWER_VFL_TIMING
+CLIENT_STAGES = ("pull_task_input", "install_from_fab", "push_message", "push_task_output", "event",
+                 "start_parent_process_monitor", "cleanup_app_runtime_environment", "register_signal_handlers")
 #: the stages of Flower's run_serverapp timed in a forked ServerApp with $FLOWER_VFL_TIMING
 SERVER_STAGES = ("install_from_fab", "get_fab_metadata", "get_project_config", "get_fused_config_from_dir",
                  "run_", "flush_logs", "start_log_uploader", "stop_log_uploader", "event",
                  "start_parent_process_monitor", "cleanup_app_runtime_environment", "register_signal_handlers")
 
 
-def _time_stages(rec: dict, module: str, names) -> None:
-    """In a forked child with $FLOWER_VFL_TIMING: the seconds spent in each of ``names`` (functions
-    looked up in ``module``), summed, and when the first call to each started (``t0_<name>``)."""
-    import importlib
+def _timed_stage(rec: dict, name: str, fn):
+    """``fn`` wrapped to add the seconds each call takes to ``rec[name]`` and note when the first
+    call began (``rec['t0_<name>']``)."""
     import time
 
+    def wrapped(*args, **kwargs):
+        t = time.time()
+        rec.setdefault("t0_" + name, t)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            rec[name] = rec.get(name, 0.0) + time.time() - t
+    return wrapped
+
+
+def _time_stages(rec: dict, module: str, names) -> None:
+    """In a forked child with $FLOWER_VFL_TIMING: each of ``names`` (functions looked up in
+    ``module``) timed with :func:`_timed_stage`."""
+    import importlib
+
     mod = importlib.import_module(module)
-
-    def stage(name, fn):
-        def wrapped(*args, **kwargs):
-            t = time.time()
-            rec.setdefault("t0_" + name, t)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                rec[name] = rec.get(name, 0.0) + time.time() - t
-        return wrapped
-
     for name in names:
         if callable(getattr(mod, name, None)):
-            setattr(mod, name, stage(name, getattr(mod, name)))
+            setattr(mod, name, _timed_stage(rec, name, getattr(mod, name)))
 
 
 def _timing_line(rec: dict, tops_at_fork=None) -> None:
