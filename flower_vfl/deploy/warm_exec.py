@@ -198,6 +198,29 @@ class AppPreloader:
         return len(set(_bundle_modules(folder, tops)) - before)
 
 
+def _silence_output():
+    """In a forked child: file descriptors 1 and 2 to /dev/null (what Flower's subprocess launch does
+    with ``suppress_output``); returns copies of the old ones for :func:`_restore_output`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    kept = os.dup(1), os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    return kept
+
+
+def _restore_output(kept) -> None:
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os.dup2(kept[0], 1)
+    os.dup2(kept[1], 2)
+
+
 def _child_after_fork(preloaded) -> None:
     """In a forked child, before Flower's ClientApp code: the objects inherited from the warm
     process frozen out of the cyclic garbage collector (a collection here would write to their
@@ -664,6 +687,9 @@ def _fork_executor(clock=None, preloader=None, learn=False):
                 self._forked[pid] = rfd
                 return LaunchResult.accepted()
             code, report = 0, None
+            # as Flower's launch does (spec.suppress_output: stdout/stderr to DEVNULL; its SuperLink
+            # asks it for ServerApps, whose output reaches the SuperLink by the log upload instead)
+            kept = _silence_output() if getattr(spec, "suppress_output", False) else None
             timing = {"who": "serverapp" if server else "party", "task": spec.task_id, "pid": os.getpid(),
                       "t_fork": t_fork} \
                 if os.environ.get(TIMING_ENV) else None
@@ -696,6 +722,8 @@ def _fork_executor(clock=None, preloader=None, learn=False):
                 code = 1
             finally:
                 try:
+                    if kept is not None:                 # this executor's own line goes to its log
+                        _restore_output(kept)
                     log(INFO, "[warm_exec] task %d: forked %s and its exit handlers done in %.3f s "
                         "(exit %s)", spec.task_id, "ServerApp" if server else "ClientApp", time.monotonic() - t0,
                         code)
