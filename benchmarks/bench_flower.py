@@ -83,7 +83,7 @@ def _alive(pid: int) -> bool:
 class SuperLink:
     """A simulation-mode SuperLink of our own (own port, own FLWR_HOME), stopped by PID."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, extra_env: dict | None = None):
         self.workdir = workdir
         self.home = workdir / "flwr_home"
         self.home.mkdir(parents=True)
@@ -99,7 +99,7 @@ class SuperLink:
         (workdir / "run" / "shared" / "data").mkdir(parents=True)
         os.symlink(A9A_DIR, workdir / "run" / "shared" / "data" / "a9a")
         self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-                        FLWR_DISABLE_UPDATE_CHECK="1")
+                        FLWR_DISABLE_UPDATE_CHECK="1", **(extra_env or {}))
         self.proc = None
         self.seen: set[int] = set()
 
@@ -264,6 +264,9 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3, help="repetitions of (in process, our app, no-op app)")
     ap.add_argument("--out", default=str(RESULTS / "bench_flower.json"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary run directory (logs)")
+    ap.add_argument("--no-wake-arm", action="store_true",
+                    help="also run our app on a second SuperLink with $FLOWER_VFL_SIM_WAKE=0 (the central node "
+                         "leaves each round to Flower's 0.1 s delivery tick), in every repetition")
     ap.add_argument("--client-cpus", type=int, default=0,
                     help="the simulation's client-resources-num-cpus for both apps (0: Flower's default, 2: "
                          "one Ray actor on 2 cores runs the two parties one after the other; 1: two actors)")
@@ -278,10 +281,13 @@ def main(argv=None):
     t_start, git = time.time(), git_state()
     work = Path(tempfile.mkdtemp(prefix="bench_flower_"))
     link = SuperLink(work)
-    ours, noop, inproc, load = [], [], [], []
+    nowake = SuperLink(work / "nowake", {"FLOWER_VFL_SIM_WAKE": "0"}) if args.no_wake_arm else None
+    ours, ours_nowake, noop, inproc, load = [], [], [], [], []
     survivors = None
     try:
         link.start()
+        if nowake is not None:
+            nowake.start()
         for r in range(args.reps):
             load.append(os.getloadavg()[0])
             print(f"rep {r + 1}/{args.reps}: in process ...", flush=True)
@@ -290,6 +296,10 @@ def main(argv=None):
             print(f"rep {r + 1}/{args.reps}: our app in Flower simulation, {args.rounds} rounds ...", flush=True)
             ours.append(run_ours(link, args.rounds, work / f"ours_{r}"))
             print(f"  {np.mean(ours[-1]['per_round_s']):.3f} s/round", flush=True)
+            if nowake is not None:
+                print(f"rep {r + 1}/{args.reps}: our app, wake off ($FLOWER_VFL_SIM_WAKE=0) ...", flush=True)
+                ours_nowake.append(run_ours(nowake, args.rounds, work / f"ours_nowake_{r}"))
+                print(f"  {np.mean(ours_nowake[-1]['per_round_s']):.3f} s/round", flush=True)
             busy = round(inproc[-1]["party_train_handler_s"]["median"], 4)
             print(f"rep {r + 1}/{args.reps}: round-trip app, {args.repeats} per mode, busy-s={busy} ...", flush=True)
             noop.append(run_noop(link, args.repeats, busy, work / f"noop_{r}.json"))
@@ -297,7 +307,7 @@ def main(argv=None):
                   flush=True)
         load.append(os.getloadavg()[0])
     finally:
-        survivors = link.stop()
+        survivors = link.stop() + (nowake.stop() if nowake is not None else [])
         if survivors:
             print(f"WARNING: processes still alive after stop: {survivors}", file=sys.stderr)
         if args.keep:
@@ -339,9 +349,18 @@ def main(argv=None):
         "ratios_median": {f"ours / {m}": float(np.median(per_round)) / rt[m]["total"]["median"] for m in modes},
         "processes_left": survivors or [],
     }
+    if ours_nowake:
+        off = [x for o in ours_nowake for x in o["per_round_s"]]
+        result["ours_wake_off_s_per_round"] = stats(off)
+        result["ours_wake_off_runs"] = [{"mean_s_per_round": float(np.mean(o["per_round_s"])),
+                                         **{k: v for k, v in o.items() if k != "per_round_s"}} for o in ours_nowake]
+        result["ratios_mean"] |= {f"ours wake off / {m}": float(np.mean(off)) / rt[m]["total"]["mean"] for m in modes}
+        result["ratios_median"] |= {f"ours wake off / {m}": float(np.median(off)) / rt[m]["total"]["median"]
+                                    for m in modes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("ours_flower_sim_s_per_round", "ratios_mean", "ratios_median")},
+    print(json.dumps({k: result[k] for k in ("ours_flower_sim_s_per_round", "ours_wake_off_s_per_round",
+                                             "ratios_mean", "ratios_median") if k in result},
                      indent=1))
     print({m: round(rt[m]["total"]["mean"], 4) for m in modes})
     print(f"wrote {args.out}")

@@ -247,6 +247,7 @@ def test_send_and_receive_pull_schedule(grid_cls, first, cap, monkeypatch, tmp_p
     from flower_vfl.strategies import exchange
 
     first, cap = getattr(exchange, first), getattr(exchange, cap)
+    monkeypatch.setenv("FLOWER_VFL_SIM_WAKE", "0")     # no simulation engine here (tests/test_sim_delivery.py)
     slept = []
     monkeypatch.setattr(exchange.time, "sleep", slept.append)
     monkeypatch.setenv("FLOWER_VFL_TIMING", str(tmp_path / "t.jsonl"))

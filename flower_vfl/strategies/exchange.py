@@ -50,6 +50,7 @@ from flwr.common.logger import log
 
 from flower_vfl.errors import UserError
 from flower_vfl.privacy.boundary import WIRE_DTYPES, WIRE_FIELD, to_wire
+from flower_vfl.strategies import sim_delivery
 
 __all__ = ["Exchange", "ReplyError", "PartyFailed", "PartyLost", "PartyRefused", "keep_report", "LOST_CODES", "check_release", "claim", "identity_record",
            "key_fingerprint", "load_party_keys", "message_key", "send_and_receive", "wire_content", "WIRE_DTYPES"]
@@ -98,7 +99,8 @@ def message_key(msg: Message) -> str:
 
 def send_and_receive(grid, messages, timeout, stop=None) -> list:
     """Push ``messages`` and pull their replies until all came or ``timeout`` s passed, polling
-    a remote grid from 10 ms up to every 0.1 s, Flower's in-memory grid (simulation) every 2-10 ms.
+    a remote grid from 10 ms up to every 0.1 s, Flower's in-memory grid (simulation) every 2-10 ms,
+    waking the simulation's delivery thread after the push (:mod:`.sim_delivery`).
     A Grid without push/pull (the in-process LocalGrid) is asked through its own
     ``send_and_receive``. ``stop(ids)``: stop waiting early when it returns True for the ids
     still unanswered (the exchange's check that their nodes restarted)."""
@@ -114,6 +116,8 @@ def send_and_receive(grid, messages, timeout, stop=None) -> list:
         return list(grid.send_and_receive(messages, timeout=timeout))
     t_pushed = time.time()
     local = type(grid).__name__ == "InMemoryGrid"
+    if local:                          # the simulation's delivery thread: scan now, not at its next tick
+        sim_delivery.wake_delivery()
     wait, cap = (PULL_FIRST_LOCAL_S, PULL_MAX_LOCAL_S) if local else (PULL_FIRST_S, PULL_MAX_S)
     end, out, pulls, n = time.monotonic() + timeout, [], 0, len(ids)
     while ids:
@@ -125,6 +129,10 @@ def send_and_receive(grid, messages, timeout, stop=None) -> list:
             break
         time.sleep(wait)
         wait = min(wait * 1.5, cap)
+        if local and not out and time.time() - t_pushed < sim_delivery.TICK_S:
+            sim_delivery.wake_delivery()   # a wake that came while the thread was scanning is lost
+    if local and out:
+        sim_delivery.warn_if_never_woken()
     if os.environ.get(TIMING_ENV):
         _timing_line({"who": "server", "t_push": t0, "t_pushed": t_pushed, "t_done": time.time(),
                       "messages": n, "replies": len(out), "pulls": pulls, **_sizes(messages, out)})
