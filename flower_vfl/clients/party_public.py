@@ -25,7 +25,12 @@ from flower_vfl.privacy.boundary import InvalidMessage, Refused, inputs_hash, pa
 __all__ = ["PublicPartyClient"]
 
 STATE_ARRAYS = "vfl.party"
+#: the last release, as kept before the lean state (read if present; no longer written)
 STATE_LAST = "vfl.last"
+#: CG's carried D x (the release, to round-off: not bitwise D @ x) is kept in context.state up to
+#: this many bytes; a larger one is recomputed from x at the next message (one product). Every
+#: other N-vector of the party's state is left out of context.state (see :meth:`PublicPartyClient._after_train`)
+STATE_VECTOR_MAX_BYTES = 4 << 20
 #: the x-update's rho-free factorization (core/xsolve.py: the Gram's eigendecomposition) kept in
 #: the party's own context.state with a hash of the solver cache's key: on real SuperNodes every
 #: message is a fresh process, which otherwise re-factorizes (0.18 s of a 0.31 s a9a training
@@ -94,7 +99,13 @@ class PublicPartyClient(PartyClient):
                     party.solver.adopt_factorization({k: rec[k].numpy() for k in rec if k != "key"})
         # this run's state (none yet: a run's start, which also resets what a cached solver carried)
         rec = context.state[STATE_ARRAYS] if STATE_ARRAYS in context.state else {}
-        party.set_state({k: rec[k].numpy() for k in rec})
+        state = {k: rec[k].numpy() for k in rec}
+        self._kept, self._alpha = set(state), None      # _alpha: this train request's, once read
+        if "x" in state and "s" not in state:
+            # the lean state (_after_train): the last release is CG's carried D x when kept, else
+            # D @ x of the kept x, the product that made it (every path but CG: bitwise the same)
+            state["s"] = state["Dx"] if "Dx" in state else self.D @ state["x"]
+        party.set_state(state)
         return party
 
     def _identity(self, context: Context) -> dict:
@@ -105,26 +116,55 @@ class PublicPartyClient(PartyClient):
         """Rounds must increase, an identical re-send gets the same vector, and the party's own
         cap on answers per run (node config max-answers) holds."""
         h = inputs_hash(context.run_id, "train", inputs)
-        if inputs.round == meta["last_train"] and h == meta["last_hash"] and STATE_LAST in context.state:
-            return context.state[STATE_LAST]["s"].numpy()
+        self._alpha = float(inputs.alpha)
+        if inputs.round == meta["last_train"] and h == meta["last_hash"]:
+            if STATE_LAST in context.state:
+                return context.state[STATE_LAST]["s"].numpy()
+            if "x" in self._kept:          # the release of that round, restored by _build
+                return np.array(self.party.s, dtype=float)
         if inputs.round <= meta["last_train"]:
             raise Refused(f"party {self.party_id}: train round {inputs.round} is not after the last answered "
                           f"round {meta['last_train']}; round numbers must increase", field="config.round")
         if self.max_answers and meta["answers"] >= self.max_answers:
             raise Refused(f"party {self.party_id} has given the {self.max_answers} answers its node config "
                           "allows per run (max-answers); refused", field="config.round")
+        if self._alpha != 1.0 and meta["last_train"] >= 0 and "x" in self._kept and "z_loc" not in self._kept:
+            raise Refused(f"party {self.party_id}: train round {inputs.round} asks for over-relaxation "
+                          f"(alpha={self._alpha!r}) but the round before it did not (alpha=1), so this party "
+                          "did not keep its share of z that the relaxed x-update needs; refused (keep one "
+                          "alpha for the whole run)", field="config.alpha")
         s = self.party.train_release(inputs.round, inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
         if not np.all(np.isfinite(s)):      # refused before context.state is written: nothing changes
             raise InvalidMessage(f"party {self.party_id}: the train release at rho={inputs.rho!r} is not finite; "
                                  "refused (the party's node config can narrow the accepted rho with min-rho / "
                                  "max-rho)", field="config.rho")
         meta.update(last_train=inputs.round, answers=meta["answers"] + 1, last_hash=h, plain_rounds=self._plain)
-        context.state[STATE_LAST] = ArrayRecord({"s": Array(np.asarray(s, dtype=float))})
+        if STATE_LAST in context.state:
+            del context.state[STATE_LAST]
         return s
 
     def _after_train(self, context):
+        """Keep the party's state for the next message of this run, without the N-vectors it can
+        rebuild: on a real SuperNode context.state travels whole to and from every message's
+        ClientApp, and Flower's ClientApp pushes it back in its exit handler, which Flower ends
+        (``os._exit``) 5 s after it began (``flwr_exit``'s FORCE_EXIT_TIMEOUT_SECONDS). With x, the
+        release s, z_loc and the last release kept (4 N-vectors, 0.32 GB at 10M rows) that push
+        did not finish: the node never got the context (the next message restarted from an
+        empty state) nor the task's end (its token expired a minute later and the node answered
+        the message then in flight with Flower's "ClientApp stopped responding").
+        Left out: s (D @ x, or CG's carried D x: :meth:`_build` restores it, and an identical
+        re-send returns it), z_loc when this round was not over-relaxed (alpha = 1: the next
+        x-update does not read it; a later round that asks for alpha != 1 is refused), and CG's carried D x (with its D^T D x) above
+        :data:`STATE_VECTOR_MAX_BYTES` (the next solve forms D x from x)."""
+        state = self.party.get_state()
+        drop = {"s"}
+        # (no request read: a stored secure-aggregation answer was replayed; the state stays as it was)
+        if self._alpha == 1.0 or (self._alpha is None and "z_loc" not in self._kept):
+            drop.add("z_loc")
+        if "Dx" in state and np.asarray(state["Dx"]).nbytes > STATE_VECTOR_MAX_BYTES:
+            drop.update(("Dx", "DtDx"))
         context.state[STATE_ARRAYS] = ArrayRecord(
-            {k: Array(np.asarray(v)) for k, v in self.party.get_state().items()})
+            {k: Array(np.asarray(v)) for k, v in state.items() if k not in drop})
         f = self.party.solver.factorization()
         kept = context.state[STATE_FACTOR] if STATE_FACTOR in context.state else None
         if f is not None and not (kept is not None and "key" in kept

@@ -288,6 +288,60 @@ def time_node_loop() -> None:
             line({"t_reply0": t0, "t_reply1": time.time()})
 
     sci._pull_and_store_message, sci._push_messages = _pull_and_store_message, _push_messages
+    _time_task_tokens(line)
+
+
+#: a stall of this node's process (all its threads, the Runtime API's event loop among them,
+#: share one GIL) longer than this is written as a timing line
+STALL_S = 0.5
+
+
+def _time_task_tokens(line) -> None:
+    """Benchmarks: the node state's task-token events (claim, activate, heartbeat acknowledged,
+    finish, expiry), each with the token's ``active_until`` after it, and every stall of the
+    process longer than :data:`STALL_S` (a thread that sleeps 0.1 s and notes how late it woke)."""
+    import threading
+
+    try:
+        from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState as S
+    except ImportError:
+        return
+
+    def until(self, task_id):
+        rec = getattr(self, "task_token_store", {}).get(task_id)
+        t = getattr(rec, "active_until", None)
+        return t.timestamp() if t is not None else None
+
+    def wrap(name):
+        fn = getattr(S, name, None)
+        if not callable(fn):
+            return
+
+        def timed(self, task_id, *a, **k):
+            t0 = time.time()
+            out = fn(self, task_id, *a, **k)
+            line({"task_event": name, "task": task_id, "t": t0, "dt": time.time() - t0,
+                  "ok": bool(out), "active_until": until(self, task_id)})
+            return out
+        setattr(S, name, timed)
+    for name in ("claim_task", "activate_task", "acknowledge_task_heartbeat", "finish_task"):
+        wrap(name)
+    expired = getattr(S, "_on_task_tokens_expired", None)
+    if callable(expired):
+        def _on_task_tokens_expired(self, tasks):
+            line({"task_event": "expired", "t": time.time(), "tasks": [t.task_id for t in tasks],
+                  "finished_at": [t.finished_at for t in tasks]})
+            return expired(self, tasks)
+        S._on_task_tokens_expired = _on_task_tokens_expired
+
+    def watch():
+        while True:
+            t0 = time.monotonic()
+            time.sleep(0.1)
+            late = time.monotonic() - t0 - 0.1
+            if late > STALL_S:
+                line({"stall_s": round(late, 3), "t": time.time()})
+    threading.Thread(target=watch, daemon=True, name="flower-vfl-stall-watch").start()
 
 
 #: a pulled object that is not there yet is asked for again after OBJECT_RETRY_S, doubling up to

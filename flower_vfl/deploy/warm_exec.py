@@ -545,6 +545,100 @@ def _time_clientapp_calls(rec: dict) -> None:
     load = getattr(rc, "get_load_client_app_fn", None)
     if callable(load):
         rc.get_load_client_app_fn = lambda *a, **k: _timed_stage(rec, "load_client_app", load(*a, **k))
+    _time_heartbeats_and_exit(rec, rc)
+
+
+def _time_heartbeats_and_exit(rec: dict, rc) -> None:
+    """In a forked child with $FLOWER_VFL_TIMING: each task heartbeat ([sent, answered, ok] in
+    ``rec['hb']``) and when Flower's ``flwr_exit`` began (``t_flwr_exit``); a child that
+    Flower's force exit ends (:func:`watch_force_exit`) writes its line then (``t_force_exit``)."""
+    import time
+
+    make_hb = getattr(rc, "make_task_heartbeat_fn_http", None)
+    if callable(make_hb):
+        def make_task_heartbeat_fn_http(*a, **k):
+            fn = make_hb(*a, **k)
+
+            def beat():
+                t0, ok = time.time(), False
+                try:
+                    ok = fn()
+                    return ok
+                finally:
+                    rec.setdefault("hb", []).append([round(t0, 3), round(time.time(), 3), bool(ok)])
+            return beat
+        rc.make_task_heartbeat_fn_http = make_task_heartbeat_fn_http
+    fexit = getattr(rc, "flwr_exit", None)
+    if callable(fexit):
+        def flwr_exit(*a, **k):
+            rec["t_flwr_exit"] = time.time()
+            return fexit(*a, **k)
+        rc.flwr_exit = flwr_exit
+
+
+#: what :func:`watch_force_exit` logs (task id, seconds)
+FORCE_EXIT_LINE = ("[warm_exec] task %d: Flower ended the ClientApp %.1f s into its exit (flwr_exit's force exit, "
+                   "FORCE_EXIT_TIMEOUT_SECONDS) before its exit handlers were done: the push of its final status and "
+                   "context.state may not have reached the SuperNode, which then keeps the run's previous "
+                   "context.state and, when the task's token expires (up to 60 s later), answers the run's message "
+                   "in flight with Flower's 'ClientApp stopped responding'. Keep context.state small "
+                   "(docs/benchmarks.md, 10M rows)")
+
+
+def watch_force_exit(task_id: int, rec: dict | None = None) -> bool:
+    """In a forked ClientApp: Flower's ``flwr_exit`` runs the ClientApp's exit handlers (among
+    them the push of the task's final status and context, ``push_task_output``) after starting a
+    thread that ends the process with ``os._exit`` 5 s later. When that thread fires, log
+    :data:`FORCE_EXIT_LINE` (one ERROR line in the executor's log; the child never returns to say
+    it otherwise) and, with ``rec`` ($FLOWER_VFL_TIMING), write the child's timing line. Returns
+    False (nothing watched) on a Flower whose exit module is not the one this was read in."""
+    import time
+
+    import flwr
+    try:
+        import flwr.supercore.exit.exit as fx
+    except ImportError:
+        return False
+    if not getattr(flwr, "__version__", "?").startswith(PATCHED_FLWR) or getattr(fx, "os", None) is not os \
+            or "os._exit(sys_exit_code)" not in _source(fx):
+        return False
+    import flwr.supernode.runtime.run_clientapp as rc
+    began = time.monotonic()
+    flwr_exit = getattr(rc, "flwr_exit", None)
+    if callable(flwr_exit):          # when the ClientApp's exit began (run_clientapp's own call)
+        def timed_exit(*a, **k):
+            nonlocal began
+            began = time.monotonic()
+            return flwr_exit(*a, **k)
+        rc.flwr_exit = timed_exit
+
+    class _Os:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def _exit(code):
+            try:
+                from logging import ERROR
+
+                from flwr.supercore import log
+                log(ERROR, FORCE_EXIT_LINE, task_id, time.monotonic() - began)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                if rec is not None:
+                    _timing_line({**rec, "t_force_exit": time.time(), "t_exit": time.time(), "exit": code})
+            finally:
+                os._exit(code)
+    fx.os = _Os()
+    return True
+
+
+def _source(mod) -> str:
+    import inspect
+    try:
+        return inspect.getsource(mod)
+    except (OSError, TypeError):
+        return ""
 
 
 #: the stages of Flower's run_clientapp timed in a forked ClientApp with $FLOWER_VFL_TIMING
@@ -713,6 +807,7 @@ def _fork_executor(clock=None, preloader=None, learn=False):
                 else:
                     if timing is not None:
                         _time_clientapp_calls(timing)
+                    watch_force_exit(spec.task_id, timing)
                     run_clientapp(runtime_api_address=spec.runtime_api_address, token=spec.token,
                                   insecure=spec.insecure, certificates=certificates, parent_pid=spec.parent_pid,
                                   runtime_dependency_install=spec.runtime_dependency_install)
