@@ -131,13 +131,32 @@ def test_no_wake_for_a_remote_grid(monkeypatch):
     assert calls == []
 
 
+def test_a_push_before_the_engine_started_its_thread_is_not_a_warning(monkeypatch):
+    """The first exchange (identify) pushes while Flower still starts Ray: no thread to wake yet.
+    By the time its replies came the thread runs: found, no warning (as in a real simulation)."""
+    monkeypatch.setattr(sim_delivery, "_found", {"thread": None, "event": None, "usable": None,
+                                                 "warned": False, "woken": 0})
+    assert sim_delivery.wake_delivery() is False              # the push: no engine thread yet
+    f_stop = SpyEvent()
+    th = threading.Thread(target=vce_api.add_messages_to_queue, args=(FakeState(), queue.Queue(), {}, f_stop))
+    th.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sim_delivery.warn_if_absent()                      # the replies came: it runs now
+        assert sim_delivery._found["event"] is f_stop and _woken(f_stop)
+    finally:
+        f_stop.set()
+        th.join(timeout=5)
+
+
 def test_off_by_env(loop, monkeypatch):
     state, q, f_stop, th = loop
     monkeypatch.setenv(sim_delivery.ENV, "0")
     assert sim_delivery.wake_delivery() is False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        sim_delivery.warn_if_never_woken()                     # off on purpose: silent
+        sim_delivery.warn_if_absent()                     # off on purpose: silent
     assert not any(f_stop.ends)
 
 
@@ -158,8 +177,8 @@ def test_a_changed_flower_loop_is_left_alone_and_said_once(monkeypatch):
     try:
         assert sim_delivery.wake_delivery() is False
         with pytest.warns(UserWarning) as rec:
-            sim_delivery.warn_if_never_woken()
-            sim_delivery.warn_if_never_woken()
+            sim_delivery.warn_if_absent()
+            sim_delivery.warn_if_absent()
         assert [str(w.message) for w in rec] == [
             f"flower-vfl: Flower's simulation delivery loop in flwr {flwr.__version__} is not the one this "
             "was read in (1.41.x, 1.42.x: a thread running vce_api.add_messages_to_queue that sleeps on "
@@ -176,7 +195,7 @@ def test_another_flower_release_is_left_alone(loop, monkeypatch):
     assert sim_delivery.wake_delivery() is False
     assert not any(f_stop.ends)
     with pytest.warns(UserWarning, match=r"^flower-vfl: Flower's simulation delivery loop in flwr 1\.43\.0 is not "):
-        sim_delivery.warn_if_never_woken()
+        sim_delivery.warn_if_absent()
 
 
 def test_no_engine_thread_in_this_process_is_said_once(monkeypatch):
@@ -186,8 +205,8 @@ def test_no_engine_thread_in_this_process_is_said_once(monkeypatch):
                                                  "warned": False, "woken": 0})
     assert sim_delivery.wake_delivery() is False
     with pytest.warns(UserWarning) as rec:
-        sim_delivery.warn_if_never_woken()
-        sim_delivery.warn_if_never_woken()
+        sim_delivery.warn_if_absent()
+        sim_delivery.warn_if_absent()
     assert [str(w.message) for w in rec] == [
         f"flower-vfl: no thread running Flower's simulation delivery loop (flwr {flwr.__version__}, "
         "vce_api.add_messages_to_queue) was found in the ServerApp's process; each round waits for "

@@ -132,7 +132,7 @@ def send_and_receive(grid, messages, timeout, stop=None) -> list:
         if local and not out and time.time() - t_pushed < sim_delivery.TICK_S:
             sim_delivery.wake_delivery()   # a wake that came while the thread was scanning is lost
     if local and out:
-        sim_delivery.warn_if_never_woken()
+        sim_delivery.warn_if_absent()
     if os.environ.get(TIMING_ENV):
         _timing_line({"who": "server", "t_push": t0, "t_pushed": t_pushed, "t_done": time.time(),
                       "messages": n, "replies": len(out), "pulls": pulls, **_sizes(messages, out)})

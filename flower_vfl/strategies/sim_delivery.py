@@ -15,7 +15,7 @@ not touched (``f_stop.is_set()`` stays False, so the loop goes on; the loop igno
 delivered that Flower would not deliver on its next tick; only the wait goes.
 
 On another Flower release, or where that loop's source no longer sleeps on ``f_stop.wait(``, the
-wake is skipped and :func:`warn_if_never_woken` says so once (rounds then wait for Flower's
+wake is skipped and :func:`warn_if_absent` says so once (rounds then wait for Flower's
 tick, as before). ``$FLOWER_VFL_SIM_WAKE=0`` turns it off (benchmarks: the same run measured with
 and without). The central node's process only: a party's code is not touched.
 """
@@ -92,10 +92,11 @@ def wake_delivery() -> bool:
     return True
 
 
-def warn_if_never_woken() -> None:
+def warn_if_absent() -> None:
     """Once, after an exchange on Flower's in-memory grid got replies (so the engine's delivery
-    thread was running): say so when it could never be woken."""
-    if _found["woken"] or _found["warned"] or os.environ.get(ENV, "1") == "0":
+    thread is running: the first exchange's push can come before the engine started it), say so
+    when that thread cannot be found to be woken."""
+    if _found["warned"] or os.environ.get(ENV, "1") == "0" or _delivery_event() is not None:
         return
     _found["warned"] = True
     import flwr
