@@ -26,6 +26,12 @@ The split of our round comes from ``$FLOWER_VFL_TIMING`` (set here): the central
 - return: the ClientApp ended -> the central node has both replies (the SuperNode's reply poll,
   its push over TLS, the central node's pull poll).
 
+and Flower's transport within them (from the nodes' stamps, ``flower-vfl-supernode``): the central
+node's push of the round's requests (``central_push``), the nodes' message stored after that push
+ended (``node_pull_after_push``), the ClientApp's pull of its message and context from its node
+(``clientapp_pull``), its exit -> its node's reply pushed to the SuperLink (``node_reply_push``), then
+the central node's poll wait (``central_poll_wait``) and its pull of the replies (``central_pull``).
+
 Each of our jobs after the first also gets a ``timeline_s``: the seconds after ``flwr run`` started at
 which ``flwr run`` returned, the streamed log showed each of :data:`MILESTONES`, the log stream ended
 and the status was read as finished (where the time outside the rounds goes).
@@ -74,6 +80,8 @@ def split_rounds(timing: list[dict], rounds: int) -> dict:
     """Per-round split (medians over the training rounds 2..R) from the timing stamps of one job."""
     server = sorted((r for r in timing if r["who"] == "server"), key=lambda r: r["t_push"])
     party = [r for r in timing if r["who"] == "party"]
+    pulled = [r for r in timing if r["who"] == "node" and "t_pull1" in r]
+    replied = [r for r in timing if r["who"] == "node" and "t_reply1" in r]
     if not server or not party:
         return {}
     # the job's exchanges: identify ..., then one per round (train), then the evaluation(s); the
@@ -99,10 +107,23 @@ def split_rounds(timing: list[dict], rounds: int) -> dict:
             "return": e["t_done"] - last["t_exit"],
             "server_pulls": e["pulls"],
         })
+        # Flower's transport, stage by stage (stamps of this tree: the nodes' pulls and replies)
+        ns = [n for n in pulled if e["t_push"] <= n["t_pull1"] <= e["t_done"]]
+        rs = [r for r in replied if e["t_push"] <= r["t_reply1"] <= e["t_done"]]
+        if len(ns) == 2 and len(rs) == 2 and "t_pull_last0" in e and all("pull_task_input" in p for p in kids):
+            reply = max(r["t_reply1"] for r in rs)
+            rows[-1].update({
+                "central_push": e["t_pushed"] - e["t_push"],
+                "node_pull_after_push": max(n["t_pull1"] for n in ns) - e["t_pushed"],
+                "clientapp_pull": max(p["pull_task_input"] for p in kids),
+                "node_reply_push": reply - last["t_exit"],
+                "central_poll_wait": max(0.0, e["t_pull_last0"] - reply),
+                "central_pull": e["t_done"] - max(e["t_pull_last0"], reply),
+            })
     if not rows:
         return {}
-    keys = rows[0].keys()
-    return {k: _med([r[k] for r in rows if not np.isnan(r[k])]) for k in keys} | {"rounds_split": len(rows)}
+    keys = dict.fromkeys(k for r in rows for k in r)
+    return {k: _med([r[k] for r in rows if k in r and not np.isnan(r[k])]) for k in keys} | {"rounds_split": len(rows)}
 
 
 #: the milestones of a job's wall time (``timeline``): the first log line matching each, in order

@@ -263,4 +263,4 @@ def test_send_and_receive_pull_schedule(grid_cls, first, cap, monkeypatch, tmp_p
     line, = (tmp_path / "t.jsonl").read_text().splitlines()
     rec = json.loads(line)
     assert (rec["who"], rec["messages"], rec["replies"], rec["pulls"]) == ("server", 2, 2, 10)
-    assert rec["t_push"] <= rec["t_pushed"] <= rec["t_done"]
+    assert rec["t_push"] <= rec["t_pushed"] <= rec["t_pull_last0"] <= rec["t_done"]   # the last pull began

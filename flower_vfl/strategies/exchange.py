@@ -120,7 +120,9 @@ def send_and_receive(grid, messages, timeout, stop=None) -> list:
         sim_delivery.wake_delivery()
     wait, cap = (PULL_FIRST_LOCAL_S, PULL_MAX_LOCAL_S) if local else (PULL_FIRST_S, PULL_MAX_S)
     end, out, pulls, n = time.monotonic() + timeout, [], 0, len(ids)
+    t_pull = t_pushed
     while ids:
+        t_pull = time.time()
         got = list(grid.pull_messages(ids))
         pulls += 1
         out += got
@@ -134,7 +136,7 @@ def send_and_receive(grid, messages, timeout, stop=None) -> list:
     if local and out:
         sim_delivery.warn_if_absent()
     if os.environ.get(TIMING_ENV):
-        _timing_line({"who": "server", "t_push": t0, "t_pushed": t_pushed, "t_done": time.time(),
+        _timing_line({"who": "server", "t_push": t0, "t_pushed": t_pushed, "t_pull_last0": t_pull, "t_done": time.time(),
                       "messages": n, "replies": len(out), "pulls": pulls, **_sizes(messages, out)})
     return out
 
