@@ -16,6 +16,20 @@ from flwr.server.superlink.fleet.vce import vce_api
 from flower_vfl.strategies import exchange, sim_delivery
 
 
+def _fresh(monkeypatch):
+    """Nothing found or warned yet in this process (as in a new ServerApp process)."""
+    monkeypatch.setattr(sim_delivery, "_found", {"thread": None, "event": None, "usable": None,
+                                                 "warned": False, "woken": 0})
+
+
+def _said_once():
+    """The warnings of two calls after an exchange (the second must say nothing)."""
+    with pytest.warns(UserWarning) as rec:
+        sim_delivery.warn_if_absent()
+        sim_delivery.warn_if_absent()
+    return [str(w.message) for w in rec]
+
+
 class SpyEvent(threading.Event):
     """Flower's f_stop, recording how each wait ended: True = woken by a notify (flag unset)."""
 
@@ -44,8 +58,7 @@ class FakeState:
 @pytest.fixture
 def loop(monkeypatch):
     """Flower's delivery loop in a thread, as its engine starts it (positional arguments)."""
-    monkeypatch.setattr(sim_delivery, "_found", {"thread": None, "event": None, "usable": None,
-                                                 "warned": False, "woken": 0})
+    _fresh(monkeypatch)
     monkeypatch.delenv(sim_delivery.ENV, raising=False)
     state, q, f_stop = FakeState(), queue.Queue(), SpyEvent()
     th = threading.Thread(target=vce_api.add_messages_to_queue, args=(state, q, {7: 0}, f_stop))
@@ -134,8 +147,7 @@ def test_no_wake_for_a_remote_grid(monkeypatch):
 def test_a_push_before_the_engine_started_its_thread_is_not_a_warning(monkeypatch):
     """The first exchange (identify) pushes while Flower still starts Ray: no thread to wake yet.
     By the time its replies came the thread runs: found, no warning (as in a real simulation)."""
-    monkeypatch.setattr(sim_delivery, "_found", {"thread": None, "event": None, "usable": None,
-                                                 "warned": False, "woken": 0})
+    _fresh(monkeypatch)
     assert sim_delivery.wake_delivery() is False              # the push: no engine thread yet
     f_stop = SpyEvent()
     th = threading.Thread(target=vce_api.add_messages_to_queue, args=(FakeState(), queue.Queue(), {}, f_stop))
@@ -163,8 +175,7 @@ def test_off_by_env(loop, monkeypatch):
 def test_a_changed_flower_loop_is_left_alone_and_said_once(monkeypatch):
     import flwr
 
-    monkeypatch.setattr(sim_delivery, "_found", {"thread": None, "event": None, "usable": None,
-                                                 "warned": False, "woken": 0})
+    _fresh(monkeypatch)
 
     def add_messages_to_queue(state, queue, nodes_mapping, f_stop):   # a loop that sleeps otherwise
         while not f_stop.is_set():
@@ -176,10 +187,7 @@ def test_a_changed_flower_loop_is_left_alone_and_said_once(monkeypatch):
     th.start()
     try:
         assert sim_delivery.wake_delivery() is False
-        with pytest.warns(UserWarning) as rec:
-            sim_delivery.warn_if_absent()
-            sim_delivery.warn_if_absent()
-        assert [str(w.message) for w in rec] == [
+        assert _said_once() == [
             f"flower-vfl: Flower's simulation delivery loop in flwr {flwr.__version__} is not the one this "
             "was read in (1.41.x, 1.42.x: a thread running vce_api.add_messages_to_queue that sleeps on "
             "f_stop.wait); each round waits for Flower's 0.1 s delivery tick"]
@@ -201,13 +209,9 @@ def test_another_flower_release_is_left_alone(loop, monkeypatch):
 def test_no_engine_thread_in_this_process_is_said_once(monkeypatch):
     import flwr
 
-    monkeypatch.setattr(sim_delivery, "_found", {"thread": None, "event": None, "usable": None,
-                                                 "warned": False, "woken": 0})
+    _fresh(monkeypatch)
     assert sim_delivery.wake_delivery() is False
-    with pytest.warns(UserWarning) as rec:
-        sim_delivery.warn_if_absent()
-        sim_delivery.warn_if_absent()
-    assert [str(w.message) for w in rec] == [
+    assert _said_once() == [
         f"flower-vfl: no thread running Flower's simulation delivery loop (flwr {flwr.__version__}, "
         "vce_api.add_messages_to_queue) was found in the ServerApp's process; each round waits for "
         "Flower's 0.1 s delivery tick"]
