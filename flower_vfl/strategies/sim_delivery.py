@@ -37,6 +37,7 @@ LOOP_SLEEP = "f_stop.wait("
 #: push while no reply came (a wake that lands while the thread is scanning is lost)
 TICK_S = 0.1
 
+_CONDITION = type(threading.Condition())
 _found: dict = {"thread": None, "event": None, "usable": None, "warned": False, "woken": 0}
 
 
@@ -71,7 +72,7 @@ def _delivery_event():
             continue
         args, kwargs = getattr(th, "_args", ()), getattr(th, "_kwargs", {}) or {}
         ev = kwargs.get("f_stop", args[3] if len(args) > 3 else None)
-        if isinstance(ev, threading.Event) and isinstance(getattr(ev, "_cond", None), type(threading.Condition())) \
+        if isinstance(ev, threading.Event) and isinstance(getattr(ev, "_cond", None), _CONDITION) \
                 and not ev.is_set():
             _found["thread"], _found["event"] = th, ev
             return ev
