@@ -73,7 +73,9 @@ def _lines(path: Path, since: float) -> list[dict]:
     if not path.exists():
         return []
     out = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [r for r in out if r.get("t_push", r.get("t_fork", 0)) >= since]
+    def when(r):                     # the central node's exchanges, the ClientApps, the nodes' pulls and replies
+        return next((r[k] for k in ("t_push", "t_fork", "t_pull0", "t_reply0", "t") if k in r), 0)
+    return [r for r in out if when(r) >= since]
 
 
 def split_rounds(timing: list[dict], rounds: int) -> dict:
