@@ -147,15 +147,17 @@ class PublicPartyClient(PartyClient):
         """Keep the party's state for the next message of this run, without the N-vectors it can
         rebuild: on a real SuperNode context.state travels whole to and from every message's
         ClientApp, and Flower's ClientApp pushes it back in its exit handler, which Flower ends
-        (``os._exit``) 5 s after it began (``flwr_exit``'s FORCE_EXIT_TIMEOUT_SECONDS). With x, the
-        release s, z_loc and the last release kept (4 N-vectors, 0.32 GB at 10M rows) that push
-        did not finish: the node never got the context (the next message restarted from an
-        empty state) nor the task's end (its token expired a minute later and the node answered
-        the message then in flight with Flower's "ClientApp stopped responding").
+        (``os._exit``) 5 s after it began (``flwr_exit``'s FORCE_EXIT_TIMEOUT_SECONDS). With the
+        release s, z_loc and the last release kept (3 N-vectors, 0.24 GB at 10M rows; CG's D x a
+        4th) that push did not finish: the node never got the context (the next message
+        restarted from an empty state) nor the task's end (its token expired a minute later and
+        the node answered the message then in flight with Flower's "ClientApp stopped
+        responding").
         Left out: s (D @ x, or CG's carried D x: :meth:`_build` restores it, and an identical
         re-send returns it), z_loc when this round was not over-relaxed (alpha = 1: the next
-        x-update does not read it; a later round that asks for alpha != 1 is refused), and CG's carried D x (with its D^T D x) above
-        :data:`STATE_VECTOR_MAX_BYTES` (the next solve forms D x from x)."""
+        x-update does not read it; a later round that asks for alpha != 1 is refused), and CG's
+        carried D x (with its D^T D x) above :data:`STATE_VECTOR_MAX_BYTES` (the next solve forms
+        D x from x)."""
         state = self.party.get_state()
         drop = {"s"}
         # (no request read: a stored secure-aggregation answer was replayed; the state stays as it was)

@@ -602,15 +602,17 @@ def watch_force_exit(task_id: int, rec: dict | None = None) -> bool:
     if not getattr(flwr, "__version__", "?").startswith(PATCHED_FLWR) or getattr(fx, "os", None) is not os \
             or "os._exit(sys_exit_code)" not in _source(fx):
         return False
+    import flwr.supercore.exit.signal_handler as sh
     import flwr.supernode.runtime.run_clientapp as rc
     began = time.monotonic()
-    flwr_exit = getattr(rc, "flwr_exit", None)
-    if callable(flwr_exit):          # when the ClientApp's exit began (run_clientapp's own call)
-        def timed_exit(*a, **k):
-            nonlocal began
-            began = time.monotonic()
-            return flwr_exit(*a, **k)
-        rc.flwr_exit = timed_exit
+    for mod in (rc, sh):       # when the exit began: run_clientapp's own call, or a signal's (SIGINT/TERM)
+        flwr_exit = getattr(mod, "flwr_exit", None)
+        if callable(flwr_exit):
+            def timed_exit(*a, _flwr_exit=flwr_exit, **k):
+                nonlocal began
+                began = time.monotonic()
+                return _flwr_exit(*a, **k)
+            mod.flwr_exit = timed_exit
 
     class _Os:
         def __getattr__(self, name):
