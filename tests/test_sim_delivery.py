@@ -172,6 +172,16 @@ def test_off_by_env(loop, monkeypatch):
     assert not any(f_stop.ends)
 
 
+def test_an_unknown_env_value_is_said_once_and_the_wake_stays_on(loop, monkeypatch):
+    state, q, f_stop, th = loop
+    monkeypatch.setenv(sim_delivery.ENV, "false")
+    with pytest.warns(UserWarning) as rec:
+        assert _woken(f_stop)
+    assert [str(w.message) for w in rec] == [
+        "flower-vfl: $FLOWER_VFL_SIM_WAKE='false' is not 0 or 1; the simulation delivery wake stays on "
+        "(set FLOWER_VFL_SIM_WAKE=0 to turn it off)"]
+
+
 def test_a_changed_flower_loop_is_left_alone_and_said_once(monkeypatch):
     import flwr
 

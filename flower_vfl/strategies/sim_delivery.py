@@ -79,10 +79,21 @@ def _delivery_event():
     return None
 
 
+def _off() -> bool:
+    """``$FLOWER_VFL_SIM_WAKE`` is "0" (off) or "1"/unset (on); any other value warns once and the
+    wake stays on (a benchmark's switch: a typo must not pass for a measured "off")."""
+    value = os.environ.get(ENV, "1")
+    if value not in ("0", "1") and not _found.get("env_warned"):
+        _found["env_warned"] = True
+        warnings.warn(f"flower-vfl: ${ENV}={value!r} is not 0 or 1; the simulation delivery wake stays on "
+                      f"(set {ENV}=0 to turn it off)", stacklevel=3)
+    return value == "0"
+
+
 def wake_delivery() -> bool:
     """Wake Flower's simulation delivery thread in this process so that it scans for the
     messages just pushed. True when it was woken; False when off, absent or not this release's."""
-    if os.environ.get(ENV, "1") == "0":
+    if _off():
         return False
     ev = _delivery_event()
     if ev is None:
@@ -97,7 +108,7 @@ def warn_if_absent() -> None:
     """Once, after an exchange on Flower's in-memory grid got replies (so the engine's delivery
     thread is running: the first exchange's push can come before the engine started it), say so
     when that thread cannot be found to be woken."""
-    if _found["warned"] or os.environ.get(ENV, "1") == "0" or _delivery_event() is not None:
+    if _found["warned"] or _off() or _delivery_event() is not None:
         return
     _found["warned"] = True
     import flwr
