@@ -9,7 +9,8 @@ executor, ``flower-vfl-supernode``) serves, one after the other, ``--pairs`` tim
    identify and round 1 excluded);
 2. Flower's round trip with ``benchmarks/flower_noop`` on the same SuperLink and SuperNodes: one
    message to each node and wait for both replies (``--repeats`` per mode; modes ``tiny`` and
-   ``payload``: our round's bytes), pulled by the schedule our central node uses
+   ``payload``: our round's bytes as Flower's ArrayRecords; ``packed``: the same bytes as ``bytes``
+   values of one ConfigRecord, as our central node and parties send them, :mod:`flower_vfl.io.wire`), pulled by the schedule our central node uses
    (``pull-first``/``pull-max`` = ``flower_vfl.strategies.exchange.PULL_FIRST_S``/``PULL_MAX_S``), and
    with ``--flower-pull`` also by Flower's own ``grid.send_and_receive``.
 
@@ -275,7 +276,7 @@ def main(argv=None):
             for label, pf, pm in pulls:
                 f = work / f"noop_{i}_{label}.json"
                 r = run_job(procs, work, env, "loopback", NOOP_APP,
-                            _node_config_str({"modes": "tiny,payload,payload-state", "repeats": args.repeats,
+                            _node_config_str({"modes": "tiny,payload,packed,payload-state", "repeats": args.repeats,
                                               "warmup": 2, "num-nodes": 2, "pull-first": pf, "pull-max": pm,
                                               "out-file": str(f)}), work / f"noop_{i}_{label}.log")
                 if not f.exists():

@@ -16,6 +16,7 @@ from flower_vfl.core.label_noise import ForwardCorrectedLogistic, curvature_boun
 from flower_vfl.core.losses import LogisticLoss, get_loss
 from flower_vfl.io.data import labels, load_all, party_block
 from flower_vfl.deploy.local_grid import LocalGrid
+from _wire import travelled
 from flower_vfl.privacy.label_dp import (LabelPrivacy, flip_probability, label_epsilon_spent,
                                          privatize_labels, randomized_response)
 
@@ -160,9 +161,10 @@ def _messages_to_parties(y, u, y_test, rounds=8):
     seen = []
 
     def on_reply(msg, rep):
-        arrays = {k: v.numpy().tobytes() for name, rec in msg.content.array_records.items()
+        content = travelled(msg.content)
+        arrays = {k: v.numpy().tobytes() for name, rec in content.array_records.items()
                   for k, v in rec.items()}
-        configs = {k: v for rec in msg.content.config_records.values() for k, v in rec.items()}
+        configs = {k: v for rec in content.config_records.values() for k, v in rec.items()}
         seen.append((msg.metadata.message_type, msg.metadata.dst_node_id, arrays, configs))
 
     st = sa.VerticalADMMStrategy(y, y_test, num_parties=2, max_rounds=rounds, label_epsilon=1.0,

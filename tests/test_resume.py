@@ -20,6 +20,7 @@ from flower_vfl.privacy.label_dp import LabelBudgetError, LabelStore
 from flower_vfl.strategies.checkpointing import ResumeRefused
 from flower_vfl.strategies.exchange import ReplyError
 from flower_vfl.strategies.vertical_admm import PartyRefused
+from _wire import edit_reply
 from tests.test_strategy_faults import RC, FaultyGrid, nodes, round_of
 
 
@@ -71,9 +72,12 @@ def _train_reply(party, mutate, rounds=(3,)):
 def _set_s(value, key="s"):
     def mutate(rep):
         from flwr.app import Array, ArrayRecord
-        v = rep.content["release"][key].numpy().copy()
-        v[7] = value
-        rep.content["release"] = ArrayRecord({key: Array(v)})
+
+        def edit(content):
+            v = content["release"][key].numpy().copy()
+            v[7] = value
+            content["release"] = ArrayRecord({key: Array(v)})
+        edit_reply(rep, edit)
     return mutate
 
 

@@ -20,6 +20,7 @@ from flower_vfl.secagg import (Advert, FixedPoint, Roster, SumMismatch, public_k
                                signing_key_pem)
 from flower_vfl.strategies.vertical_admm import PartyRefused
 from flower_vfl.strategies.exchange import ReplyError
+from _wire import travelled
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -73,12 +74,12 @@ def test_the_central_nodes_view_holds_no_single_release_and_the_sum_is_within_th
 
     def spy(msg, rep):
         if msg.metadata.message_type == "train" and msg.content["config"]["round"] == 1:
-            seen[msg.metadata.dst_node_id] = (msg, rep.content["release"]["s"].numpy())
+            seen[msg.metadata.dst_node_id] = (msg, travelled(rep.content)["release"]["s"].numpy())
     plain_seen = {}
 
     def spy_plain(msg, rep):
         if msg.metadata.message_type == "train" and msg.content["config"]["round"] == 1:
-            plain_seen[msg.metadata.dst_node_id] = rep.content["release"]["s"].numpy()
+            plain_seen[msg.metadata.dst_node_id] = travelled(rep.content)["release"]["s"].numpy()
     st, _ = run(True, on_reply=spy)
     run(False, on_reply=spy_plain)
     roster = st.secagg.roster
@@ -292,8 +293,9 @@ def test_private_parties_release_clipped_noisy_values_masked(tmp_path):
     seen = []
 
     def spy(msg, rep):
-        if "release" in rep.content:
-            seen.append(rep.content["release"][next(iter(rep.content["release"].keys()))].numpy().dtype)
+        content = travelled(rep.content)
+        if "release" in content:
+            seen.append(content["release"][next(iter(content["release"].keys()))].numpy().dtype)
     st, _ = run(True, m=2, nodes=nodes, on_reply=spy)
     assert seen and set(seen) == {np.dtype(np.uint64)}
     assert np.all(np.isfinite(st.decision_test_)) and sorted(st.privacy_) == [0, 1]

@@ -22,6 +22,7 @@ from flower_vfl.apps import server as sa
 from flower_vfl.io.checkpoint import load_checkpoint
 from flower_vfl.deploy.local_grid import LocalGrid
 from flower_vfl.strategies.exchange import PartyFailed, PartyLost, ReplyError, key_fingerprint
+from _wire import edit_reply
 
 HANDLERS = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}
 RC = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 8, "party-wait": 0.0}
@@ -113,10 +114,10 @@ def clean():
 
 
 def _with_release(rep, key="s", value=None, dtype=None):
-    rec = rep.content["release"]
-    v = rec["s"].numpy() if value is None else value
-    rep.content["release"] = ArrayRecord({key: Array(np.asarray(v, dtype=dtype or v.dtype))})
-    return [rep]
+    def edit(content):
+        v = content["release"]["s"].numpy() if value is None else value
+        content["release"] = ArrayRecord({key: Array(np.asarray(v, dtype=dtype or v.dtype))})
+    return [edit_reply(rep, edit)]
 
 
 def _sender(node):
@@ -127,7 +128,7 @@ def _sender(node):
 
 
 MALFORMED = {
-    "no release record": (lambda r: (r.content.__delitem__("release"), [r])[1], r"has no 'release' record"),
+    "no release record": (lambda r: [edit_reply(r, lambda c: c.__delitem__("release"))], r"has no 'release' record"),
     "no s": (lambda r: _with_release(r, key="t"), r"release\['s'\] is missing \(keys: \['t'\]\)"),
     "int dtype": (lambda r: _with_release(r, dtype=np.int64), r"release\['s'\] has dtype int64; expected float64"),
     "length 1": (lambda r: _with_release(r, value=np.zeros(1)), r"has shape \(1,\); expected \(426,\)"),

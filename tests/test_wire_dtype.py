@@ -17,6 +17,7 @@ from flower_vfl.apps import server as sa
 from flower_vfl.deploy.local_grid import LocalGrid
 from flower_vfl.io.data import party_block
 from flower_vfl.strategies.exchange import ReplyError, check_release, wire_content
+from _wire import travelled
 
 HANDLERS = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}
 N = party_block("breast_cancer", 1, 2)[0].shape[0]
@@ -32,7 +33,7 @@ def array_bytes(msg) -> tuple[int, set]:
     """Bytes of the values of every array in a message's ArrayRecords (without the few bytes of
     each array's serialized header), and their dtypes."""
     n, dtypes = 0, set()
-    for rec in msg.content.array_records.values():
+    for rec in travelled(msg.content).array_records.values():
         for key in rec:
             a = rec[key]
             n += a.numpy().nbytes

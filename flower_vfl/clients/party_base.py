@@ -16,12 +16,16 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict, ArrayRecord, Array, MetricRecord
 import numpy as np
 
+from flower_vfl.io.wire import PACK_REPLY_INTO, PACK_REQUEST_INTO, PACKED_FIELD, is_packed, pack, unpack
 from flower_vfl.privacy.boundary import MAX_OUTPUTS, InvalidMessage, Refused, parse_count, parse_flag, parse_round, to_wire
 from flower_vfl.secagg.errors import SecAggError
 
 __all__ = ["PartyClient", "STATE_META"]
 
 STATE_META = "vfl.meta"
+#: the message types this party reads with their arrays packed into the config record, told to the
+#: central node at identify (:mod:`flower_vfl.io.wire`); the reply to a packed request is packed
+PACKED_TYPES = ("train", "evaluate")
 
 
 class PartyClient:
@@ -75,6 +79,8 @@ class PartyClient:
         self.rho_range = rho_range
         self.secagg = secagg
         self.party = None
+        #: whether the request being answered came packed (its reply is packed then)
+        self._packed = False
 
     # ------------------------------------------------------ what a subclass releases
     def _build(self, context: Context, n_outputs: int, plain: bool = False):
@@ -112,7 +118,7 @@ class PartyClient:
             return dict(context.state[STATE_META])
         return {"n_outputs": 0, "last_train": -1, "answers": 0, "last_hash": ""}
 
-    def _n_outputs(self, msg, meta, context) -> int:
+    def _n_outputs(self, content, meta, context) -> int:
         """1 for scalar losses; K for multinomial, pinned by the run's first training message
         (a later change of shape is refused)."""
         if meta["n_outputs"]:
@@ -120,7 +126,7 @@ class PartyClient:
         if str(context.run_config.get("loss", "logistic")) != "multinomial":
             return 1
         try:
-            shape = msg.content["vectors"]["q"].shape
+            shape = content["vectors"]["q"].shape
         except Exception:
             raise InvalidMessage(f"party {self.party_id}: message field vectors['q'] is missing",
                                  field="vectors.q") from None
@@ -132,12 +138,12 @@ class PartyClient:
         return k
 
     # -------------------------------------------------------- secure aggregation
-    def _secagg(self, msg):
-        """The party's secure-aggregation settings when ``msg`` asks for a masked reply (None: a
+    def _secagg(self, content):
+        """The party's secure-aggregation settings when the request ``content`` asks for a masked reply (None: a
         plain one, refused under the node config's ``secagg-only``)."""
         from flower_vfl.clients.party_secagg import PartySecAgg, secagg_fields
         sa = self.secagg if self.secagg is not None else PartySecAgg(self.party_id, {}, self.private)
-        if secagg_fields(msg.content) is None:
+        if secagg_fields(content) is None:
             if sa.only:
                 raise Refused(f"party {self.party_id} releases only under secure aggregation (node config "
                               "secagg-only); this request asks for a plain release: refused (set secagg=true "
@@ -145,9 +151,9 @@ class PartyClient:
             return None
         return sa
 
-    def _answer(self, msg, context, kind, rnd, compute):
-        sa = self._secagg(msg)
-        return compute() if sa is None else sa.masked_answer(msg.content, context, kind, rnd, compute)
+    def _answer(self, content, context, kind, rnd, compute):
+        sa = self._secagg(content)
+        return compute() if sa is None else sa.masked_answer(content, context, kind, rnd, compute)
 
     def secagg_keys(self, msg: Message, context: Context) -> Message:
         """This run's signed key advert (query.secagg_keys): the key drawn once per run."""
@@ -163,7 +169,8 @@ class PartyClient:
         info = {"party": self.party_id, "n_rows": int(self.D.shape[0]),
                 "n_test": int(self.D_test.shape[0]) if self.D_test is not None else 0,
                 "private": self.private,
-                "train_rounds": int(self.privacy.train_rounds) if self.private else 0}
+                "train_rounds": int(self.privacy.train_rounds) if self.private else 0,
+                PACKED_FIELD: ",".join(PACKED_TYPES)}
         info.update(self._identity(context))
         return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
 
@@ -171,12 +178,13 @@ class PartyClient:
         """One x-update (eq. 6); replies with s_m = D_m x_m (noisy when private)."""
         meta = self._meta(context)
         try:
-            n_out = self._n_outputs(msg, meta, context)
-            inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
+            content = self._unpacked(msg)
+            n_out = self._n_outputs(content, meta, context)
+            inputs = parse_round(content, n_rows=self.D.shape[0], party=self.party_id,
                                  needs_vectors=True, n_outputs=n_out, rho_range=self.rho_range)
-            plain = self._plain_rounds(msg.content["config"])
+            plain = self._plain_rounds(content["config"])
             self.party = self._build(context, n_out, plain)
-            s = self._answer(msg, context, "train", inputs.round,
+            s = self._answer(content, context, "train", inputs.round,
                              lambda: self._train_release(inputs, meta, context))
         except Refused as exc:
             return self._refusal(msg, exc)
@@ -191,17 +199,18 @@ class PartyClient:
         """Held-out scores D_test x_m (a private party's: from its released x~)."""
         meta = self._meta(context)
         try:
-            cfg = msg.content["config"] if "config" in msg.content else {}
+            content = self._unpacked(msg)
+            cfg = content["config"] if "config" in content else {}
             asked_final = parse_flag(cfg, "final_update", self.party_id)
             final = self.private and asked_final
             n_out = meta["n_outputs"] or parse_count(   # the party's own limits (as train's vectors['q'])
                 cfg, "n_outputs", self.party_id, default=1, lo=1, hi=1 if self.private else MAX_OUTPUTS,
                 why=" (this party is private: one score column)" if self.private else "")
-            inputs = parse_round(msg.content, n_rows=self.D.shape[0], party=self.party_id,
+            inputs = parse_round(content, n_rows=self.D.shape[0], party=self.party_id,
                                  needs_vectors=final, n_outputs=n_out, rho_range=self.rho_range)
             self.party = self._build(context, n_out, bool(meta.get("plain_rounds", False)))
             final_kind = "evaluate-final" if asked_final else "evaluate"
-            s_test = self._answer(msg, context, final_kind, inputs.round,
+            s_test = self._answer(content, context, final_kind, inputs.round,
                                   lambda: self._eval_scores(inputs, final, context))
         except Refused as exc:
             return self._refusal(msg, exc)
@@ -210,6 +219,15 @@ class PartyClient:
         return self._reply(msg, {"s_test": s_test}, inputs.round, inputs.wire)
 
     # ----------------------------------------------------------------- replies
+    def _unpacked(self, msg: Message) -> RecordDict:
+        """The request's content with a packed request's arrays back in their ArrayRecords
+        (:func:`flower_vfl.io.wire.unpack`; ``msg`` itself is not changed), before anything reads
+        it; what does not decode is refused."""
+        self._packed = is_packed(msg.content, PACK_REQUEST_INTO)
+        if not self._packed:
+            return msg.content
+        return unpack(msg.content, PACK_REQUEST_INTO, InvalidMessage, f"party {self.party_id}")
+
     def _reply(self, msg, vectors, rnd, wire="float64"):
         content = RecordDict({
             # a masked release (secure aggregation) stays uint64 in Z_2^64; a plain one travels in
@@ -219,6 +237,8 @@ class PartyClient:
             "meta": MetricRecord({"party": self.party_id, "round": rnd}),
         })
         self._reply_extra(content, refusal=False)
+        if self._packed:
+            content = pack(content, PACK_REPLY_INTO)
         return Message(content, reply_to=msg)
 
     def _refusal(self, msg, exc):

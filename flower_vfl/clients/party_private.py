@@ -92,12 +92,12 @@ class PrivatePartyClient(PartyClient):
             return r, int(g[4])                     # (round(gamma s) + share, j): gamma = 2^j
         return self.party.train_release(inputs.round, None, None, inputs.rho, inputs=inputs)
 
-    def _answer(self, msg, context, kind, rnd, compute):
+    def _answer(self, content, context, kind, rnd, compute):
         """A distributed party's training release goes into a secure sum as an integer vector
         (its plain release is refused by :class:`~flower_vfl.privacy.distributed.DistributedParty`)."""
-        sa = self._secagg(msg) if self.distributed and kind == "train" else None
+        sa = self._secagg(content) if self.distributed and kind == "train" else None
         if sa is None:
-            return super()._answer(msg, context, kind, rnd, compute)
+            return super()._answer(content, context, kind, rnd, compute)
 
         def integer(adders, max_bits):
             self._sum_plan = (adders, max_bits)
@@ -105,7 +105,7 @@ class PrivatePartyClient(PartyClient):
                 return compute()
             finally:
                 self._sum_plan = None
-        return sa.masked_answer(msg.content, context, kind, rnd, integer, integer=True)
+        return sa.masked_answer(content, context, kind, rnd, integer, integer=True)
 
     def _eval_scores(self, inputs, final, context):
         """The first request carrying ``final_update`` makes the last x-update (kept inside the

@@ -49,6 +49,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from flower_vfl.errors import UserError
+from flower_vfl.io.wire import PACK_REPLY_INTO, PACK_REQUEST_INTO, PACKED_FIELD, is_packed, pack, packed_types, unpack
 from flower_vfl.privacy.boundary import WIRE_DTYPES, WIRE_FIELD, to_wire
 from flower_vfl.strategies import sim_delivery
 
@@ -314,6 +315,9 @@ class Exchange:
         Called for every node that identifies (``first``: at :meth:`identify`, not a rejoin).
     """
 
+    #: False: no request is packed (every request travels as Flower's ArrayRecords; tests compare)
+    pack_requests = True
+
     def __init__(self, grid, num_parties: int, *, role: str = "party", count_key: str = "num-parties",
                  timeout: float = 600.0, party_wait: float = 0.0, party_keys=None, claim_error: type = ValueError,
                  on_join: Callable | None = None):
@@ -338,6 +342,9 @@ class Exchange:
         self._losses: tuple[str, dict[int, int]] = ("", {})   # (request, party -> times lost on it)
         #: the dtype N-vectors travel in (:func:`wire_content`; run config ``wire-dtype``)
         self.wire_dtype = "float64"
+        #: node id -> the message types its party reads packed (its identify reply;
+        #: :mod:`flower_vfl.io.wire`); a request of such a type is packed for it
+        self._packed_of: dict[int, frozenset] = {}
 
     # ------------------------------------------------------------------ identify
     def node_of(self) -> dict[int, int]:
@@ -417,6 +424,8 @@ class Exchange:
             ok[nid] = rep
         out = {}
         for nid, rep in ok.items():
+            self._packed_of[nid] = next((packed_types(rec) for rec in rep.content.config_records.values()
+                                         if PACKED_FIELD in rec), frozenset())
             index, info = read(nid, rep)
             if not 0 <= index < self.num_parties:
                 raise ReplyError(f"node {nid} claims {self.role} {index}, outside 0..{self.num_parties - 1} "
@@ -546,6 +555,9 @@ class Exchange:
             if src != node:
                 raise ReplyError(f"{self.role} {party}: the reply to the {what} request came from node {src}, not "
                                  f"from node {node} that serves {self.role} {party}")
+            if is_packed(requests[party].content, PACK_REQUEST_INTO):    # its reply's arrays, unpacked
+                rep.content = unpack(rep.content, PACK_REPLY_INTO, ReplyError,
+                                     f"{self.role} {party} (node {node}), the reply to the {what} request")
             ok[party] = rep
         for party in requests:
             if party not in ok and party not in lost:
@@ -637,16 +649,19 @@ class Exchange:
         return (got, {}) if stale_ok else got
 
     def _wired(self, requests: dict[int, Message]) -> dict[int, Message]:
-        """``requests`` in :attr:`wire_dtype` (:func:`wire_content`; a content shared by several
-        parties is converted once)."""
-        if self.wire_dtype == "float64":
-            return requests
-        done: dict[int, tuple] = {}
+        """``requests`` in :attr:`wire_dtype` (:func:`wire_content`), packed for a node whose party
+        reads that message type packed (:mod:`flower_vfl.io.wire`; at most
+        :data:`~flower_vfl.io.wire.PACK_MAX_BYTES` of arrays); a content shared by several parties
+        is converted once."""
+        done: dict[tuple, tuple] = {}
         out = {}
         for p, msg in requests.items():
-            key = id(msg.content)
+            packed = self.pack_requests and msg.metadata.message_type in self._packed_of.get(
+                msg.metadata.dst_node_id, ())
+            key = (id(msg.content), packed)
             if key not in done:
-                done[key] = (msg.content, wire_content(msg.content, self.wire_dtype))
+                content = wire_content(msg.content, self.wire_dtype)
+                done[key] = (msg.content, pack(content, PACK_REQUEST_INTO) if packed else content)
             content = done[key][1]
             out[p] = msg if content is msg.content else Message(
                 content, dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type)
