@@ -228,7 +228,7 @@ def test_a_wide_blocks_factorization_is_kept_on_disk_and_the_releases_are_bitwis
     assert f.stat().st_size > 5_120_000 and f.name.endswith(bytes(rec["sha"].numpy()).hex() + ".npz")
     assert _size(context) < 64 << 10 < 4 * MiB
     # a new run of the same block and parameters finds the file (named by the solver's key)
-    ctx2, _ = _pub_context(tmp_path, run_id=2), None
+    ctx2 = _pub_context(tmp_path, run_id=2)
     rep, ctx2 = _train(ctx2, _pub_msg(1200, 0, 0))
     assert len(grams) == 1 and np.array_equal(rep.content["release"]["s"].numpy(), ref[0])
 
