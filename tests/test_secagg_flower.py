@@ -164,7 +164,12 @@ def test_a_replay_gets_the_stored_masked_answer_and_another_broadcast_is_refused
     first = ca.train(_train_msg(ctxs[0], adverts, names, q, y), ctxs[0]).content["release"]["s"].numpy()
     again = ca.train(_train_msg(ctxs[0], adverts, names, q, y), ctxs[0]).content["release"]["s"].numpy()
     assert np.array_equal(first, again)
-    assert np.array_equal(ctxs[0].state["vfl.secagg.masked.train"]["masked"].numpy(), first)   # kept before sent
+    # kept before sent, in the party's own store (its state folder), not in context.state
+    from flower_vfl.privacy.store import party_store
+    store = party_store(None)
+    key, _ = store.secagg_answer("partition:0/name:party0", "1", "train")
+    assert np.array_equal(store.secagg_masked("partition:0/name:party0", "1", "train", key), first)
+    assert not [k for k in ctxs[0].state if k.startswith(("vfl.secagg.masked", "vfl.secagg.sums"))]
     rep = ca.train(_train_msg(ctxs[0], adverts, names, q * 2, y), ctxs[0])
     assert rep.content["refusal"]["code"] == "secagg-replay"
     assert "already answered for another broadcast" in rep.content["refusal"]["reason"]

@@ -180,7 +180,12 @@ def test_a_replay_gets_the_stored_masked_answer_and_another_request_is_refused(t
     _, grid = predict(rc, nodes, True, on_reply=spy)
     msg, first = sent[101]
     ctx = grid.contexts[101]
-    assert np.array_equal(ctx.state["vfl.secagg.masked.predict"]["masked"].numpy(), first)    # kept before sent
+    # kept before sent, in the party's own store (its state folder), not in context.state
+    from flower_vfl.privacy.store import party_store
+    store, owner = party_store(ctx.node_config.get("state-dir")), "partition:1/name:party1"
+    key, _ = store.secagg_answer(owner, str(ctx.run_id), "predict")
+    assert np.array_equal(store.secagg_masked(owner, str(ctx.run_id), "predict", key), first)
+    assert "vfl.secagg.masked.predict" not in ctx.state
 
     def ask(cfg):
         return ca.psi_party.predict(Message(RecordDict({"config": ConfigRecord(cfg)}), dst_node_id=101,

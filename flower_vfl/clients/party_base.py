@@ -139,10 +139,11 @@ class PartyClient:
 
     # -------------------------------------------------------- secure aggregation
     def _secagg(self, content):
-        """The party's secure-aggregation settings when the request ``content`` asks for a masked reply (None: a
-        plain one, refused under the node config's ``secagg-only``)."""
+        """The party's secure-aggregation settings when the request ``content`` asks for a masked
+        reply (None: a plain one, refused under the node config's ``secagg-only``)."""
         from flower_vfl.clients.party_secagg import PartySecAgg, secagg_fields
-        sa = self.secagg if self.secagg is not None else PartySecAgg(self.party_id, {}, self.private)
+        sa = self.secagg if self.secagg is not None else \
+            PartySecAgg(self.party_id, {"state-dir": self.state_dir}, self.private)
         if secagg_fields(content) is None:
             if sa.only:
                 raise Refused(f"party {self.party_id} releases only under secure aggregation (node config "
@@ -158,7 +159,8 @@ class PartyClient:
     def secagg_keys(self, msg: Message, context: Context) -> Message:
         """This run's signed key advert (query.secagg_keys): the key drawn once per run."""
         from flower_vfl.clients.party_secagg import PartySecAgg
-        sa = self.secagg if self.secagg is not None else PartySecAgg(self.party_id, {}, self.private)
+        sa = self.secagg if self.secagg is not None else \
+            PartySecAgg(self.party_id, {"state-dir": self.state_dir}, self.private)
         info = {"party": self.party_id, "advert": sa.advert(context)}
         return Message(RecordDict({"secagg": ConfigRecord(info)}), reply_to=msg)
 

@@ -18,26 +18,9 @@ from flwr.app import ConfigRecord, Context
 from flower_vfl.clients.party_base import PartyClient
 from flower_vfl.core.scoring import released_scores
 from flower_vfl.privacy.boundary import Refused, inputs_hash
+from flower_vfl.privacy.store import _STORES, party_store  # noqa: F401  (re-exported: one store per process)
 
 __all__ = ["PrivatePartyClient"]
-
-#: open party stores by state-dir (one SQLite connection per process)
-_STORES: dict = {}
-
-
-def party_store(state_dir):
-    """The party's store in ``state_dir`` (default :func:`~flower_vfl.privacy.store.default_state_dir`),
-    opened once per process, and opened again (its journal re-checked) when the file was deleted
-    or replaced since."""
-    from flower_vfl.privacy.store import PartyStore, default_state_dir
-    key = str(state_dir or default_state_dir())
-    if key not in _STORES or not _STORES[key].still_there():
-        old = _STORES.pop(key, None)
-        if old is not None:
-            old.close()
-        _STORES[key] = PartyStore(key)
-    return _STORES[key]
-
 
 class PrivatePartyClient(PartyClient):
     """A party with a :class:`~flower_vfl.privacy.party.PrivacyConfig` (``privacy``); parameters

@@ -4,6 +4,14 @@ The shared boundary and reply are :class:`~flower_vfl.clients.party_base.PartyCl
 the x-update object (its factorization cached across messages of one process), the release
 s_m = D_m x_m, the party's own cap on answers per run (node config ``max-answers``), and
 replays (an identical re-send gets the same vector; an older round is refused). Glue only.
+
+Where its state lives: small arrays (x, rho_x, CG's rate, a small factorization) in the run's
+``context.state``; an array above :data:`STATE_DISK_MIN_BYTES` (z_loc of an over-relaxed run
+at large N, the Gram's eigendecomposition at d > ~720) in the party's own state folder (node
+config ``state-dir``, :mod:`flower_vfl.io.party_arrays`), with only its SHA-256 in
+``context.state``: Flower may drop a large context at the end of the message. A deployed
+SuperNode without ``state-dir`` refuses to keep such an array anywhere else
+(:class:`~flower_vfl.privacy.store.StateDirRequired`).
 """
 
 from __future__ import annotations
@@ -13,14 +21,16 @@ from collections import OrderedDict
 
 import numpy as np
 import scipy.sparse as sp
-from flwr.app import Array, ArrayRecord, Context
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
 from flower_vfl.clients.party_base import PartyClient
 from flower_vfl.core.constraints import make_constraint
 from flower_vfl.core.party import PLAIN_ROUNDS, PartyUpdate
 from flower_vfl.core.penalties import get_penalty
 from flower_vfl.core.scoring import released_scores
+from flower_vfl.io import party_arrays
 from flower_vfl.privacy.boundary import InvalidMessage, Refused, inputs_hash, parse_flag
+from flower_vfl.privacy.store import StateDirRequired
 
 __all__ = ["PublicPartyClient"]
 
@@ -31,11 +41,23 @@ STATE_LAST = "vfl.last"
 #: this many bytes; a larger one is recomputed from x at the next message (one product). Every
 #: other N-vector of the party's state is left out of context.state (see :meth:`PublicPartyClient._after_train`)
 STATE_VECTOR_MAX_BYTES = 4 << 20
+#: any other array of the state (and the factorization) above this many bytes is kept in the
+#: party's state folder instead of context.state (:data:`STATE_DISK`, :data:`STATE_FACTOR`)
+STATE_DISK_MIN_BYTES = STATE_VECTOR_MAX_BYTES
 #: the x-update's rho-free factorization (core/xsolve.py: the Gram's eigendecomposition) kept in
 #: the party's own context.state with a hash of the solver cache's key: on real SuperNodes every
 #: message is a fresh process, which otherwise re-factorizes (0.18 s of a 0.31 s a9a training
-#: handler, docs/benchmarks.md). Node-local; never sent to the central node.
+#: handler, docs/benchmarks.md). Node-local; never sent to the central node. Above
+#: STATE_DISK_MIN_BYTES the record holds the key and the SHA-256 (``sha``, 32 bytes) of its file
+#: in ``<state-dir>/party-arrays/shared/`` instead (named by the key, so a later run of the same
+#: block and parameters finds it); a missing or altered file is recomputed: it is only a cache.
 STATE_FACTOR = "vfl.factor"
+#: {array name: SHA-256 hex} of this run's arrays kept in ``<state-dir>/party-arrays/run-<run>/``
+#: instead of STATE_ARRAYS (each above STATE_DISK_MIN_BYTES)
+STATE_DISK = "vfl.party.disk"
+#: the factorization files this process wrote or checked: key hex -> SHA-256 hex (not re-hashed
+#: for every message of a simulation actor)
+_FACTOR_FILES: dict = {}
 
 #: x-update solvers (they hold the factorization of lam I + rho D^T D) kept across messages
 #: while the process lives, keyed by a hash of the block and the solver parameters (and the
@@ -93,13 +115,11 @@ class PublicPartyClient(PartyClient):
             _SOLVERS[key] = party.solver
             while len(_SOLVERS) > _SOLVERS_MAX:
                 _SOLVERS.popitem(last=False)
-            if STATE_FACTOR in context.state:   # this node's earlier message (a fresh process) computed it
-                rec = context.state[STATE_FACTOR]
-                if "key" in rec and np.array_equal(rec["key"].numpy(), self._factor_key):
-                    party.solver.adopt_factorization({k: rec[k].numpy() for k in rec if k != "key"})
+            self._adopt_factor(context, party)
         # this run's state (none yet: a run's start, which also resets what a cached solver carried)
         rec = context.state[STATE_ARRAYS] if STATE_ARRAYS in context.state else {}
         state = {k: rec[k].numpy() for k in rec}
+        self._lost = self._disk_state(context, state)
         self._kept, self._alpha = set(state), None      # _alpha: this train request's, once read
         if "x" in state and "s" not in state:
             # the lean state (_after_train): the last release is CG's carried D x when kept, else
@@ -107,6 +127,63 @@ class PublicPartyClient(PartyClient):
             state["s"] = state["Dx"] if "Dx" in state else self.D @ state["x"]
         party.set_state(state)
         return party
+
+    # ------------------------------------------------------------ the party's state folder
+    def _folder(self, what: str):
+        """``<state-dir>/party-arrays`` (StateDirRequired, naming ``what``, on a deployed node without one)."""
+        return party_arrays.arrays_folder(self.state_dir, what)
+
+    def _factor_stem(self) -> str:
+        return f"factor-{bytes(self._factor_key).hex()}"
+
+    def _adopt_factor(self, context: Context, party):
+        """A fresh process's solver takes the factorization this node computed before: from
+        context.state (small), or from its file in the state folder, checked against the SHA-256
+        that context.state holds (or, in a new run, against the digest in the file's name).
+        Missing or altered: nothing adopted, the solver factorizes (bitwise the same)."""
+        rec = context.state[STATE_FACTOR] if STATE_FACTOR in context.state else None
+        ours = rec is not None and "key" in rec and np.array_equal(rec["key"].numpy(), self._factor_key)
+        if ours and "sha" not in rec:        # kept in context.state
+            party.solver.adopt_factorization({k: rec[k].numpy() for k in rec if k != "key"})
+            return
+        try:
+            folder = self._folder("the x-update's factorization") / "shared"
+        except StateDirRequired:
+            return                            # nothing kept on disk without a state folder
+        if ours:
+            sha = bytes(rec["sha"].numpy()).hex()
+            got = party_arrays.read_arrays(folder, self._factor_stem(), sha)
+        else:                                 # a new run (or a lost state): a file of this key
+            found = party_arrays.find_arrays(folder, self._factor_stem())
+            sha, got = found if found is not None else (None, None)
+        if got is not None and party.solver.adopt_factorization(got):
+            _FACTOR_FILES[self._factor_stem()] = sha
+
+    def _disk_state(self, context: Context, state: dict) -> set:
+        """Load this run's arrays kept in the state folder into ``state`` (each checked against its
+        SHA-256 in context.state); returns the names whose file is missing or altered. z_loc is
+        then simply not kept (a relaxed round is refused, :meth:`_train_release`); anything else
+        (x) refuses the message: the party never goes on from a state it does not have."""
+        rec = dict(context.state[STATE_DISK]) if STATE_DISK in context.state else {}
+        if not rec:
+            return set()
+        try:
+            folder = party_arrays.run_folder(self._folder("this run's state"), context.run_id)
+        except StateDirRequired:
+            folder = None
+        lost = set()
+        for name, sha in rec.items():
+            got = None if folder is None else party_arrays.read_arrays(folder, f"party{self.party_id}-{name}", str(sha))
+            if got is None:
+                lost.add(name)
+            else:
+                state[name] = got["a"]
+        if lost - {"z_loc"}:
+            raise Refused(f"party {self.party_id}: its state array(s) {sorted(lost - {'z_loc'})} of run "
+                          f"{context.run_id}, kept in its state folder ({folder}), are missing or do not match the "
+                          "SHA-256 kept in context.state; refused (this party does not go on from a state it "
+                          "no longer has)")
+        return lost
 
     def _identity(self, context: Context) -> dict:
         # the round this party's state in this run has reached (-1: none), for resume
@@ -128,6 +205,11 @@ class PublicPartyClient(PartyClient):
         if self.max_answers and meta["answers"] >= self.max_answers:
             raise Refused(f"party {self.party_id} has given the {self.max_answers} answers its node config "
                           "allows per run (max-answers); refused", field="config.round")
+        if self._alpha != 1.0 and meta["last_train"] >= 0 and "z_loc" in self._lost:
+            raise Refused(f"party {self.party_id}: train round {inputs.round} asks for over-relaxation "
+                          f"(alpha={self._alpha!r}), and its share of z from the round before, kept in its state "
+                          "folder, is missing or does not match the SHA-256 kept in context.state; refused (the "
+                          "relaxed x-update needs it; a round with alpha=1 does not)", field="config.alpha")
         if self._alpha != 1.0 and meta["last_train"] >= 0 and "x" in self._kept and "z_loc" not in self._kept:
             raise Refused(f"party {self.party_id}: train round {inputs.round} asks for over-relaxation "
                           f"(alpha={self._alpha!r}) but the round before it did not (alpha=1), so this party "
@@ -156,23 +238,69 @@ class PublicPartyClient(PartyClient):
         Left out: s (D @ x, or CG's carried D x: :meth:`_build` restores it, and an identical
         re-send returns it), z_loc when this round was not over-relaxed (alpha = 1: the next
         x-update does not read it; a later round that asks for alpha != 1 is refused), and CG's
-        carried D x (with its D^T D x) above :data:`STATE_VECTOR_MAX_BYTES` (the next solve forms
-        D x from x)."""
+        carried D x and D^T D x when either is above :data:`STATE_VECTOR_MAX_BYTES` (the next solve
+        forms D x from x). Kept in the state folder instead of context.state: any other array
+        above :data:`STATE_DISK_MIN_BYTES` (z_loc of a relaxed round at large N; x of a very wide
+        block) and a large factorization (:meth:`_factor_record`); context.state then holds their
+        SHA-256s."""
         state = self.party.get_state()
         drop = {"s"}
         # (no request read: a stored secure-aggregation answer was replayed; the state stays as it was)
         if self._alpha == 1.0 or (self._alpha is None and "z_loc" not in self._kept):
             drop.add("z_loc")
-        if "Dx" in state and np.asarray(state["Dx"]).nbytes > STATE_VECTOR_MAX_BYTES:
+        if any(k in state and np.asarray(state[k]).nbytes > STATE_VECTOR_MAX_BYTES for k in ("Dx", "DtDx")):
             drop.update(("Dx", "DtDx"))
-        context.state[STATE_ARRAYS] = ArrayRecord(
-            {k: Array(np.asarray(v)) for k, v in state.items() if k not in drop})
+        keep = {k: np.asarray(v) for k, v in state.items() if k not in drop}
+        # arrays above the limit go to the state folder first (written and synced), then the
+        # context names them: a message that fails to write changes nothing of the context
+        large = {k: v for k, v in keep.items() if v.nbytes > STATE_DISK_MIN_BYTES}
+        on_disk = {}
+        if large:
+            base = self._folder(f"party {self.party_id}'s state array(s) {sorted(large)}")
+            folder = party_arrays.run_folder(base, context.run_id)
+            before = dict(context.state[STATE_DISK]) if STATE_DISK in context.state else {}
+            for k, v in large.items():
+                on_disk[k] = party_arrays.put_arrays(folder, f"party{self.party_id}-{k}", {"a": v},
+                                                     keep=before.get(k))
+            party_arrays.evict_runs(base, folder)
+        factor = self._factor_record(context)
+        context.state[STATE_ARRAYS] = ArrayRecord({k: Array(v) for k, v in keep.items() if k not in large})
+        if on_disk:
+            context.state[STATE_DISK] = ConfigRecord(on_disk)
+        elif STATE_DISK in context.state:
+            del context.state[STATE_DISK]
+        if factor is not None:
+            context.state[STATE_FACTOR] = factor
+
+    def _factor_record(self, context: Context):
+        """The STATE_FACTOR record to keep (None: the one there is this solver's already): the
+        factorization itself up to STATE_DISK_MIN_BYTES, else its key and the SHA-256 of its
+        file in the state folder (written now unless this process wrote or checked it)."""
         f = self.party.solver.factorization()
+        if f is None:
+            return None
         kept = context.state[STATE_FACTOR] if STATE_FACTOR in context.state else None
-        if f is not None and not (kept is not None and "key" in kept
-                                  and np.array_equal(kept["key"].numpy(), self._factor_key)):
-            context.state[STATE_FACTOR] = ArrayRecord({"key": Array(self._factor_key),
-                                                       **{k: Array(np.asarray(v)) for k, v in f.items()}})
+        ours = kept is not None and "key" in kept and np.array_equal(kept["key"].numpy(), self._factor_key)
+        f = {k: np.asarray(v) for k, v in f.items()}
+        if sum(v.nbytes for v in f.values()) <= STATE_DISK_MIN_BYTES:
+            return None if ours and "sha" not in kept else ArrayRecord(
+                {"key": Array(self._factor_key), **{k: Array(v) for k, v in f.items()}})
+        try:
+            folder = self._folder(f"party {self.party_id}'s x-update factorization") / "shared"
+        except StateDirRequired:
+            # no state folder on this deployed node: the factorization is only a cache, so it is
+            # not kept (each message factorizes) rather than put in a context too large to keep
+            return None
+        stem = self._factor_stem()
+        sha = _FACTOR_FILES.get(stem)
+        if sha is None or not (folder / f"{stem}-{sha}.npz").is_file():
+            sha = party_arrays.put_arrays(folder, stem, f)
+            _FACTOR_FILES[stem] = sha
+            party_arrays.evict_shared(folder)
+        if ours and "sha" in kept and bytes(kept["sha"].numpy()).hex() == sha:
+            return None
+        return ArrayRecord({"key": Array(self._factor_key),
+                            "sha": Array(np.frombuffer(bytes.fromhex(sha), dtype=np.uint8).copy())})
 
     def _eval_scores(self, inputs, final, context):
         return released_scores(self.D_test, self.party.x)      # the predict job's code on the held-out rows

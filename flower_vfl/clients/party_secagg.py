@@ -9,9 +9,22 @@
   verifies the roster (pins, ``secagg-min-parties``, ``secagg-require``), encodes its release in
   fixed point (a private party clips its noisy release to its bound, post-processing; a
   non-private one refuses a value outside it) and masks it against the SHA-256 of the broadcast
-  it received (every array and config value). The masked answer is kept in ``context.state``
-  before it is sent: the same message again gets the same bytes; another broadcast for the same
-  round is refused.
+  it received (every array and config value). The masked answer is kept in the party's own store
+  (:meth:`~flower_vfl.privacy.store.PartyStore.commit_secagg`, node config ``state-dir``) before
+  it is sent: the same message again gets the same bytes; another broadcast for the same round is
+  refused.
+- What guards privacy is on the party's own disk, not in ``context.state``: Flower may drop a
+  large context at the end of a message (a masked answer is 8 N bytes), and the central node may
+  be malicious. The sums record (the one set of names each (kind, round) was answered in a sum
+  over) and the last masked answer per kind are rows of the party's SQLite store, keyed by the run
+  (``context.run_id``) and the party (its node config's ``partition-id`` and ``secagg-name``:
+  nothing the server sends), committed (``synchronous=FULL``) before the reply leaves. The answers
+  of the last :data:`~flower_vfl.privacy.store.SECAGG_KEEP_RUNS` runs are kept; every run's sums
+  record is kept. A run whose ``context.state`` still holds such entries from an earlier version
+  (``vfl.secagg.sums``, ``vfl.secagg.answer.<kind>``, ``vfl.secagg.masked.<kind>``) reads them
+  too: its sums are checked and copied to the store with the next answer, which then deletes them
+  from the context. The X25519 key stays in ``context.state`` (:data:`STATE_KEYS`): a party that
+  lost it refuses with ``secagg-rekey`` and the sums record still binds every round it answered.
 - Node config (trusted): ``secagg-name``, ``secagg-signing-key``, ``secagg-pins``,
   ``secagg-min-parties``, ``secagg-require``, ``secagg-bound``, ``secagg-only`` (refuse to
   release unmasked), and a private party's ``dp-distributed-max-colluders`` = k (distributed
@@ -25,9 +38,10 @@
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.app import ConfigRecord, Context
 
 from flower_vfl.privacy.boundary import Refused
+from flower_vfl.privacy.store import StateDirRequired, party_store
 from flower_vfl.secagg import (KeyAgreement, KeyRefused, MaskContext, Rekey, ReplayConflict, ReplayStore, Roster,
                                SecAggError, Session, broadcast_digest, load_signing_key, parse_pins)
 from flower_vfl.secagg.masking import ADVERTS, PARTIES
@@ -35,9 +49,12 @@ from flower_vfl.secagg.masking import ADVERTS, PARTIES
 __all__ = ["PartySecAgg", "ADVERTS", "PARTIES", "STATE_KEYS", "DEFAULT_BOUND", "secagg_fields"]
 
 STATE_KEYS = "vfl.secagg.keys"
+#: (read only: an earlier version kept these in context.state; now in the party's store)
 STATE_ANSWER = "vfl.secagg.answer."
 STATE_MASKED = "vfl.secagg.masked."
 STATE_SUMS = "vfl.secagg.sums"
+#: a stored answer not read yet (ReplayStore checks its key and digest first)
+_STORED = object()
 #: default entry-wise bound on a release (secagg-bound): 2^53 / (16 * 1e4) leaves a scale of 2^35
 DEFAULT_BOUND = 1e4
 
@@ -60,6 +77,9 @@ class PartySecAgg:
 
     def __init__(self, party_id: int, nc: dict, private: bool):
         self.name = str(nc.get("secagg-name") or f"party{int(party_id)}")
+        self.party_id = int(party_id)
+        #: the party's own folder (node config state-dir; None: default_state_dir())
+        self.state_dir = nc.get("state-dir") or None
         key_path = str(nc.get("secagg-signing-key") or "")
         pins = str(nc.get("secagg-pins") or "")
         self.signing_key = load_signing_key(key_path) if key_path else None
@@ -170,18 +190,15 @@ class PartySecAgg:
         cfg = content["config"]
         digest = broadcast_digest(arrays, {k: cfg[k] for k in cfg})
         ctx = MaskContext(int(rnd), kind, digest)
-        store = ReplayStore(self._stored(context, kind))
-        prior = store.lookup(session.roster, ctx)
+        store, owner, run = self._store(), self.owner, str(context.run_id)
+        prior = self._replay(store, owner, run, context, kind, session.roster, ctx)
         if prior is not None:
             return prior
         # each (round, kind) goes into sums over one set of names only, whatever the keys: the
         # same answer in sums over {A, B, C} and {A, B} would give the central node C's release
-        sums = dict(context.state[STATE_SUMS]) if STATE_SUMS in context.state else {}
+        legacy = dict(context.state[STATE_SUMS]) if STATE_SUMS in context.state else {}
         slot, over = f"{kind}/{int(rnd)}", ",".join(sorted(names))
-        if slot in sums and sums[slot] != over:
-            raise ReplayConflict(f"party {self.name!r}: round {int(rnd)} ({kind}) was already answered in a sum over "
-                                 f"[{sums[slot]}]; refused in a sum over [{over}] (the central node could subtract "
-                                 "the two sums)")
+        self._one_set(slot, over, rnd, kind, store.secagg_sums(owner, run), legacy)
         if integer:
             fp = session.roster.fixed_point
             r, bits = compute(self.adders(session), fp.k)
@@ -189,16 +206,54 @@ class PartySecAgg:
         else:
             s = np.asarray(compute(), dtype=np.float64)
             masked = session.release(s, ctx, self.on_overflow)
-        # written to the state before the reply leaves (one entry per kind: the last request)
-        sums[slot] = over
-        context.state[STATE_SUMS] = ConfigRecord(sums)
         key = ReplayStore.key(session.roster, ctx)
-        context.state[STATE_ANSWER + kind] = ConfigRecord({"key": key, "digest": digest})
-        context.state[STATE_MASKED + kind] = ArrayRecord({"masked": Array(np.asarray(masked, dtype=np.uint64))})
+
+        def check(recorded, stored):
+            # under the store's write lock: another process may have answered meanwhile
+            self._one_set(slot, over, rnd, kind, recorded, legacy)
+            return stored is not None and ReplayStore({stored[0]: (stored[1], _STORED)}).lookup(
+                session.roster, ctx) is _STORED
+        # durable in the party's store (sums and answer, one transaction) before the reply leaves
+        masked = store.commit_secagg(owner, run, kind, key, digest, masked, {**legacy, slot: over}, check)
+        for k in (STATE_SUMS, STATE_ANSWER + kind, STATE_MASKED + kind):
+            if k in context.state:              # an earlier version's entries: now in the store
+                del context.state[k]
         return masked
+
+    @property
+    def owner(self) -> str:
+        """The party's key in its store's secure-aggregation tables: its node config's
+        ``partition-id`` and ``secagg-name`` (a state folder shared by simulated parties holds
+        each apart; nothing the central node sends changes it)."""
+        return f"partition:{self.party_id}/name:{self.name}"
+
+    def _store(self):
+        try:
+            return party_store(self.state_dir)
+        except StateDirRequired as exc:
+            raise StateDirRequired(f"party {self.name!r}: under secure aggregation a party records, in its own "
+                                   "state folder and before its reply leaves, which parties each of its answers "
+                                   "was summed with and the answer itself (the central node must never get one "
+                                   f"round in sums over two sets of parties); {exc}") from None
+
+    def _one_set(self, slot, over, rnd, kind, *records):
+        for sums in records:
+            if slot in sums and sums[slot] != over:
+                raise ReplayConflict(f"party {self.name!r}: round {int(rnd)} ({kind}) was already answered in a sum "
+                                     f"over [{sums[slot]}]; refused in a sum over [{over}] (the central node could "
+                                     "subtract the two sums)")
+
+    def _replay(self, store, owner, run, context, kind, roster, ctx):
+        """The stored answer to this very request (the store's, else an earlier version's in
+        context.state), None if new; :class:`ReplayConflict` for another broadcast."""
+        row = store.secagg_answer(owner, run, kind)
+        if row is not None and ReplayStore({row[0]: (row[1], _STORED)}).lookup(roster, ctx) is _STORED:
+            return store.secagg_masked(owner, run, kind, row[0])
+        return ReplayStore(self._stored(context, kind)).lookup(roster, ctx)
 
     @staticmethod
     def _stored(context: Context, kind: str) -> dict:
+        """An earlier version's answer of ``kind`` in context.state (read during the transition)."""
         if STATE_ANSWER + kind not in context.state or STATE_MASKED + kind not in context.state:
             return {}
         rec = context.state[STATE_ANSWER + kind]

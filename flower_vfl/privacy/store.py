@@ -45,7 +45,7 @@ import numpy as np
 from flower_vfl.errors import UserError
 
 __all__ = ["Answer", "CountJournal", "StateDirRequired", "deployed_supernode", "open_journaled", "LedgerMissing", "PartyStore", "StoreDiskError", "StoreError", "accept_reset",
-           "default_state_dir", "disk_errors", "journal_check", "pack_arrays", "unpack_arrays"]
+           "default_state_dir", "disk_errors", "journal_check", "pack_arrays", "party_store", "unpack_arrays"]
 
 #: bumped when the tables change; a file of another version is refused, never silently reused
 SCHEMA_VERSION = 2
@@ -62,7 +62,20 @@ CREATE TABLE IF NOT EXISTS state (
     PRIMARY KEY (source, run));
 CREATE TABLE IF NOT EXISTS sources (
     source TEXT PRIMARY KEY, info TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS secagg_sums (
+    party TEXT NOT NULL, run TEXT NOT NULL, slot TEXT NOT NULL, names TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (party, run, slot));
+CREATE TABLE IF NOT EXISTS secagg_answers (
+    party TEXT NOT NULL, run TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, digest BLOB NOT NULL,
+    masked BLOB NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY (party, run, kind));
 """
+#: (the two secagg tables came after schema 2 without changing it: an older file gets them when it
+#: opens, and an older version of this code ignores them)
+
+#: runs whose last masked answers a party keeps (the most recently answered); the sums record of
+#: every run is kept (a few bytes per round)
+SECAGG_KEEP_RUNS = 4
 
 #: test hook: called right after a release is durable and before it is returned (the
 #: crash test sets it to kill the process there); None in production
@@ -568,6 +581,59 @@ class PartyStore:
         row = self._db.execute("SELECT payload FROM state WHERE source=? AND run=?", (source, str(run))).fetchone()
         return None if row is None else unpack_arrays(row[0])
 
+    # ------------------------------------------------------------------ secure aggregation
+    def secagg_sums(self, party, run) -> dict:
+        """{'<kind>/<round>': 'name,name,...'}: the set of names each (kind, round) of ``run`` was
+        answered in a sum over, by the party ``party``."""
+        rows = self._db.execute("SELECT slot, names FROM secagg_sums WHERE party=? AND run=?", (str(party), str(run)))
+        return {slot: names for slot, names in rows}
+
+    def secagg_answer(self, party, run, kind) -> tuple[str, bytes] | None:
+        """(replay key, broadcast digest) of the last masked answer of ``kind`` in ``run``."""
+        row = self._db.execute("SELECT key, digest FROM secagg_answers WHERE party=? AND run=? AND kind=?",
+                               (str(party), str(run), str(kind))).fetchone()
+        return None if row is None else (str(row[0]), bytes(row[1]))
+
+    def secagg_masked(self, party, run, kind, key) -> np.ndarray | None:
+        """The stored masked answer of ``kind`` in ``run`` under the replay key ``key`` (uint64)."""
+        row = self._db.execute("SELECT masked FROM secagg_answers WHERE party=? AND run=? AND kind=? AND key=?",
+                               (str(party), str(run), str(kind), str(key))).fetchone()
+        return None if row is None else np.frombuffer(row[0], dtype="<u8").astype(np.uint64)
+
+    def commit_secagg(self, party, run, kind, key, digest: bytes, masked, slots: dict, check) -> np.ndarray:
+        """Record a masked answer before it leaves, in one durable transaction.
+
+        Under the write lock, ``check(recorded, prior)`` gets the sums record of (``party``,
+        ``run``) and the (key, digest) of the stored answer of ``kind`` (None); it raises to
+        refuse (nothing written), or returns True when the stored answer is this very request's
+        (another process answered it first): that answer is returned and nothing is written.
+        Otherwise ``slots`` ({slot: names}) are added to the sums record (a slot already there
+        keeps its names) and ``masked`` replaces the answer of ``kind``; the answers of runs other
+        than the :data:`SECAGG_KEEP_RUNS` most recent are deleted. Returns the answer to send."""
+        with disk_errors(self.path, "record a secure-aggregation answer in the party's store"):
+            db, party, run = self._db, str(party), str(run)
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                prior = self.secagg_answer(party, run, kind)
+                if check(self.secagg_sums(party, run), prior):
+                    db.execute("ROLLBACK")
+                    return self.secagg_masked(party, run, kind, prior[0])
+                now = time.time()
+                db.executemany("INSERT OR IGNORE INTO secagg_sums VALUES (?,?,?,?,?)",
+                               [(party, run, str(k), str(v), now) for k, v in slots.items()])
+                db.execute("INSERT OR REPLACE INTO secagg_answers VALUES (?,?,?,?,?,?,?)",
+                           (party, run, str(kind), str(key), bytes(digest),
+                            np.ascontiguousarray(masked, dtype="<u8").tobytes(), now))
+                db.execute("DELETE FROM secagg_answers WHERE party=? AND run NOT IN (SELECT run FROM secagg_answers "
+                           "WHERE party=? GROUP BY run ORDER BY MAX(updated) DESC LIMIT ?)",
+                           (party, party, SECAGG_KEEP_RUNS))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        return np.asarray(masked, dtype=np.uint64)
+
     def note_source(self, source, info: dict):
         """Remember what the source is and the budget last configured for it (``flower-vfl ledger``)."""
         with disk_errors(self.path, "note the data source in"):
@@ -576,3 +642,20 @@ class PartyStore:
     def source_info(self, source) -> dict | None:
         row = self._db.execute("SELECT info FROM sources WHERE source=?", (source,)).fetchone()
         return None if row is None else json.loads(row[0])
+
+
+#: open party stores by state-dir (one SQLite connection per process)
+_STORES: dict = {}
+
+
+def party_store(state_dir):
+    """The party's store in ``state_dir`` (default :func:`~flower_vfl.privacy.store.default_state_dir`),
+    opened once per process, and opened again (its journal re-checked) when the file was deleted
+    or replaced since."""
+    key = str(state_dir or default_state_dir())
+    if key not in _STORES or not _STORES[key].still_there():
+        old = _STORES.pop(key, None)
+        if old is not None:
+            old.close()
+        _STORES[key] = PartyStore(key)
+    return _STORES[key]
