@@ -8,7 +8,8 @@ objects per message, the same bytes, nothing else changed.
   types it reads packed; its reply to a packed request is packed and decodes bitwise to its reply
   to the same request unpacked, with the same context.state after it;
 - what does not decode is refused with the exact reason, the field named, context.state untouched
-  (pickles, non-numeric dtypes, a non-bytes value, an array in two places);
+  (pickles, non-numeric dtypes, a non-bytes value, a header whose shape the bytes do not hold, so
+  nothing is allocated for it, an array in two places);
 - the central node packs only for a node that said it reads that type, unpacks only the replies to
   packed requests, refuses a malformed packed reply naming the party, and a whole run is bitwise
   the run with packing off, also with one party that does not read packed messages.
@@ -129,6 +130,12 @@ def _refusal(rep):
     return rec["reason"], rec.get("field"), rec["code"]
 
 
+def _header(shape):
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f8", "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
 def _npy(a, allow_pickle=False):
     buf = io.BytesIO()
     np.save(buf, a, allow_pickle=allow_pickle)
@@ -136,16 +143,19 @@ def _npy(a, allow_pickle=False):
 
 
 @pytest.mark.parametrize("value,reason", [
-    (pickle.dumps(np.zeros(N)), "party 1: packed field 'config.vectors/q' is not a NumPy array (This file contains "
-     "pickled (object) data. If you trust the file you can load it unsafely using the `allow_pickle=` keyword "
-     "argument or `pickle.load()`.)"),
+    # a pickle's first bytes (protocol 4, a frame): never unpickled, refused at the magic string
+    (b"\x80\x04\x95" + bytes(13), "party 1: packed field 'config.vectors/q' is not a NumPy array "
+     "(the magic string is not correct; expected b'\\x93NUMPY', got b'\\x80\\x04\\x95\\x00\\x00\\x00')"),
     (_npy(np.array([{"a": 1}] * N, dtype=object), allow_pickle=True),
-     "party 1: packed field 'config.vectors/q' is not a NumPy array (Object arrays cannot be loaded when "
-     "allow_pickle=False)"),
+     "party 1: packed field 'config.vectors/q' has dtype object; expected one of float64, float32, uint64, int64"),
     (_npy(np.array(["a"] * N)), "party 1: packed field 'config.vectors/q' has dtype <U1; expected one of float64, "
                                 "float32, uint64, int64"),
     ("not bytes", "party 1: packed field 'config.vectors/q' is a str, not bytes"),
-], ids=["pickle", "object-array", "strings", "str"])
+    (_npy(np.zeros(N))[:-8], f"party 1: packed field 'config.vectors/q' declares shape ({N},) ({8 * N} bytes) but "
+                             f"holds {8 * N - 8} bytes after its header"),
+    (_header((10**12,)) + bytes(80), "party 1: packed field 'config.vectors/q' declares shape (1000000000000,) "
+                                     "(8000000000000 bytes) but holds 80 bytes after its header"),
+], ids=["pickle", "object-array", "strings", "str", "short", "huge-header"])
 def test_what_does_not_decode_is_refused_and_changes_nothing(tmp_path, value, reason):
     ctx = _context(tmp_path, "p")
     _, ctx = _send(ctx, pack(_request(rnd=1), "config"))

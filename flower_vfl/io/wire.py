@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+from numpy.lib import format as npy
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 __all__ = ["PACK_MAX_BYTES", "PACKED_FIELD", "PACK_SEP", "PACK_REQUEST_INTO", "PACK_REPLY_INTO", "pack", "unpack",
@@ -103,14 +104,7 @@ def unpack(content: RecordDict, into: str, error: type[Exception], who: str) -> 
                         "refused (one place per array)")
         if not isinstance(value, bytes):
             raise error(f"{who}: packed field {field!r} is a {type(value).__name__}, not bytes")
-        try:
-            a = np.load(io.BytesIO(value), allow_pickle=False)
-        except Exception as exc:      # not .npy bytes (NumPy's reader; pickles refused)
-            raise error(f"{who}: packed field {field!r} is not a NumPy array ({exc})") from None
-        if not isinstance(a, np.ndarray) or a.dtype.name not in _DTYPES:
-            raise error(f"{who}: packed field {field!r} has dtype {getattr(a, 'dtype', type(a).__name__)}; "
-                        f"expected one of {', '.join(_DTYPES)}")
-        arrays.setdefault(name, {})[akey] = Array(a)
+        arrays.setdefault(name, {})[akey] = Array(_read_npy(value, field, error, who))
     out = {}
     for name, rec in content.items():
         if name == into:
@@ -121,6 +115,28 @@ def unpack(content: RecordDict, into: str, error: type[Exception], who: str) -> 
     for name, recs in arrays.items():
         out[name] = ArrayRecord(recs)
     return RecordDict(out)
+
+
+def _read_npy(value: bytes, field: str, error: type[Exception], who: str) -> np.ndarray:
+    """The array in ``.npy`` bytes, by NumPy's reader: its header first (dtype among the numeric
+    ones, and as many bytes after it as its shape says: nothing is allocated for a size the bytes do
+    not hold), then the array (``allow_pickle=False``)."""
+    fp = io.BytesIO(value)
+    try:
+        version = npy.read_magic(fp)
+        shape, _, dtype = (npy.read_array_header_1_0(fp) if version == (1, 0) else npy.read_array_header_2_0(fp))
+    except Exception as exc:      # not .npy bytes
+        raise error(f"{who}: packed field {field!r} is not a NumPy array ({exc})") from None
+    if dtype.name not in _DTYPES:
+        raise error(f"{who}: packed field {field!r} has dtype {dtype}; expected one of {', '.join(_DTYPES)}")
+    count = int(np.prod(shape, dtype=object))
+    if count * dtype.itemsize != len(value) - fp.tell():
+        raise error(f"{who}: packed field {field!r} declares shape {tuple(shape)} ({count * dtype.itemsize} bytes) "
+                    f"but holds {len(value) - fp.tell()} bytes after its header")
+    try:
+        return np.load(io.BytesIO(value), allow_pickle=False)
+    except Exception as exc:  # pragma: no cover - a header NumPy reads but an array it does not
+        raise error(f"{who}: packed field {field!r} is not a NumPy array ({exc})") from None
 
 
 def packed_types(info) -> frozenset:
