@@ -154,12 +154,14 @@ def test_the_store_keeps_the_answers_of_the_last_four_runs_and_every_sums_record
     for run in range(1, 7):
         for kind in ("train", "evaluate"):
             st.commit_secagg(owner, run, kind, f"k{run}", b"d" * 32, np.arange(3, dtype=np.uint64) + run,
-                             {f"{kind}/1": "a,b"}, never)
+                             {f"{kind}/1": "a,b"}, never, plain=(1, np.full(3, 0.5 * run)))
     held = {r for (r,) in st._db.execute("SELECT run FROM secagg_answers")}
     assert held == {"3", "4", "5", "6"} and store_mod.SECAGG_KEEP_RUNS == 4
     assert {r for (r,) in st._db.execute("SELECT DISTINCT run FROM secagg_sums")} == {str(r) for r in range(1, 7)}
     assert np.array_equal(st.secagg_masked(owner, 6, "train", "k6"), [6, 7, 8])
     assert st.secagg_masked(owner, 2, "train", "k2") is None
+    assert st.secagg_plain(owner, 6, "evaluate")[0] == 1 and np.array_equal(st.secagg_plain(owner, 6, "evaluate")[1],
+                                                                             [3.0, 3.0, 3.0])
     st.close()
 
 
@@ -350,3 +352,52 @@ def test_without_a_state_folder_a_large_factorization_is_not_kept_and_the_releas
         assert np.array_equal(rep.content["release"]["s"].numpy(), ref[r])
     assert len(grams) == 3 and party_public.STATE_FACTOR not in context.state
     assert _size(context) < 64 << 10 and not list(tmp_path.rglob("*.npz"))
+
+
+# a party that lost its iterate and is asked an answered round again under new keys
+def _answered_then_wiped(tmp_path, nc=None):
+    ctxs = [_trip(c) for c in _sa_contexts(tmp_path)]
+    if nc:
+        for c in ctxs:
+            c.node_config.update(nc)
+    adverts = [_advert(c) for c in ctxs]
+    c = ctxs[0]
+    firsts = []
+    for rnd in (1, 2):
+        rep, c = _train(c, _sa_msg(c, adverts, ALL3, rnd, seed=rnd))
+        assert "release" in rep.content
+        firsts.append(rep.content["release"]["s"].numpy())
+    wiped = _sa_contexts(tmp_path)[0]                         # a restart: keys, meta and iterate gone
+    if nc:
+        wiped.node_config.update(nc)
+    return wiped, [_advert(wiped)] + adverts[1:], firsts
+
+
+def test_a_restarted_public_party_does_not_answer_an_answered_round_with_another_value(tmp_path):
+    """After a restart the party computes round 2 from x = 0: another s_m than it answered. Masked
+    under new keys in a sum over the same names, the difference of the two sums would be the
+    difference of its two releases (the rest are the same); refused. Round 1 (no longer its last
+    answer) too; a new round is answered."""
+    wiped, new, _ = _answered_then_wiped(tmp_path)
+    again, c = _train(wiped, _sa_msg(wiped, new, ALL3, 2, seed=2))
+    code, reason = _refusal(again)
+    assert code == "secagg-replay" and reason.startswith(
+        "party 'party0': round 2 (train) was already answered with another value (max |difference| ")
+    assert reason.endswith("); refused (the difference of the two sums would be the difference of two of its "
+                           "releases)")
+    older, c = _train(c, _sa_msg(c, new, ALL3, 1, seed=1))
+    assert _refusal(older) == ("secagg-replay", "party 'party0': round 1 (train) was already answered, and the value "
+                                                "it answered is no longer kept (this party answered a later round "
+                                                "since, or lost its store); refused (another value in a second sum "
+                                                "would give the central node the difference of two of its releases)")
+    fresh, _ = _train(c, _sa_msg(c, new, ALL3, 3, seed=3))
+    assert "release" in fresh.content
+
+
+def test_a_restarted_private_party_answers_an_answered_round_with_its_stored_release(tmp_path):
+    """A private party's release of a round comes from its ledger: asked round 2 again under new
+    keys it gives the same value (masked under the new keys), so it is answered."""
+    dp = {"dp": True, "dp-epsilon": 4.0, "dp-delta": 1e-5, "dp-train-rounds": 3, "dp-eval-rounds": 1}
+    wiped, new, _ = _answered_then_wiped(tmp_path, dp)
+    again, _ = _train(wiped, _sa_msg(wiped, new, ALL3, 2, seed=2))
+    assert "release" in again.content and again.content["release"]["s"].numpy().dtype == np.uint64

@@ -101,8 +101,8 @@ def test_the_central_nodes_view_holds_no_single_release_and_the_sum_is_within_th
 
 
 # ----------------------------------------------------------- a malicious central node by hand
-def _contexts(m=2, nc=None):
-    return [Context(run_id=1, node_id=100 + i, node_config={"partition-id": i, **(nc or [{}] * m)[i]},
+def _contexts(m=2, nc=None, run_id=1):
+    return [Context(run_id=run_id, node_id=100 + i, node_config={"partition-id": i, **(nc or [{}] * m)[i]},
                     state=RecordDict(), run_config=rc(True, m)) for i in range(m)]
 
 
@@ -137,7 +137,7 @@ def test_different_broadcasts_to_different_parties_give_a_sum_that_is_refused():
     same = {roster.names[i]: ca.train(_train_msg(c, adverts, roster.names, q, y), c).content["release"]["s"].numpy()
             for i, c in enumerate(sorted(ctxs, key=lambda c: f"party{c.node_config['partition-id']}"))}
     assert np.all(np.isfinite(secure_sum(same, roster)))           # control: one broadcast, a sum
-    ctxs = _contexts()
+    ctxs = _contexts(run_id=2)                                      # a new run (round 1 is answered in run 1)
     adverts = _adverts(ctxs)
     roster = Roster([Advert.from_bytes(a) for a in adverts])
     q2 = q.copy()

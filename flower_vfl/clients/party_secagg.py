@@ -202,19 +202,29 @@ class PartySecAgg:
         if integer:
             fp = session.roster.fixed_point
             r, bits = compute(self.adders(session), fp.k)
-            masked = session.mask(fp.encode_integer(np.asarray(r, dtype=np.int64), int(bits)), ctx)
+            value = fp.encode_integer(np.asarray(r, dtype=np.int64), int(bits))
+            self._same_value(slot, rnd, kind, value, True, store.secagg_sums(owner, run), legacy,
+                             store.secagg_plain(owner, run, kind))
+            masked = session.mask(value, ctx)
         else:
-            s = np.asarray(compute(), dtype=np.float64)
-            masked = session.release(s, ctx, self.on_overflow)
+            value = np.asarray(compute(), dtype=np.float64)
+            self._same_value(slot, rnd, kind, value, False, store.secagg_sums(owner, run), legacy,
+                             store.secagg_plain(owner, run, kind))
+            masked = session.release(value, ctx, self.on_overflow)
         key = ReplayStore.key(session.roster, ctx)
 
         def check(recorded, stored):
             # under the store's write lock: another process may have answered meanwhile
             self._one_set(slot, over, rnd, kind, recorded, legacy)
-            return stored is not None and ReplayStore({stored[0]: (stored[1], _STORED)}).lookup(
-                session.roster, ctx) is _STORED
-        # durable in the party's store (sums and answer, one transaction) before the reply leaves
-        masked = store.commit_secagg(owner, run, kind, key, digest, masked, {**legacy, slot: over}, check)
+            if stored is not None and ReplayStore({stored[0]: (stored[1], _STORED)}).lookup(
+                    session.roster, ctx) is _STORED:
+                return True
+            self._same_value(slot, rnd, kind, value, integer, recorded, legacy, store.secagg_plain(owner, run, kind))
+            return False
+        # durable in the party's store (sums, answer and the value it masks, one transaction)
+        # before the reply leaves
+        masked = store.commit_secagg(owner, run, kind, key, digest, masked, {**legacy, slot: over}, check,
+                                     plain=(int(rnd), value))
         for k in (STATE_SUMS, STATE_ANSWER + kind, STATE_MASKED + kind):
             if k in context.state:              # an earlier version's entries: now in the store
                 del context.state[k]
@@ -235,6 +245,30 @@ class PartySecAgg:
                                    "state folder and before its reply leaves, which parties each of its answers "
                                    "was summed with and the answer itself (the central node must never get one "
                                    f"round in sums over two sets of parties); {exc}") from None
+
+    def _same_value(self, slot, rnd, kind, value, integer, recorded, legacy, kept):
+        """A (kind, round) this party answered before is answered again (under new keys: it
+        restarted, or the central node re-keyed) only with the same value: the one its store kept
+        for its last answer of ``kind`` (exactly for an integer release, to 1e-9 of its scale for a
+        float one, the re-synchronization's tolerance). Otherwise :class:`ReplayConflict`: the
+        difference of the two sums would be the difference of two of its releases (a party that
+        lost its iterate computes the round afresh)."""
+        if slot not in recorded and slot not in legacy:
+            return
+        if kept is None or kept[0] != int(rnd):
+            raise ReplayConflict(f"party {self.name!r}: round {int(rnd)} ({kind}) was already answered, and the value "
+                                 "it answered is no longer kept (this party answered a later round since, or lost its "
+                                 "store); refused (another value in a second sum would give the central node the "
+                                 "difference of two of its releases)")
+        prev = np.asarray(kept[1])
+        if prev.shape == value.shape and (np.array_equal(prev, value) if integer else bool(np.all(
+                np.abs(value - prev) <= 1e-9 * max(1.0, float(np.max(np.abs(prev), initial=0.0)))))):
+            return
+        diff = (f"max |difference| {float(np.max(np.abs(value.astype(float) - prev.astype(float)))):.3g}"
+                if prev.shape == value.shape else f"shape {value.shape} against {prev.shape}")
+        raise ReplayConflict(f"party {self.name!r}: round {int(rnd)} ({kind}) was already answered with another value "
+                             f"({diff}); refused (the difference of the two sums would be the difference of two of "
+                             "its releases)")
 
     def _one_set(self, slot, over, rnd, kind, *records):
         for sums in records:

@@ -67,7 +67,7 @@ CREATE TABLE IF NOT EXISTS secagg_sums (
     PRIMARY KEY (party, run, slot));
 CREATE TABLE IF NOT EXISTS secagg_answers (
     party TEXT NOT NULL, run TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, digest BLOB NOT NULL,
-    masked BLOB NOT NULL, updated REAL NOT NULL,
+    masked BLOB NOT NULL, round INTEGER NOT NULL, plain BLOB NOT NULL, updated REAL NOT NULL,
     PRIMARY KEY (party, run, kind));
 """
 #: (the two secagg tables came after schema 2 without changing it: an older file gets them when it
@@ -600,7 +600,14 @@ class PartyStore:
                                (str(party), str(run), str(kind), str(key))).fetchone()
         return None if row is None else np.frombuffer(row[0], dtype="<u8").astype(np.uint64)
 
-    def commit_secagg(self, party, run, kind, key, digest: bytes, masked, slots: dict, check) -> np.ndarray:
+    def secagg_plain(self, party, run, kind) -> tuple[int, np.ndarray] | None:
+        """(round, value before masking) of the last masked answer of ``kind`` in ``run``."""
+        row = self._db.execute("SELECT round, plain FROM secagg_answers WHERE party=? AND run=? AND kind=?",
+                               (str(party), str(run), str(kind))).fetchone()
+        return None if row is None else (int(row[0]), unpack_arrays(row[1])["value"])
+
+    def commit_secagg(self, party, run, kind, key, digest: bytes, masked, slots: dict, check,
+                      plain: tuple[int, np.ndarray]) -> np.ndarray:
         """Record a masked answer before it leaves, in one durable transaction.
 
         Under the write lock, ``check(recorded, prior)`` gets the sums record of (``party``,
@@ -608,8 +615,9 @@ class PartyStore:
         refuse (nothing written), or returns True when the stored answer is this very request's
         (another process answered it first): that answer is returned and nothing is written.
         Otherwise ``slots`` ({slot: names}) are added to the sums record (a slot already there
-        keeps its names) and ``masked`` replaces the answer of ``kind``; the answers of runs other
-        than the :data:`SECAGG_KEEP_RUNS` most recent are deleted. Returns the answer to send."""
+        keeps its names) and ``masked`` replaces the answer of ``kind``, with ``plain`` (its round
+        and the value it masks: :meth:`secagg_plain`); the answers of runs other than the
+        :data:`SECAGG_KEEP_RUNS` most recent are deleted. Returns the answer to send."""
         with disk_errors(self.path, "record a secure-aggregation answer in the party's store"):
             db, party, run = self._db, str(party), str(run)
             db.execute("BEGIN IMMEDIATE")
@@ -621,9 +629,10 @@ class PartyStore:
                 now = time.time()
                 db.executemany("INSERT OR IGNORE INTO secagg_sums VALUES (?,?,?,?,?)",
                                [(party, run, str(k), str(v), now) for k, v in slots.items()])
-                db.execute("INSERT OR REPLACE INTO secagg_answers VALUES (?,?,?,?,?,?,?)",
+                db.execute("INSERT OR REPLACE INTO secagg_answers VALUES (?,?,?,?,?,?,?,?,?)",
                            (party, run, str(kind), str(key), bytes(digest),
-                            np.ascontiguousarray(masked, dtype="<u8").tobytes(), now))
+                            np.ascontiguousarray(masked, dtype="<u8").tobytes(), int(plain[0]),
+                            pack_arrays({"value": np.asarray(plain[1])}), now))
                 db.execute("DELETE FROM secagg_answers WHERE party=? AND run NOT IN (SELECT run FROM secagg_answers "
                            "WHERE party=? GROUP BY run ORDER BY MAX(updated) DESC LIMIT ?)",
                            (party, party, SECAGG_KEEP_RUNS))
