@@ -11,8 +11,9 @@ against 0.79-0.85 s for Flower's own empty app's round trip with a9a's payload
 
 :func:`pack` moves every array of every ArrayRecord ``R`` into the ConfigRecord ``into`` as the
 key ``"R/k"``, holding Flower's own serialization of the array (``Array.data``: NumPy's ``.npy``
-format); :func:`unpack` is its inverse and checks what it reads (NumPy's ``.npy`` reader with
-``allow_pickle=False``, numeric dtypes only, no key in two places). Only contents of at most
+format); :func:`unpack` is its inverse and checks what it reads (NumPy's ``.npy`` header reader:
+numeric dtypes only, the size the header declares; Flower's own ``Array.numpy()`` reads the values,
+``allow_pickle=False``; no key in two places). Only contents of at most
 :data:`PACK_MAX_BYTES` of array data are packed: above it a message's bytes, not its object
 count, are the cost, and Flower's chunking of large Arrays is kept.
 
@@ -104,7 +105,7 @@ def unpack(content: RecordDict, into: str, error: type[Exception], who: str) -> 
                         "refused (one place per array)")
         if not isinstance(value, bytes):
             raise error(f"{who}: packed field {field!r} is a {type(value).__name__}, not bytes")
-        arrays.setdefault(name, {})[akey] = Array(_read_npy(value, field, error, who))
+        arrays.setdefault(name, {})[akey] = _read_npy(value, field, error, who)
     out = {}
     for name, rec in content.items():
         if name == into:
@@ -117,10 +118,11 @@ def unpack(content: RecordDict, into: str, error: type[Exception], who: str) -> 
     return RecordDict(out)
 
 
-def _read_npy(value: bytes, field: str, error: type[Exception], who: str) -> np.ndarray:
-    """The array in ``.npy`` bytes, by NumPy's reader: its header first (dtype among the numeric
-    ones, and as many bytes after it as its shape says: nothing is allocated for a size the bytes do
-    not hold), then the array (``allow_pickle=False``)."""
+def _read_npy(value: bytes, field: str, error: type[Exception], who: str) -> Array:
+    """The Flower Array of ``.npy`` bytes, its header read by NumPy's own reader first: a dtype
+    among the numeric ones, and exactly as many bytes after the header as its shape says (nothing
+    is allocated for a size the bytes do not hold). The bytes are then the Array's own data, read
+    by Flower's ``Array.numpy()`` (NumPy's reader, ``allow_pickle=False``) where they are used."""
     fp = io.BytesIO(value)
     try:
         version = npy.read_magic(fp)
@@ -133,10 +135,7 @@ def _read_npy(value: bytes, field: str, error: type[Exception], who: str) -> np.
     if count * dtype.itemsize != len(value) - fp.tell():
         raise error(f"{who}: packed field {field!r} declares shape {tuple(shape)} ({count * dtype.itemsize} bytes) "
                     f"but holds {len(value) - fp.tell()} bytes after its header")
-    try:
-        return np.load(io.BytesIO(value), allow_pickle=False)
-    except Exception as exc:  # pragma: no cover - a header NumPy reads but an array it does not
-        raise error(f"{who}: packed field {field!r} is not a NumPy array ({exc})") from None
+    return Array(dtype=str(dtype), shape=tuple(int(n) for n in shape), stype="numpy.ndarray", data=value)
 
 
 def packed_types(info) -> frozenset:
