@@ -401,3 +401,29 @@ def test_a_restarted_private_party_answers_an_answered_round_with_its_stored_rel
     wiped, new, _ = _answered_then_wiped(tmp_path, dp)
     again, _ = _train(wiped, _sa_msg(wiped, new, ALL3, 2, seed=2))
     assert "release" in again.content and again.content["release"]["s"].numpy().dtype == np.uint64
+
+
+def _open_store(args):
+    folder, barrier = args
+    barrier.wait()
+    try:
+        store_mod.PartyStore(folder).close()
+        return "ok"
+    except Exception as exc:             # the failure this test is about
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_parties_sharing_a_folder_open_a_new_store_at_once(tmp_path):
+    """Simulated parties share one state folder (one operator) and open its store at the same time
+    (a secure-aggregation round): none may see a new file's tables before its schema version. Before
+    the version check and the tables were one transaction, 3 loopback parties hit it: 'written by
+    another flower-vfl version (schema 0 ...)'."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    for trial in range(4):
+        folder = tmp_path / f"shared{trial}"
+        with ctx.Manager() as manager:
+            barrier = manager.Barrier(6)
+            with ctx.Pool(6) as pool:
+                got = pool.map(_open_store, [(str(folder), barrier)] * 6)
+        assert got == ["ok"] * 6

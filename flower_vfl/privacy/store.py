@@ -451,19 +451,41 @@ class PartyStore:
 
     def _open(self, path, check):
         self._db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # switching a new file to WAL takes an exclusive lock that SQLite refuses at once (no busy
+        # wait) while another process opens the same new file: try again for up to the timeout
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
         self._db.execute("PRAGMA synchronous=FULL")     # a commit is on disk before we go on
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if tables and version != SCHEMA_VERSION:
+        # the version check, the tables and the version number in one write transaction: parties that
+        # share a folder (simulation, one operator) open it at once, and another process must never
+        # see the tables of a new file before its version (it took them for another version's file)
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if tables and version != SCHEMA_VERSION:
+                raise StoreError(f"the party store {path} was written by another flower-vfl version (schema "
+                                 f"{version}, this one reads {SCHEMA_VERSION}); its releases were keyed by a hash "
+                                 "of the aligned block, not by the declared data source, so they cannot be "
+                                 "carried over. Keep the file for your records, move it out of state-dir and "
+                                 "account for what it spent by hand")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             self._db.close()
-            raise StoreError(f"the party store {path} was written by another flower-vfl version (schema "
-                             f"{version}, this one reads {SCHEMA_VERSION}); its releases were keyed by a hash "
-                             "of the aligned block, not by the declared data source, so they cannot be "
-                             "carried over. Keep the file for your records, move it out of state-dir and "
-                             "account for what it spent by hand")
-        self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            raise
         held = _ledger_lines(self._db)
         journaled = _journaled(self.journal) if self.journal.is_file() else set()
         missing = journaled - held
