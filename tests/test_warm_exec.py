@@ -598,3 +598,40 @@ def test_serverapp_executor_refuses_the_party_only_flags(capsys):
     assert exc.value.code == 2
     assert ("error: --accountants/--lean are for a party's executor (--app clientapp): a ServerApp's executor "
             "never imports the accountants' libraries; remove them") in capsys.readouterr().err
+
+
+def test_a_preload_builds_the_blas_controller_once_for_every_forked_child():
+    """After a preload the warm process holds flower_vfl.core.blas's threadpoolctl controller, so a
+    forked child's first ``one_blas_thread()`` builds nothing (it scanned every loaded library:
+    ~14 ms a child); the child's context still sets and restores one BLAS thread. In a fresh
+    interpreter (nothing built yet)."""
+    import subprocess
+    import sys
+
+    code = """
+import os, sys, json
+from flower_vfl.deploy import warm_exec as w
+from flower_vfl.core import blas
+before = len(blas._CONTROLLER)
+w.preload_installed(w.AppPreloader(), "flower_vfl.apps.client")
+after = len(blas._CONTROLLER)
+r, wfd = os.pipe()
+pid = os.fork()
+if pid == 0:
+    built = blas._CONTROLLER[0]
+    with blas.one_blas_thread() as ctx:
+        inside = [lc.num_threads for lc in ctx.libs]
+    same = blas._CONTROLLER[0] is built and len(blas._CONTROLLER) == 1
+    os.write(wfd, json.dumps({"same": same, "inside": inside, "libs": len(built)}).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+child = json.loads(os.read(r, 65536))
+print(json.dumps({"before": before, "after": after, **child}))
+"""
+    out = subprocess.run([sys.executable, "-W", "ignore::UserWarning:google", "-c", code], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["before"] == 0 and res["after"] == 1 and res["same"] is True
+    assert res["libs"] >= 1 and res["inside"] == [1] * res["libs"]
