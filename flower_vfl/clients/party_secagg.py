@@ -199,17 +199,17 @@ class PartySecAgg:
         legacy = dict(context.state[STATE_SUMS]) if STATE_SUMS in context.state else {}
         slot, over = f"{kind}/{int(rnd)}", ",".join(sorted(names))
         self._one_set(slot, over, rnd, kind, store.secagg_sums(owner, run), legacy)
+        def kept():           # read only for a round answered before (an N-vector)
+            return store.secagg_plain(owner, run, kind)
         if integer:
             fp = session.roster.fixed_point
             r, bits = compute(self.adders(session), fp.k)
             value = fp.encode_integer(np.asarray(r, dtype=np.int64), int(bits))
-            self._same_value(slot, rnd, kind, value, True, store.secagg_sums(owner, run), legacy,
-                             store.secagg_plain(owner, run, kind))
+            self._same_value(slot, rnd, kind, value, True, store.secagg_sums(owner, run), legacy, kept)
             masked = session.mask(value, ctx)
         else:
             value = np.asarray(compute(), dtype=np.float64)
-            self._same_value(slot, rnd, kind, value, False, store.secagg_sums(owner, run), legacy,
-                             store.secagg_plain(owner, run, kind))
+            self._same_value(slot, rnd, kind, value, False, store.secagg_sums(owner, run), legacy, kept)
             masked = session.release(value, ctx, self.on_overflow)
         key = ReplayStore.key(session.roster, ctx)
 
@@ -219,7 +219,7 @@ class PartySecAgg:
             if stored is not None and ReplayStore({stored[0]: (stored[1], _STORED)}).lookup(
                     session.roster, ctx) is _STORED:
                 return True
-            self._same_value(slot, rnd, kind, value, integer, recorded, legacy, store.secagg_plain(owner, run, kind))
+            self._same_value(slot, rnd, kind, value, integer, recorded, legacy, kept)
             return False
         # durable in the party's store (sums, answer and the value it masks, one transaction)
         # before the reply leaves
@@ -252,9 +252,11 @@ class PartySecAgg:
         for its last answer of ``kind`` (exactly for an integer release, to 1e-9 of its scale for a
         float one, the re-synchronization's tolerance). Otherwise :class:`ReplayConflict`: the
         difference of the two sums would be the difference of two of its releases (a party that
-        lost its iterate computes the round afresh)."""
+        lost its iterate computes the round afresh). ``kept()``: the store's (round, value) of its
+        last answer of ``kind``, read only here."""
         if slot not in recorded and slot not in legacy:
             return
+        kept = kept()
         if kept is None or kept[0] != int(rnd):
             raise ReplayConflict(f"party {self.name!r}: round {int(rnd)} ({kind}) was already answered, and the value "
                                  "it answered is no longer kept (this party answered a later round since, or lost its "
