@@ -247,8 +247,9 @@ def test_private_party2_beats_party1_alone_on_a9a(a9a, eps):
 
 def test_evaluation_noise_is_gaussian_in_parameter_space(block):
     """x~ = x + N(0, sigma_e^2 I), drawn once per model: 200 models (fresh OS entropy each) x 6
-    coordinates, standardized, pass a KS test against N(0, 1) at significance 0.001, and
-    consecutive models are uncorrelated (|r| < 4/sqrt(n), ~4 sd). Each model costs exactly
+    coordinates, standardized, pass a KS test against N(0, 1) at significance 1e-6 (OS entropy, no
+    seed: the test must not fail by chance in CI), and consecutive models are uncorrelated
+    (|r| < 5/sqrt(n), 5 sd, false-alarm rate 6e-7). Each model costs exactly
     its budget once, however many predictions follow."""
     D, rng = block
     y = rng.normal(size=2000) * 1e-4
@@ -262,7 +263,7 @@ def test_evaluation_noise_is_gaussian_in_parameter_space(block):
         zs.append((p.x_released - p.x) / p.ledger.entries[0].sigma)
         assert len(p.ledger.entries) == 1
     z = np.array(zs)
-    assert stats.kstest(z.ravel(), "norm").pvalue > 1e-3
+    assert stats.kstest(z.ravel(), "norm").pvalue > 1e-6
     r = np.corrcoef(z[:-1].ravel(), z[1:].ravel())[0, 1]
-    assert abs(r) < 4 / np.sqrt(z[1:].size)
+    assert abs(r) < 5 / np.sqrt(z[1:].size)
     assert p.ledger.totals()["exact"] == pytest.approx(2.0, rel=1e-6)   # the whole budget, no more
