@@ -158,3 +158,100 @@ def test_a_block_in_use_survives_eviction(tmp_path, a9a_dir, monkeypatch):
         monkeypatch.setattr(data_mod, "party_block", _PARTY_BLOCK)
     assert len(list(folder.glob("*.npz"))) == pc.MAX_FILES
     assert any(f.name.startswith("a9a-p1of2-") for f in folder.glob("*.npz"))
+
+
+# ------------------------------------------------------------------ what a message re-checks
+def _settled(monkeypatch, *paths):
+    """Files older than the racy window (made short here): their digests may be kept by stat."""
+    import time
+    monkeypatch.setattr(pc, "RACY_S", 0.05)
+    time.sleep(0.1)
+
+
+def test_a_second_message_maps_the_verified_block_without_hashing_anything(tmp_path, a9a_dir, monkeypatch):
+    """Once a block's checksum held and the source files' digests are kept (verified.json), a new
+    process neither hashes a source file nor the block: it maps the npz (read-only views, bitwise
+    the fresh parse's arrays, same classes and dtypes)."""
+    state = str(tmp_path / "party1")
+    _settled(monkeypatch)
+    D, D_test = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)      # parses, writes, keeps digests
+    _forget()
+    monkeypatch.setattr(data_mod, "party_block", _no_parse)
+    monkeypatch.setattr(pc, "_content_digest", lambda p: (_ for _ in ()).throw(AssertionError(f"hashed {p}")))
+    monkeypatch.setattr(pc, "_digest", lambda a: (_ for _ in ()).throw(AssertionError("block checksum computed")))
+    for _ in range(2):
+        _forget()
+        C, C_test = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+        for got, ref in ((C, D), (C_test, D_test)):
+            assert type(got) is type(ref) and got.shape == ref.shape and got.has_sorted_indices == ref.has_sorted_indices
+            for a in ("data", "indices", "indptr"):
+                x, y = getattr(got, a), getattr(ref, a)
+                assert x.dtype == y.dtype and x.tobytes() == y.tobytes() and not x.flags.writeable
+
+
+def test_a_source_file_rewritten_in_place_with_its_size_and_mtime_is_parsed_again(tmp_path, a9a_dir, monkeypatch):
+    """The kept digest is keyed by the change time too, which a write moves and utime cannot set
+    back: same size, same inode, modification time restored -> hashed and parsed again."""
+    import os
+    state = str(tmp_path / "party0")
+    _settled(monkeypatch)
+    old, _ = pc.cached_party_block("a9a", 0, 2, str(a9a_dir), state)
+    f = a9a_dir / "a9a"
+    kept = pc._Verified(pc.block_cache_dir(state)).files
+    assert str(f) in kept                                            # its digest was kept
+    st = f.stat()
+    text = f.read_text()
+    lines = text.splitlines()
+    i = next(k for k, l in enumerate(lines) if " 1:1" not in l and " 2:1" not in l and l.split()[1] != "3:1")
+    first = lines[i].split()[1]                                      # a column of party 0 (1..61) -> another
+    assert int(first.split(":")[0]) <= 61
+    lines[i] = lines[i].replace(" " + first, " 1:1", 1) if len(first) == 3 else lines[i].replace(" " + first, " 10:1", 1)
+    new_text = "\n".join(lines) + "\n"
+    assert len(new_text) == len(text) and new_text != text
+    with open(f, "r+") as fh:                                        # in place: same inode
+        fh.write(new_text)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_ino == st.st_ino and f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    _forget()
+    new, _ = pc.cached_party_block("a9a", 0, 2, str(a9a_dir), state)
+    _forget()
+    ref, _ = data_mod.party_block("a9a", 0, 2, str(a9a_dir))
+    assert data_fingerprint(new) == data_fingerprint(ref) != data_fingerprint(old)
+
+
+def test_a_racy_file_is_hashed_again(tmp_path, a9a_dir, monkeypatch):
+    """A file changed less than RACY_S before it was hashed may still change within the same time
+    stamp: its digest is not kept (the next message hashes it again)."""
+    state = str(tmp_path / "party1")
+    monkeypatch.setattr(pc, "RACY_S", 3600.0)
+    pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    kept = pc._Verified(pc.block_cache_dir(state)).files
+    assert str(a9a_dir / "a9a") not in kept and str(a9a_dir / "a9a.t") not in kept
+    assert sum(v[-1] == "ok" for v in kept.values()) == 1           # the block it wrote is
+
+
+def test_a_block_changed_in_place_with_its_mtime_kept_is_checked_and_rewritten(tmp_path, a9a_dir, monkeypatch):
+    """A verified block altered in place (same size and modification time: only its change time
+    moves) is checksummed again, fails, and is parsed and rewritten."""
+    import os
+    state = str(tmp_path / "party1")
+    _settled(monkeypatch)
+    D, _ = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    (f,) = pc.block_cache_dir(state).glob("*.npz")
+    st = f.stat()
+    import zipfile
+    with zipfile.ZipFile(f) as zf:
+        info = zf.getinfo("train.data.npy")
+    raw = bytearray(f.read_bytes())
+    raw[info.header_offset + info.compress_size] ^= 0x40             # a byte of D's values (a valid npz still)
+    with zipfile.ZipFile(__import__("io").BytesIO(bytes(raw))) as zf:
+        assert zf.testzip() == "train.data.npy"                      # only zip's CRC and our checksum see it
+    with open(f, "r+b") as fh:
+        fh.write(raw)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    _forget()
+    again, _ = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    assert data_fingerprint(again) == data_fingerprint(D)
+    _forget()
+    monkeypatch.setattr(data_mod, "party_block", _no_parse)          # the rewritten file serves the next one
+    assert data_fingerprint(pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)[0]) == data_fingerprint(D)

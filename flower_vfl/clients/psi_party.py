@@ -134,10 +134,10 @@ def own_blocks(context: Context):
         tsrc = party_source(context, "test")
         jdx = _aligned_idx(context, "test", tsrc.path)
         parts.append(("test", tsrc, jdx, _order_digest(context, "test")))
-    key = own_block_key(parts, code_files=(__file__,))
+    state_dir = node_cfg(context).get("state-dir") or None
+    key = own_block_key(parts, code_files=(__file__,), state_dir=state_dir, memo=True)
     D, D_test, extra = cached_own_block(key, src.path, src.id_column,
-                                        lambda: _fresh_own_blocks(context, idx, test, jdx),
-                                        node_cfg(context).get("state-dir") or None)
+                                        lambda: _fresh_own_blocks(context, idx, test, jdx), state_dir)
     pre = Preprocessor.from_dict(json.loads(str(extra["preprocessing"])))
     return D, D_test, pre, extra["ids"]
 
