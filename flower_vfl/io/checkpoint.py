@@ -18,7 +18,8 @@ import numpy as np
 
 from flower_vfl.errors import UserError
 
-__all__ = ["CHECKPOINT", "DiskError", "disk_writes", "save_checkpoint", "load_checkpoint", "writable_folder"]
+__all__ = ["CHECKPOINT", "DiskError", "atomic_write", "disk_writes", "fsync_dir", "save_checkpoint", "load_checkpoint",
+           "writable_folder"]
 
 CHECKPOINT = "checkpoint.npz"
 FORMAT = 1
@@ -74,23 +75,29 @@ def writable_folder(path, key: str) -> Path:
     return path
 
 
-def atomic_write(path: Path, write) -> None:
-    """``write(fh)`` into a temporary file next to ``path``, fsync, rename over ``path``: a
-    failure (a full disk) leaves the previous ``path`` whole and no temporary file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def atomic_write(path: Path, write, durable: bool = True) -> None:
+    """``write(fh)`` into a temporary file of its own next to ``path`` (unique per call, so
+    concurrent writers of one path never share it), fsync (``durable``), rename over ``path``:
+    a reader sees the old file or the new one, and a failure (a full disk) leaves the previous
+    ``path`` whole and no temporary file. The one way this package replaces a file."""
+    import tempfile
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(fd, "wb") as fh:
             write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
-            tmp.unlink()
+            os.unlink(tmp)
         raise
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where the platform opens folders)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:            # pragma: no cover - platforms without directory fds
@@ -112,7 +119,7 @@ def save_checkpoint(folder, arrays: dict, header: dict, key: str = "state-dir") 
     with disk_writes(path, key, "checkpoint"):
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda fh: np.savez(fh, **payload))
-        _fsync_dir(folder)
+        fsync_dir(folder)
     return path
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
 from flower_vfl.errors import UserError
+from flower_vfl.io.checkpoint import atomic_write
 
 __all__ = ["FORMAT", "VERSION", "save_party_model", "save_owner_model", "load_model", "describe",
            "data_fingerprint", "ModelFileError"]
@@ -49,13 +49,8 @@ def _write(path, arrays: dict, meta: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT, "version": VERSION, **meta}
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:               # write, fsync, then rename: never a half file
-        np.savez(fh, meta=np.frombuffer(json.dumps(meta, default=_jsonable).encode(), dtype=np.uint8),
-                 **{k: np.asarray(v) for k, v in arrays.items()})
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    blob = np.frombuffer(json.dumps(meta, default=_jsonable).encode(), dtype=np.uint8)
+    atomic_write(path, lambda fh: np.savez(fh, meta=blob, **{k: np.asarray(v) for k, v in arrays.items()}))
     return path
 
 

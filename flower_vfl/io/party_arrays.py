@@ -10,8 +10,8 @@ checked against its own name on every read (:func:`read_arrays`), and a file tha
 does not match is simply "not kept" (the caller decides what that means: recompute a cache,
 refuse a round).
 
-Writes are atomic and durable (a temporary file in the same folder, fsync, ``os.replace``,
-fsync of the folder), the way :mod:`flower_vfl.io.party_cache` writes blocks.
+Writes are atomic and durable (:func:`flower_vfl.io.checkpoint.atomic_write`: a temporary file
+in the same folder, fsync, ``os.replace``; then fsync of the folder).
 
 The folder is bounded: per run (``run-<id>/``) a name keeps its file and the one before it
 (:func:`put_arrays` with ``keep``), and only the :data:`KEEP_RUNS` most recently written run
@@ -26,9 +26,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
+from flower_vfl.io.checkpoint import atomic_write, fsync_dir
 from flower_vfl.privacy.store import StateDirRequired, default_state_dir, disk_errors, pack_arrays, unpack_arrays
 
 __all__ = ["KEEP_RUNS", "KEEP_SHARED", "arrays_folder", "evict_runs", "evict_shared", "find_arrays", "put_arrays",
@@ -64,17 +64,6 @@ def _path(folder: Path, stem: str, sha: str) -> Path:
     return folder / f"{stem}-{sha}{_SUFFIX}"
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return                                      # (not every platform opens a folder)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def put_arrays(folder: Path, stem: str, arrays: dict, keep: str | None = None) -> str:
     """Write ``arrays`` to ``folder/<stem>-<sha256>.npz`` (atomic, synced) and return the digest.
     Other files of ``stem`` are deleted, except the one of digest ``keep`` (the state the node
@@ -84,17 +73,8 @@ def put_arrays(folder: Path, stem: str, arrays: dict, keep: str | None = None) -
     path = _path(folder, stem, sha)
     with disk_errors(folder, "write the party's state array to"):
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{stem}-", suffix=".tmp", dir=folder)
-        try:                                        # (always written: a file of that name may be altered)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        _fsync_dir(folder)
+        atomic_write(path, lambda fh: fh.write(data))   # (always written: a file of that name may be altered)
+        fsync_dir(folder)
     for old in folder.glob(f"{stem}-*{_SUFFIX}"):
         if old.name not in (path.name, _path(folder, stem, keep or "-").name) and _digest_of(old, stem):
             old.unlink(missing_ok=True)

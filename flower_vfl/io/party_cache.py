@@ -49,12 +49,13 @@ import io
 import json
 import os
 import struct
-import tempfile
 import time
 import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from flower_vfl.io.checkpoint import atomic_write
 
 __all__ = ["cache_enabled", "block_cache_dir", "source_fingerprint", "cached_party_block", "own_block_key", "files_of",
            "cached_own_block"]
@@ -170,16 +171,10 @@ class _Verified:
         """Atomically, when something changed; a read-only folder only costs speed."""
         if not self.changed:
             return
+        text = json.dumps(self.files).encode()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".json.tmp", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w") as fh:
-                    json.dump(self.files, fh)
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            atomic_write(self.path, lambda fh: fh.write(text), durable=False)   # lost on a crash: a rehash
             self.changed = False
         except OSError:
             pass
@@ -338,16 +333,7 @@ def _write(path: Path, D, D_test, extra=None, verified=None) -> None:
         arrays[f"extra.{k}"] = np.asarray(v)
     arrays["checksum"] = np.array(_digest(arrays))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".npz.tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)                  # atomic: a concurrent reader sees a whole file
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda fh: np.savez(fh, **arrays))    # a concurrent reader sees a whole file
     if verified is not None:                   # written and synced from the arrays its checksum is of
         verified.mark_block(path)
 
