@@ -185,11 +185,19 @@ def test_cached_block_equals_a_fresh_parse(party, monkeypatch, extra):
     assert list(fresh[3]) == list(reversed(ids))[:100]
 
 
-def test_a_file_rewritten_in_place_is_read_again(party, monkeypatch):
+@pytest.mark.parametrize("settled", [False, True])
+def test_a_file_rewritten_in_place_is_read_again(party, monkeypatch, settled):
+    """``settled``: the file is older than the racy window when hashed, so its digest is kept by
+    stat (verified.json); the rewrite moves its change time, which utime cannot set back."""
     nc, ids, tids = party
     context = _aligned(nc, ids, tids)
+    if settled:
+        import time
+        monkeypatch.setattr(pc, "RACY_S", 0.05)
+        time.sleep(0.1)
     before = psi_party.own_blocks(context)
     path = nc["data-path"]
+    assert (str(path) in pc._Verified(pc.block_cache_dir(nc["state-dir"])).files) == settled
     st = os.stat(path)
     old = open(path, "rb").read()
     # other values, the same IDs and rows, the same size and time stamps (digits swapped)
@@ -205,6 +213,23 @@ def test_a_file_rewritten_in_place_is_read_again(party, monkeypatch):
     assert len(_cache_files(nc)) == 1                   # the old file's block was replaced
     _forget()
     _same(psi_party.own_blocks(context), _fresh(context, monkeypatch))   # and from disk
+
+
+def test_a_second_message_hashes_no_unchanged_file(party, monkeypatch):
+    """Once the party's files are older than the racy window, the next message (a fresh process)
+    takes their digests from verified.json and maps the verified block: nothing is hashed, and
+    the block equals a fresh parse."""
+    import time
+    nc, ids, tids = party
+    context = _aligned(nc, ids, tids)
+    monkeypatch.setattr(pc, "RACY_S", 0.05)
+    time.sleep(0.1)
+    psi_party.own_blocks(context)
+    fresh = _fresh(context, monkeypatch)
+    _forget()
+    monkeypatch.setattr(pc, "_content_digest", lambda p: (_ for _ in ()).throw(AssertionError(f"hashed {p}")))
+    monkeypatch.setattr(pc, "_digest", lambda a: (_ for _ in ()).throw(AssertionError("block checksum computed")))
+    _same(psi_party.own_blocks(context), fresh)
 
 
 def test_a_damaged_cache_file_is_not_served(party, monkeypatch):
