@@ -142,6 +142,26 @@ def _npy(a, allow_pickle=False):
     return buf.getvalue()
 
 
+@pytest.mark.parametrize("version", [(1, 0), (2, 0)])
+def test_the_shared_npy_header_reader_is_numpys(version):
+    # flower_vfl.io.npy.read_npy_header reads packed fields (here) and the block cache's mapped
+    # members (party_cache._mapped_npz): NumPy's reader for the version, the offset where data starts
+    from flower_vfl.io.npy import read_npy_header
+    a = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, a, version=version)
+    raw = buf.getvalue()
+    shape, fortran, dtype, offset = read_npy_header(io.BytesIO(raw))
+    assert (shape, fortran, dtype) == ((3, 4), True, np.dtype(np.float32))
+    assert offset == len(raw) - a.nbytes
+    assert np.array_equal(np.frombuffer(raw, np.float32, offset=offset).reshape(4, 3).T, a)
+    big = io.BytesIO()                                  # a header above NumPy's default limit
+    np.lib.format.write_array_header_2_0(big, {"descr": "<f8", "fortran_order": False, "shape": (1,) * 4000})
+    with pytest.raises(ValueError, match="max_header_size"):
+        read_npy_header(io.BytesIO(big.getvalue()))
+    assert read_npy_header(io.BytesIO(big.getvalue()), max_header_size=1 << 16)[0] == (1,) * 4000
+
+
 @pytest.mark.parametrize("value,reason", [
     # a pickle's first bytes (protocol 4, a frame): never unpickled, refused at the magic string
     (b"\x80\x04\x95" + bytes(13), "party 1: packed field 'config.vectors/q' is not a NumPy array "

@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from flower_vfl.io.checkpoint import atomic_write
+from flower_vfl.io.npy import read_npy_header
 
 __all__ = ["cache_enabled", "block_cache_dir", "source_fingerprint", "cached_party_block", "own_block_key", "files_of",
            "cached_own_block"]
@@ -259,7 +260,6 @@ def _mapped_npz(path: Path) -> dict | None:
     of a dtype without objects, or does not fit in its member (the caller then reads it with
     ``np.load``). The map lives as long as any of the arrays."""
     import mmap
-    fmt = np.lib.format
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
@@ -278,12 +278,10 @@ def _mapped_npz(path: Path) -> dict | None:
             if end > len(buf):
                 return None
             member = io.BytesIO(buf[start:min(end, start + (1 << 16))])
-            version = fmt.read_magic(member)
-            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-            shape, fortran, dtype = read_header(member, max_header_size=1 << 16)
+            shape, fortran, dtype, header_end = read_npy_header(member, max_header_size=1 << 16)
             if dtype.hasobject:
                 return None
-            offset = start + member.tell()
+            offset = start + header_end
             count = int(np.prod(shape, dtype=np.int64))
             if offset + count * dtype.itemsize != end:
                 return None

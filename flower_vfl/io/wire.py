@@ -28,8 +28,9 @@ from __future__ import annotations
 import io
 
 import numpy as np
-from numpy.lib import format as npy
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from flower_vfl.io.npy import read_npy_header
 
 __all__ = ["PACK_MAX_BYTES", "PACKED_FIELD", "PACK_SEP", "PACK_REQUEST_INTO", "PACK_REPLY_INTO", "pack", "unpack",
            "packed_types", "is_packed"]
@@ -125,16 +126,15 @@ def _read_npy(value: bytes, field: str, error: type[Exception], who: str) -> Arr
     by Flower's ``Array.numpy()`` (NumPy's reader, ``allow_pickle=False``) where they are used."""
     fp = io.BytesIO(value)
     try:
-        version = npy.read_magic(fp)
-        shape, _, dtype = (npy.read_array_header_1_0(fp) if version == (1, 0) else npy.read_array_header_2_0(fp))
+        shape, _, dtype, offset = read_npy_header(fp)
     except Exception as exc:      # not .npy bytes
         raise error(f"{who}: packed field {field!r} is not a NumPy array ({exc})") from None
     if dtype.name not in _DTYPES:
         raise error(f"{who}: packed field {field!r} has dtype {dtype}; expected one of {', '.join(_DTYPES)}")
     count = int(np.prod(shape, dtype=object))
-    if count * dtype.itemsize != len(value) - fp.tell():
+    if count * dtype.itemsize != len(value) - offset:
         raise error(f"{who}: packed field {field!r} declares shape {tuple(shape)} ({count * dtype.itemsize} bytes) "
-                    f"but holds {len(value) - fp.tell()} bytes after its header")
+                    f"but holds {len(value) - offset} bytes after its header")
     return Array(dtype=str(dtype), shape=tuple(int(n) for n in shape), stype="numpy.ndarray", data=value)
 
 
