@@ -232,6 +232,53 @@ def test_a_second_message_hashes_no_unchanged_file(party, monkeypatch):
     _same(psi_party.own_blocks(context), fresh)
 
 
+def _count_verified_reads(monkeypatch) -> list:
+    """Every opening of a block cache's verified.json for reading (pathlib or open()), as paths."""
+    import builtins
+    import pathlib
+    seen = []
+    real_path_open, real_open = pathlib.Path.open, builtins.open
+
+    def note(file, mode):
+        if os.path.basename(os.fspath(file)) == pc.VERIFIED and not any(c in str(mode) for c in "wax+"):
+            seen.append(os.fspath(file))
+
+    def path_open(self, mode="r", *a, **k):
+        note(self, mode)
+        return real_path_open(self, mode, *a, **k)
+
+    def plain_open(file, mode="r", *a, **k):
+        if isinstance(file, (str, bytes, os.PathLike)):
+            note(file, mode)
+        return real_open(file, mode, *a, **k)
+    monkeypatch.setattr(pathlib.Path, "open", path_open)
+    monkeypatch.setattr(builtins, "open", plain_open)
+    return seen
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_one_message_reads_verified_json_once(party, monkeypatch, settled):
+    """own_blocks (one own-data message: the key over the files' digests, then the block) reads
+    the block cache's verified.json once, when it writes the block and when it maps it; what it
+    serves and what it hashes are unchanged (test_a_second_message_hashes_no_unchanged_file)."""
+    nc, ids, tids = party
+    context = _aligned(nc, ids, tids)
+    if settled:
+        import time
+        monkeypatch.setattr(pc, "RACY_S", 0.05)
+        time.sleep(0.1)
+    fresh = _fresh(context, monkeypatch)
+    verified = str(pc.block_cache_dir(nc["state-dir"]) / pc.VERIFIED)
+    for message in range(3):                            # writes the block, then maps it (fresh processes)
+        with pytest.MonkeyPatch.context() as mp:
+            seen = _count_verified_reads(mp)
+            got = psi_party.own_blocks(context)
+        assert seen == [verified], (message, seen)
+        _same(got, fresh)
+        assert os.path.isfile(verified)
+        _forget()
+
+
 def test_a_damaged_cache_file_is_not_served(party, monkeypatch):
     nc, ids, tids = party
     context = _aligned(nc, ids, tids)

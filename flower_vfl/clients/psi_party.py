@@ -124,7 +124,7 @@ def own_blocks(context: Context):
     preprocessing the files again cost most of an own-data round (docs/benchmarks.md, "Own-data
     rounds on real nodes"). The key is what this party's node config declares (file, ID column,
     columns, preprocessing), its files' content, and the row order it agreed to at the PSI step."""
-    from flower_vfl.io.party_cache import cached_own_block, own_block_key
+    from flower_vfl.io.party_cache import cached_own_block, own_block_key, verified_files
     src = party_source(context, "train")
     idx = _aligned_idx(context, "train", src.path)
     test = bool(node_cfg(context).get("test-path")) and (STATE_ALIGN + "test") in context.state
@@ -135,9 +135,11 @@ def own_blocks(context: Context):
         jdx = _aligned_idx(context, "test", tsrc.path)
         parts.append(("test", tsrc, jdx, _order_digest(context, "test")))
     state_dir = node_cfg(context).get("state-dir") or None
-    key = own_block_key(parts, code_files=(__file__,), state_dir=state_dir, memo=True)
+    verified = verified_files(state_dir)           # verified.json: read once for the key and the block
+    key = own_block_key(parts, code_files=(__file__,), state_dir=state_dir, memo=True, verified=verified)
     D, D_test, extra = cached_own_block(key, src.path, src.id_column,
-                                        lambda: _fresh_own_blocks(context, idx, test, jdx), state_dir)
+                                        lambda: _fresh_own_blocks(context, idx, test, jdx), state_dir,
+                                        verified=verified)
     pre = Preprocessor.from_dict(json.loads(str(extra["preprocessing"])))
     return D, D_test, pre, extra["ids"]
 

@@ -59,7 +59,7 @@ from flower_vfl.io.checkpoint import atomic_write
 from flower_vfl.io.npy import read_npy_header
 
 __all__ = ["cache_enabled", "block_cache_dir", "source_fingerprint", "cached_party_block", "own_block_key", "files_of",
-           "cached_own_block"]
+           "cached_own_block", "verified_files"]
 
 #: bump when the file layout below changes
 FORMAT = 1
@@ -420,7 +420,14 @@ def files_of(src) -> list[Path]:
     return files
 
 
-def own_block_key(sources, code_files=(), state_dir=None, memo: bool = False) -> str | None:
+def verified_files(state_dir=None) -> "_Verified | None":
+    """The digests and checks kept in ``state_dir``'s block cache (``verified.json``, read once
+    here), for one message's :func:`own_block_key` and :func:`cached_own_block`; None when the
+    cache is off."""
+    return _Verified(block_cache_dir(state_dir)) if cache_enabled() else None
+
+
+def own_block_key(sources, code_files=(), state_dir=None, memo: bool = False, verified=None) -> str | None:
     """The cache key of a party's aligned, preprocessed own-data block: SHA-256 over, per split,
     the source as its node config declares it (``SourceConfig``: path, format, ID column,
     columns, categorical, preprocessing ...), the *content* of its files (a file rewritten in
@@ -430,9 +437,11 @@ def own_block_key(sources, code_files=(), state_dir=None, memo: bool = False) ->
     idx, order_digest)]``. None when a file is missing (no caching: the fresh read raises its
     DataError). With ``memo``: the content digests kept by stat in the block cache of
     ``state_dir`` (:class:`_Verified`; a file written since, in place or not, moves its change
-    time and is hashed again)."""
+    time and is hashed again); ``verified``: those digests as :func:`verified_files` read them
+    (then not read again here)."""
     from importlib.metadata import PackageNotFoundError, version
-    verified = _Verified(block_cache_dir(state_dir)) if memo and cache_enabled() else None
+    if verified is None and memo and cache_enabled():
+        verified = _Verified(block_cache_dir(state_dir))
     h = hashlib.sha256(f"flower-vfl own block v{FORMAT}|numpy {np.__version__}|".encode())
     for split, src, idx, digest in sources:
         files = files_of(src)
@@ -457,14 +466,16 @@ def own_block_key(sources, code_files=(), state_dir=None, memo: bool = False) ->
     return h.hexdigest()
 
 
-def cached_own_block(key: str | None, source_path: str, id_column: str, build, state_dir=None):
+def cached_own_block(key: str | None, source_path: str, id_column: str, build, state_dir=None, verified=None):
     """``build()`` -> ``(D, D_test, extra)`` (``extra``: a dict of plain numpy arrays), through the
     party's block cache under ``key`` (:func:`own_block_key`; None or the cache turned off: built
     afresh). Returns the same triple, bitwise that of ``build()``.
 
     Bounded as the bundled blocks are: one file per declared source (``source_path`` and its ID
     column; a new key for it replaces the old file) and :data:`MAX_FILES` files in the folder.
-    The agreed order is the central node's choice: a new order only replaces that source's file."""
+    The agreed order is the central node's choice: a new order only replaces that source's file.
+    ``verified``: the block cache's checks as :func:`verified_files` read them for this message
+    (else ``verified.json`` is read here)."""
     if key is None or not cache_enabled():
         return build()
     folder = block_cache_dir(state_dir)
@@ -473,7 +484,8 @@ def cached_own_block(key: str | None, source_path: str, id_column: str, build, s
         return _OWN_MEMO[memo]
     stem = "own-" + hashlib.sha256(f"{source_path}|{id_column}".encode()).hexdigest()[:16] + "-"
     path = folder / f"{stem}{key[:32]}.npz"
-    verified = _Verified(folder)
+    if verified is None:
+        verified = _Verified(folder)
     arrays = _read_arrays(path, verified) if path.is_file() else None
     if arrays is not None:
         _touch(path, verified)
