@@ -193,6 +193,41 @@ def test_one_round_in_sums_over_two_sets_of_parties_is_refused():
         rep.content["refusal"]["reason"]
 
 
+def test_an_answer_reads_the_sums_record_once_before_its_commit_and_once_under_its_lock(monkeypatch):
+    """The party's sums record is read once before the answer is computed (both guards: one set
+    of names per round, one value per round) and once under the store's write lock (the same
+    guards again: another process may have answered meanwhile); the kept value is not read for
+    a new round; a replay reads neither; a refused second set of names reads it once."""
+    from flwr.supercore.task_identity import TaskIdentity
+    from flower_vfl.privacy.store import PartyStore
+    for attr, value in (("_run_id", 1), ("_task_id", 0), ("_node_id", 0)):   # Flower's Message() wants one
+        monkeypatch.setattr(TaskIdentity, attr, value)
+    reads = []
+    for name in ("secagg_sums", "secagg_plain"):
+        real = getattr(PartyStore, name)
+
+        def counted(self, *a, _real=real, _name=name, **k):
+            reads.append((_name, "locked" if self._db.in_transaction else "before"))
+            return _real(self, *a, **k)
+        monkeypatch.setattr(PartyStore, name, counted)
+    ctxs = _contexts(3, run_id=7)
+    adverts = _adverts(ctxs)
+    from flower_vfl.io.data import party_block
+    n = party_block("breast_cancer", 0, 3)[0].shape[0]
+    q, y = np.full(n, 0.1), np.full(n, 1e-3)
+    all3 = ["party0", "party1", "party2"]
+    for rnd in (1, 2):
+        reads.clear()
+        assert "release" in ca.train(_train_msg(ctxs[0], adverts, all3, q, y, rnd=rnd), ctxs[0]).content
+        assert reads == [("secagg_sums", "before"), ("secagg_sums", "locked")], (rnd, reads)
+    reads.clear()
+    assert "release" in ca.train(_train_msg(ctxs[0], adverts, all3, q, y, rnd=2), ctxs[0]).content   # a replay
+    assert reads == []
+    rep = ca.train(_train_msg(ctxs[0], adverts, all3[:2], q, y, rnd=2), ctxs[0])
+    assert rep.content["refusal"]["code"] == "secagg-replay"
+    assert reads == [("secagg_sums", "before")]
+
+
 # ----------------------------------------------------------- dropped / restarted parties
 class DropGrid(LocalGrid):
     """Party 1's node goes away after answering round 3 (its reply is lost); a new node with its

@@ -198,18 +198,21 @@ class PartySecAgg:
         # same answer in sums over {A, B, C} and {A, B} would give the central node C's release
         legacy = dict(context.state[STATE_SUMS]) if STATE_SUMS in context.state else {}
         slot, over = f"{kind}/{int(rnd)}", ",".join(sorted(names))
-        self._one_set(slot, over, rnd, kind, store.secagg_sums(owner, run), legacy)
+        # read once before the answer is computed; check() below reads it again under the store's
+        # write lock and repeats both guards there (another process may answer meanwhile)
+        sums = store.secagg_sums(owner, run)
+        self._one_set(slot, over, rnd, kind, sums, legacy)
         def kept():           # read only for a round answered before (an N-vector)
             return store.secagg_plain(owner, run, kind)
         if integer:
             fp = session.roster.fixed_point
             r, bits = compute(self.adders(session), fp.k)
             value = fp.encode_integer(np.asarray(r, dtype=np.int64), int(bits))
-            self._same_value(slot, rnd, kind, value, True, store.secagg_sums(owner, run), legacy, kept)
+            self._same_value(slot, rnd, kind, value, True, sums, legacy, kept)
             masked = session.mask(value, ctx)
         else:
             value = np.asarray(compute(), dtype=np.float64)
-            self._same_value(slot, rnd, kind, value, False, store.secagg_sums(owner, run), legacy, kept)
+            self._same_value(slot, rnd, kind, value, False, sums, legacy, kept)
             masked = session.release(value, ctx, self.on_overflow)
         key = ReplayStore.key(session.roster, ctx)
 
