@@ -15,6 +15,8 @@ f(x) = rho/2 x^T G x - rho c^T x + const, c = D^T v, G = D^T D. No Flower import
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.linalg as sla
 from scipy.linalg.lapack import dpotrf, dpotri, dpotrs, dpstrf
@@ -46,19 +48,23 @@ def _lmax_gram(solver) -> float:
 
 
 def _fista(grad, prox, x, step, tol, scale, max_iter):
-    """FISTA with gradient restart (O'Donoghue & Candes); stops on the gradient-mapping norm."""
+    """FISTA with gradient restart (O'Donoghue & Candes); stops on the gradient-mapping norm.
+    (Array methods and ``math.sqrt`` where numpy's wrappers were: the same reductions and the
+    same correctly rounded square roots, a few us less an iteration on a9a's ~60 columns.)"""
     w, th = x.copy(), 1.0
     k = 0
+    stop = tol * scale
     for k in range(1, max_iter + 1):
         x_new = prox(w - step * grad(w), step)
         diff = x_new - w
-        if np.sqrt(np.sum(diff * diff)) / step <= tol * scale:
+        if math.sqrt(float((diff * diff).sum())) / step <= stop:
             return x_new, k
-        th_new = 0.5 * (1 + np.sqrt(1 + 4 * th * th))
-        if np.sum((x_new - x) * diff) < 0:
+        th_new = 0.5 * (1 + math.sqrt(1 + 4 * th * th))
+        dx = x_new - x
+        if (dx * diff).sum() < 0:
             th_new, w = 1.0, x_new
         else:
-            w = x_new + ((th - 1) / th_new) * (x_new - x)
+            w = x_new + ((th - 1) / th_new) * dx
         x, th = x_new, th_new
     return x, k
 
@@ -75,8 +81,8 @@ def _active_set_newton(G, rc, rho, mu1, mu2, x, max_swaps=10, cache=None):
     d = x.shape[0]
     S = np.flatnonzero(x)
     sig = np.sign(x[S])
+    thresh = mu1 * (1.0 + 1e-12) + 1e-15 * (1.0 + np.abs(rc))     # the KKT test's, per column
     for _ in range(max_swaps):
-        cand = np.zeros_like(x)
         if S.size:
             solve, GS = _support_factor(G, S, rho, mu2, cache)
             xs = solve(rc[S] - mu1 * sig)
@@ -84,14 +90,15 @@ def _active_set_newton(G, rc, rho, mu1, mu2, x, max_swaps=10, cache=None):
             if bad.any():
                 S, sig = S[~bad], sig[~bad]
                 continue
-            cand[S] = xs
             g = rc - rho * mm(GS, xs)
         else:
             g = rc
-        off = np.ones(d, dtype=bool)
-        off[S] = False
-        viol = off & (np.abs(g) > mu1 * (1.0 + 1e-12) + 1e-15 * (1.0 + np.abs(rc)))
+        viol = np.abs(g) > thresh
+        viol[S] = False
         if not viol.any():
+            cand = np.zeros_like(x)
+            if S.size:
+                cand[S] = xs
             return cand
         new = np.flatnonzero(viol)
         S = np.concatenate([S, new])
