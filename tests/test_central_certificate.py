@@ -82,3 +82,61 @@ def test_every_z_update_meets_the_tolerance(monkeypatch):
         assert np.max(np.abs(c.z - z_ref)) <= 1e-12 * scale
         assert abs(float(c.b) - b_ref) <= 1e-12 * scale
     assert calls["max"] > 0 and calls["sum"] > 0, calls
+
+
+def _far_start_problem(n=3000, seed=5, rho_n=0.05):
+    """Round 1 of an imbalanced logistic problem (as a9a's first rounds): z = 0, y = l'(0)/N
+    (sum(y) != 0, so the intercept moves by ~sum(y)/(rho N)), a = first releases spread over
+    several logits (here 2 steps of the fast path do not halve)."""
+    rng = np.random.default_rng(seed)
+    t = np.where(rng.random(n) < 0.24, 1.0, -1.0)
+    loss = LogisticLoss()
+    c = CentralUpdate(loss, t, rho_n / n)
+    a_hat = rng.normal(size=n) * 4.0 - 0.5 * t
+    return c, a_hat
+
+
+def test_far_start_takes_full_newton_steps_and_ends_at_the_damped_solution(monkeypatch):
+    """From a far start the fast z-update used to give up after the first step that did not halve
+    and ran the damped Newton (backtracking on F, ~4 transcendental passes an iteration). It now
+    goes on with full steps while the Newton decrement falls (at most FAR_STEPS of them): here it
+    finishes without the damped path, and its z and b equal the damped path's (forced by
+    FAR_STEPS = 0) and the reference's to 1e-12."""
+    used = {"damped": 0, "far": 0}
+    fast = CentralUpdate._newton_fast
+
+    def spy(self, *a):
+        z = fast(self, *a)
+        used["damped"] += z is None
+        return z
+    monkeypatch.setattr(CentralUpdate, "_newton_fast", spy)
+    dec = central_mod._decrement
+
+    def count(*a):
+        used["far"] += 1
+        return dec(*a)
+    monkeypatch.setattr(central_mod, "_decrement", count)
+    c, a_hat = _far_start_problem()
+    y0 = c.y.copy()
+    c.step(a_hat)
+    assert used == {"damped": 0, "far": used["far"]} and used["far"] >= 1    # far steps, no damped path
+    z_ref, b_ref = _reference_z(c, a_hat, y0)
+    scale = 1.0 + np.max(np.abs(z_ref))
+    assert np.max(np.abs(c.z - z_ref)) <= 1e-12 * scale and abs(float(c.b) - b_ref) <= 1e-12 * (1 + abs(b_ref))
+
+    monkeypatch.setattr(central_mod, "FAR_STEPS", 0)
+    d, _ = _far_start_problem()
+    d.step(a_hat)
+    assert used["damped"] == 1                                  # the old behaviour: damped path
+    assert np.max(np.abs(d.z - c.z)) <= 1e-12 * scale and abs(float(d.b) - float(c.b)) <= 1e-12 * (1 + abs(b_ref))
+
+
+def test_decrement_is_the_dense_formula():
+    """_decrement(dw, P, ...) = -(grad_w F . dw + dF/db db) with grad_w F = (nrho db - dw / P)/N."""
+    rng = np.random.default_rng(0)
+    n = 50
+    dw, P = rng.normal(size=n), rng.random(n) + 0.1
+    nrho, db, gb = 0.3, -0.7, 0.2
+    grad = (nrho * db - dw / P) / n
+    want = -(float(grad @ dw) + gb * db)
+    assert abs(central_mod._decrement(dw, P, np.empty(n), nrho, db, n, gb) - want) <= 1e-14 * (1 + abs(want))

@@ -178,3 +178,85 @@ def test_pivoted_pseudo_inverse_declines_an_ambiguous_rank():
     got = xsolve_prox._pinv_pivoted(A)
     ref = xsolve_prox._pinv_eigh(A)
     assert got is None or np.max(np.abs(got - ref)) <= 1e-10 * np.max(np.abs(ref))
+
+
+def _old_cholesky_inverse(A):
+    """What _support_factor did before the skip: the Cholesky inverse when it passed the
+    conditioning test, else None (then the pivoted / eigh pseudo-inverse)."""
+    from scipy.linalg.lapack import dpotrf, dpotri
+    c, info = dpotrf(A, lower=1, clean=1)
+    if info != 0:
+        return None
+    Ai, info = dpotri(c, lower=1)
+    if info != 0:
+        return None
+    Ai = np.tril(Ai)
+    Ai += np.tril(Ai, -1).T
+    ok = np.all(np.isfinite(Ai)) and np.linalg.norm(A) * np.linalg.norm(Ai) < xsolve_prox._CHOL_COND
+    return Ai if ok else None
+
+
+def test_the_skipped_cholesky_inverse_is_one_the_old_test_rejected():
+    """_support_factor no longer forms the Cholesky inverse when the factor's diagonal alone
+    bounds cond_2(A) above 100 x _CHOL_COND. On singular one-hot supports and on random matrices
+    of condition numbers 1e2..1e18, every skipped one is one the old Frobenius-norm test
+    rejected, and the factor returned is bitwise the one the old flow returned."""
+    from scipy.linalg.lapack import dpotrf
+    rng = np.random.default_rng(3)
+    mats = []
+    for seed in range(4):
+        G = _one_hot_gram(seed)
+        d = G.shape[0]
+        for S in (np.arange(d), np.array([9, 10, 11, 2, 3]), np.sort(rng.choice(d, 12, replace=False))):
+            mats.append(0.7 * G[np.ix_(S, S)] + (0.0 if seed % 2 else 1e-3) * np.eye(S.size))
+    for k in range(2, 19):
+        Q = np.linalg.qr(rng.normal(size=(20, 20)))[0]
+        mats.append((Q * np.logspace(0, -k, 20)) @ Q.T)
+    skipped = 0
+    with one_blas_thread():
+        for A in mats:
+            c, info = dpotrf(A, lower=1, clean=1)
+            if info == 0 and xsolve_prox._chol_cond_bound(c, A) >= xsolve_prox._CHOL_COND_SKIP:
+                skipped += 1
+                assert _old_cholesky_inverse(A) is None
+            S = np.arange(A.shape[0])
+            solve, _ = xsolve_prox._support_factor(A, S, 1.0, 0.0)
+            old = _old_cholesky_inverse(A)
+            if old is None:
+                old = xsolve_prox._pinv_pivoted(A)
+            if old is None:
+                old = xsolve_prox._pinv_eigh(A)
+            r = rng.normal(size=A.shape[0])
+            assert np.array_equal(solve(r), xsolve_prox.mm(old, r))
+    assert skipped >= 3                  # the skip is exercised (4 here)
+
+
+def test_nested_one_blas_thread_contexts_restore_the_outer_count():
+    """Inside a one_blas_thread context a nested one touches no library; leaving the outer one
+    restores every library's thread count."""
+    from threadpoolctl import threadpool_info
+    from flower_vfl.core import blas
+    with one_blas_thread():
+        pass
+    libs = blas._CONTROLLER[0]
+    if not libs:
+        pytest.skip("no BLAS library that threadpoolctl controls")
+    before = [lc.num_threads for lc in libs]
+    calls = []
+    for lc in libs:
+        orig = lc.set_num_threads
+        lc.set_num_threads = lambda n, orig=orig: (calls.append(n), orig(n))[1]
+    try:
+        with one_blas_thread():
+            inside = [lc.num_threads for lc in libs]
+            n_outer = len(calls)
+            with one_blas_thread():
+                with one_blas_thread():
+                    assert [lc.num_threads for lc in libs] == [1] * len(libs)
+            assert len(calls) == n_outer                  # the nested ones set nothing
+            assert [lc.num_threads for lc in libs] == inside == [1] * len(libs)
+        assert [lc.num_threads for lc in libs] == before
+    finally:
+        for lc in libs:
+            del lc.set_num_threads
+    assert threadpool_info() is not None

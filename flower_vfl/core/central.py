@@ -172,7 +172,8 @@ class CentralUpdate:
         np.add(c1, np.multiply(y, n, out=G), out=c1)     # c1 = N y + N rho a
         k2 = loss.curvature3 / (2.0 * n * rho)
         m_prev = np.inf
-        for _ in range(12):
+        far, dec_far = 0, np.inf
+        for _ in range(12 + FAR_STEPS):
             loss.grad_hess(w, t, out=(P, E), neg=True)  # P = -l'(w), E = l''(w)
             np.multiply(w, nrho, out=G)
             G -= c1
@@ -182,14 +183,24 @@ class CentralUpdate:
             if not s > 0.0:
                 return None
             db = -(gb + rho * sg) / (rho * s)
+            gb_step, gb = gb, 0.0
             np.subtract(nrho * db, G, out=G)
             G *= P                                   # dw
             w += G
             b += db
-            gb = 0.0
             m = max(float(G.max()), -float(G.min()))
-            if not (m <= 0.5 * m_prev and np.isfinite(b)):
-                return None     # steps not shrinking (oscillation far from the root) or NaN
+            if not (np.isfinite(m) and np.isfinite(b)):
+                return None
+            if not m <= 0.5 * m_prev:
+                # not shrinking: far from the root. Full Newton steps still converge from there as
+                # a rule (a9a's rounds 1-2: every step of the damped path below was a full one),
+                # so up to FAR_STEPS such steps are taken while the Newton decrement
+                # lambda^2 = dw^T H dw = -(grad . dw) falls from one to the next; otherwise
+                # (oscillation) the damped path runs from the same start
+                dec = _decrement(G, P, E, nrho, db, n, gb_step)
+                if far >= FAR_STEPS or not dec < dec_far:
+                    return None
+                far, dec_far = far + 1, dec
             if _certified(G, m, k2, n, s, tol):
                 self.b = np.float64(b)
                 return np.subtract(w, b, out=self._z_buffer(size))
@@ -220,10 +231,12 @@ class CentralUpdate:
         c3/(2N) (m^2 + 4 sum dw_i^2 / S)/rho <= c3/(2N) m^2 (1 + 4N/S)/rho, S = schur/rho (a
         factor 2 of slack for the Hessian moving along the step). The iteration stops when the
         right-hand bound is below ``tol`` or, when only its b-term misses, the middle one (one
-        dot; :func:`_certified`): no confirming extra iteration, no evaluation of F. If a step
-        fails to halve the previous one (Newton oscillates from far-away starts on this
-        sigmoid-shaped gradient), it has not stopped after 12 steps, or a value is not finite,
-        the damped Newton below runs from the same start.
+        dot; :func:`_certified`): no confirming extra iteration, no evaluation of F. A step that
+        fails to halve the previous one (far from the root) is kept while the Newton decrement
+        falls from one such step to the next, up to :data:`FAR_STEPS` of them (a9a's first
+        rounds: 2-4 such steps a fit, where the damped path evaluated F ~9 times a round); if it rises
+        (Newton oscillating on this sigmoid-shaped gradient), the steps run out or a value is
+        not finite, the damped Newton below runs from the same start.
 
         Damped path (every other convex scalar loss, and the fallback): backtracking on F
         keeps it globally convergent.
@@ -328,6 +341,21 @@ class CentralUpdate:
             return
         self._y_plus_rho = float(np.asarray(arrays["zp_rho"]).ravel()[0])
         self._y_plus = np.asarray(arrays["zp_y_plus"], dtype=float) if "zp_y_plus" in arrays else self.y
+
+
+#: full Newton steps the fast z-update takes while they do not halve (far from the root), each
+#: with a smaller Newton decrement than the one before (:meth:`CentralUpdate._newton_fast`)
+FAR_STEPS = 6
+
+
+def _decrement(dw, P, scratch, nrho, db, n, gb) -> float:
+    """The Newton decrement lambda^2 = -(dF/dw . dw + dF/db db) of the step (dw, db) just taken,
+    from dw alone: the step solved N dF/dw = nrho db - D dw (D = 1/P), so
+    N dF/dw . dw = nrho db sum(dw) - sum(dw^2 / P). ``scratch`` is overwritten."""
+    np.multiply(dw, dw, out=scratch)
+    scratch /= P
+    gdw = (nrho * db * float(dw.sum()) - float(scratch.sum())) / n
+    return -(gdw + gb * db)
 
 
 def _certified(dw, m, k2, n, s, tol) -> bool:

@@ -15,6 +15,8 @@ f(x) = rho/2 x^T G x - rho c^T x + const, c = D^T v, G = D^T D. No Flower import
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.linalg as sla
 from scipy.linalg.lapack import dpotrf, dpotri, dpotrs, dpstrf
@@ -46,19 +48,23 @@ def _lmax_gram(solver) -> float:
 
 
 def _fista(grad, prox, x, step, tol, scale, max_iter):
-    """FISTA with gradient restart (O'Donoghue & Candes); stops on the gradient-mapping norm."""
+    """FISTA with gradient restart (O'Donoghue & Candes); stops on the gradient-mapping norm.
+    (Array methods and ``math.sqrt`` where numpy's wrappers were: the same reductions and the
+    same correctly rounded square roots, a few us less an iteration on a9a's ~60 columns.)"""
     w, th = x.copy(), 1.0
     k = 0
+    stop = tol * scale
     for k in range(1, max_iter + 1):
         x_new = prox(w - step * grad(w), step)
         diff = x_new - w
-        if np.sqrt(np.sum(diff * diff)) / step <= tol * scale:
+        if math.sqrt(float((diff * diff).sum())) / step <= stop:
             return x_new, k
-        th_new = 0.5 * (1 + np.sqrt(1 + 4 * th * th))
-        if np.sum((x_new - x) * diff) < 0:
+        th_new = 0.5 * (1 + math.sqrt(1 + 4 * th * th))
+        dx = x_new - x
+        if (dx * diff).sum() < 0:
             th_new, w = 1.0, x_new
         else:
-            w = x_new + ((th - 1) / th_new) * (x_new - x)
+            w = x_new + ((th - 1) / th_new) * dx
         x, th = x_new, th_new
     return x, k
 
@@ -75,8 +81,8 @@ def _active_set_newton(G, rc, rho, mu1, mu2, x, max_swaps=10, cache=None):
     d = x.shape[0]
     S = np.flatnonzero(x)
     sig = np.sign(x[S])
+    thresh = mu1 * (1.0 + 1e-12) + 1e-15 * (1.0 + np.abs(rc))     # the KKT test's, per column
     for _ in range(max_swaps):
-        cand = np.zeros_like(x)
         if S.size:
             solve, GS = _support_factor(G, S, rho, mu2, cache)
             xs = solve(rc[S] - mu1 * sig)
@@ -84,14 +90,15 @@ def _active_set_newton(G, rc, rho, mu1, mu2, x, max_swaps=10, cache=None):
             if bad.any():
                 S, sig = S[~bad], sig[~bad]
                 continue
-            cand[S] = xs
             g = rc - rho * mm(GS, xs)
         else:
             g = rc
-        off = np.ones(d, dtype=bool)
-        off[S] = False
-        viol = off & (np.abs(g) > mu1 * (1.0 + 1e-12) + 1e-15 * (1.0 + np.abs(rc)))
+        viol = np.abs(g) > thresh
+        viol[S] = False
         if not viol.any():
+            cand = np.zeros_like(x)
+            if S.size:
+                cand[S] = xs
             return cand
         new = np.flatnonzero(viol)
         S = np.concatenate([S, new])
@@ -122,11 +129,15 @@ def _support_factor(G, S, rho, mu2, cache=None):
     key = (S.tobytes(), float(rho), float(mu2))
     if cache is not None and key in cache:
         return cache[key]
-    A = rho * G[np.ix_(S, S)]
-    A[np.diag_indices_from(A)] += mu2
+    A = G[S[:, None], S]
+    A *= rho
+    n = S.size
+    A.flat[::n + 1] += mu2
     Pinv = None
     with one_blas_thread():
         c, info = dpotrf(A, lower=1, clean=1)
+        if info == 0 and _chol_cond_bound(c, A) >= _CHOL_COND_SKIP:
+            info = 1        # provably too ill-conditioned for the inverse: the pivoted path
         if info == 0:
             Ai, info = dpotri(c, lower=1)
             if info == 0:
@@ -153,6 +164,22 @@ def _support_factor(G, S, rho, mu2, cache=None):
     return out
 
 
+#: the Cholesky inverse is not even formed when a lower bound on cond_2(A) from the factor alone
+#: is at least this (100x the threshold of the test it would then fail: the test's Frobenius
+#: norms are >= the 2-norms, and the margin covers the inverse's round-off)
+_CHOL_COND_SKIP = 100.0 * _CHOL_COND
+
+
+def _chol_cond_bound(c, A) -> float:
+    """A lower bound on cond_2(A) from its Cholesky factor ``c`` (A = c c^T): lambda_max(A) >=
+    max A_ii and lambda_min(A) = sigma_min(c)^2 <= min c_ii^2 (a triangular matrix's smallest
+    singular value is at most its smallest |eigenvalue|, a diagonal entry). A singular support
+    (a9a: a centred one-hot group) has a pivot at round-off, so the bound is ~1e16 and the
+    inverse, the symmetrization and the two norms that would reject it are skipped."""
+    dmin = float(np.min(np.abs(c.diagonal())))
+    return np.inf if dmin == 0.0 else float(A.diagonal().max()) / (dmin * dmin)
+
+
 def _pinv_eigh(A):
     """A^+ of a symmetric PSD A from its eigendecomposition, eigenvalues <= 1e-12 max|e|
     dropped (``np.linalg.lstsq``'s rcond=1e-12 on a symmetric matrix)."""
@@ -167,6 +194,19 @@ def _pinv_eigh(A):
 #: dropped Schur complement moves the pseudo-inverse by at most _PIV_PERTURB relative
 _PIV_KEEP = 1e-10
 _PIV_PERTURB = 1e-9
+
+
+_BELOW: dict = {}
+
+
+def _below_diagonal(r, n):
+    """The mask np.triu zeroes in an r x n array (entries below the diagonal), kept by shape."""
+    m = _BELOW.get((r, n))
+    if m is None:
+        if len(_BELOW) > 256:
+            _BELOW.clear()
+        m = _BELOW[(r, n)] = np.tri(r, n, -1, dtype=bool)
+    return m
 
 
 def _pinv_pivoted(A):
@@ -185,7 +225,7 @@ def _pinv_pivoted(A):
     and equal to it on the 330 singular supports of a9a's L1 and elastic-net fits (33 rounds) to
     <= 2e-11 relative (tests/test_central_kernels.py)."""
     n = A.shape[0]
-    md = float(np.max(A.diagonal()))
+    md = float(A.diagonal().max())
     if not md > 0.0:
         return None
     U, piv, rank, info = dpstrf(A, tol=1e-300, lower=0)
@@ -200,7 +240,7 @@ def _pinv_pivoted(A):
     # it was <= 0 in floating point: round-off, counted as eps max diag(A)
     delta = (n - r) * max(float(dg[r]) if r < rank else 0.0, np.finfo(float).eps * md)
     C = np.zeros((r, n))
-    C[:, piv - 1] = np.triu(U[:r])
+    C[:, piv - 1] = np.where(_below_diagonal(r, n), 0.0, U[:r])     # np.triu(U[:r])
     L, info = dpotrf(C @ C.T, lower=1, clean=1)
     if info != 0:
         return None
@@ -208,16 +248,26 @@ def _pinv_pivoted(A):
     if info != 0:
         return None
     Pinv = Y.T @ Y
-    tr = float(np.trace(Pinv))
+    tr = float(Pinv.trace())
     if not (np.isfinite(tr) and tr > 0.0):
         return None
-    if 1.0 / tr - delta < _PIV_KEEP * float(np.trace(A)) or delta * tr > _PIV_PERTURB:
+    if 1.0 / tr - delta < _PIV_KEEP * float(A.trace()) or delta * tr > _PIV_PERTURB:
         return None
     return Pinv
 
 
 def prox_on_gram(solver, c, rho, x0):
-    """argmin lam R(x) + iota_X(x) + rho/2 x^T G x - rho c^T x; returns (x, inner iterations)."""
+    """argmin lam R(x) + iota_X(x) + rho/2 x^T G x - rho c^T x; returns (x, inner iterations).
+
+    All of it is d-sized work on one BLAS thread: the context is entered once here, so the
+    factorizations' own (nested) contexts find one thread and set nothing (a9a L1: ~460
+    support factorizations a fit, each of which set both loaded BLAS libraries' threads twice,
+    ~15 us a call)."""
+    with one_blas_thread():
+        return _prox_on_gram(solver, c, rho, x0)
+
+
+def _prox_on_gram(solver, c, rho, x0):
     G = solver.gram()
     rc = rho * c
     x = np.zeros_like(c) if x0 is None else np.array(x0, dtype=float).reshape(c.shape)
