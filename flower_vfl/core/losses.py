@@ -111,14 +111,21 @@ class LogisticLoss(Loss):
             np.negative(g, out=g)           # l' = -t p
         return g, h
 
-    def hess_from_grad(self, y, t, n, out):
+    def hess_from_grad(self, y, t, n, out, third=None):
         """l''(z) = p (1 - p) from a known l'(z) = n y (p = -t l'(z) = sigmoid(-t z)), no exp:
-        the central node's z-update predictor (core/central.py). ``out`` = (scratch, h)."""
+        the central node's z-update predictor (core/central.py). ``out`` = (scratch, h). With
+        ``third`` (an array) also the third derivative t (2p - 1) p (1 - p) into it
+        (dp/dz = -t p (1 - p))."""
         p, h = out
         np.multiply(t, y, out=p)
         p *= -float(n)
         np.subtract(1.0, p, out=h)
         h *= p
+        if third is not None:
+            np.multiply(p, 2.0, out=third)
+            third -= 1.0
+            third *= h
+            third *= t
         return h
 
     def _buffers(self, size, count):
