@@ -51,6 +51,33 @@ def test_sparse_gram_with_unsorted_duplicates_empty_and_long_rows():
     assert np.max(np.abs(sparse_gram(D, chunk=4) - Dd.T @ Dd)) <= 1e-13
 
 
+@pytest.mark.parametrize("duplicates", [False, True])
+def test_gram_takes_its_diagonal_from_the_centring_pass(duplicates, monkeypatch):
+    """A centred sparse solver's Gram takes its diagonal from the centring's column pass (no
+    second pass): bitwise the Gram of sparse_gram alone (then centred). A block with duplicate
+    entries (non-canonical) computes it again: a duplicate's squares do not sum to its square."""
+    D, _ = _binary(2000, 30, 0.15, 4)
+    D = D.multiply(np.random.default_rng(5).normal(size=30)).tocsr()   # non-binary values
+    if duplicates:
+        D = sp.csr_matrix((np.r_[D.data, 0.5], np.r_[D.indices, D.indices[0]],
+                           np.r_[D.indptr[:2] + [0, 1], D.indptr[2:] + 1]), shape=D.shape)
+        assert not D.has_canonical_format
+    passes = []
+    real = xsolve._column_stats
+    monkeypatch.setattr(xsolve, "_column_stats", lambda *a, **k: passes.append(k) or real(*a, **k))
+    s = XSolver(D, get_penalty("l2"), 1e-3, method="gram", center=True)
+    G = s.gram()
+    assert len(passes) == (2 if duplicates else 1)
+    Dd = D.toarray()
+    mu = Dd.mean(axis=0)
+    ref = sparse_gram(D) - np.outer(mu, mu * D.shape[0])
+    if not duplicates:
+        assert np.array_equal(G, sparse_gram(D) - np.outer(s.mu(), s.mu() * D.shape[0]))
+    Dc = Dd - mu
+    assert np.max(np.abs(G - Dc.T @ Dc)) <= 1e-10 * np.max(np.abs(Dc.T @ Dc))
+    assert np.max(np.abs(G - ref)) <= 1e-10 * np.max(np.abs(ref))
+
+
 def test_auto_rule_for_large_sparse_blocks(monkeypatch):
     """Above CG_ROWS a sparse block gets the Gram when sum_i nnz_i (nnz_i - 1)/2 is at most
     GRAM_PAIRS_PER_NNZ per stored entry (~5 nnz a row here: 2 pairs per entry), else CG

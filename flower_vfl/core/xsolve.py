@@ -218,6 +218,7 @@ class XSolver:
         self._pc_scale = None
         #: (sum_i D_ij^2, sum_i D_ij) from the centring decision, handed to :meth:`_cg_stats`
         self._colstats = None
+        self._colsq = None                         # sum_i D_ij^2 from the centring's pass
         #: CG's predicted last iteration (``_cg``): the largest residual reduction of an
         #: iteration measured in the last checked solve, solves since it, and ||Dc^T v|| of
         #: the last solve that formed it (the tolerance's scale when a solve starts from D x)
@@ -297,7 +298,10 @@ class XSolver:
         """G = D^T D, dense d x d, formed once (the only pass over the data)."""
         if self._G is None:
             if self.sparse:
-                self._G = sparse_gram(self.D)
+                # the column sums of squares (G's diagonal) from the centring's pass when it ran
+                # over canonical entries (a duplicate's squares would not sum to its square)
+                diag = self._colsq if self.center_ and self.D.has_canonical_format else None
+                self._G = sparse_gram(self.D, diag=diag)
             else:
                 with one_blas_thread():
                     self._G = np.asarray(self.D.T @ self.D)
@@ -318,6 +322,7 @@ class XSolver:
             mu = s1 / n
             self._center = bool(np.any(np.abs(mu) > 1e-8 * np.sqrt(np.maximum(sq, 0.0) / n)))
             self._mu = mu if self._center else None
+            self._colsq = sq
             self._center_known = True
             if self.method_ == "cg" and not self.low_memory:
                 self._colstats = (sq, s1)          # the CG preconditioner's pass, done once
@@ -682,7 +687,7 @@ class XSolver:
         return apply
 
 
-def sparse_gram(D, chunk=1 << 20):
+def sparse_gram(D, chunk=1 << 20, diag=None):
     """D^T D (dense d x d) of a sparse block by counting the pairs of each row's nonzeros.
 
     scipy's sparse product costs ~15 ns per sum_i nnz_i^2 term (6.9 s for the 1M x 300 binary
@@ -691,7 +696,8 @@ def sparse_gram(D, chunk=1 << 20):
     ``np.bincount`` (weighted by the products of the values unless the block is binary), the
     diagonal from the column sums of squares: ~2-3 ns per pair, i.e. per half term (the 1M x 300
     binary block in 0.32 s). Exact for a binary block (integer counts); otherwise a sum of the
-    same products in another order."""
+    same products in another order. ``diag``: the column sums of squares when the caller
+    has them (``_column_stats(D)[0]``, bitwise what this would compute), saving a pass."""
     D = D.tocsr()
     n, d = D.shape
     if D.nnz and not D.has_canonical_format:      # sorted and no duplicates (one O(nnz) check)
@@ -738,7 +744,7 @@ def sparse_gram(D, chunk=1 << 20):
             acc += np.bincount(buf[:o], weights=None if binary else wbuf[:o], minlength=d * d)
     G = acc.reshape(d, d)
     G += G.T.copy()                          # pairs j < j' were counted once; sorted rows: upper
-    G[np.diag_indices(d)] = _column_stats(D, sums=False)[0]
+    G[np.diag_indices(d)] = _column_stats(D, sums=False)[0] if diag is None else diag
     return G
 
 
