@@ -353,3 +353,52 @@ def test_cubic_predictor_moves_only_the_start(monkeypatch):
         assert np.max(np.abs(one.z - two.z)) <= 1e-12 and abs(float(one.b - two.b)) <= 1e-12
         assert _z_update_residual(one, a, y_before) <= 1e-10
     assert calls[True] < calls[False]
+
+
+def test_grad_hess_with_a_float32_exp_is_that_of_a_nearby_point():
+    """grad_hess(f32=...) takes e^u in float32: its derivatives are those of a point near z
+    (u rounded to float32, |du| <= 6e-8 |u|, and float32 exp's own error, a few 6e-8 relative
+    of e^u, i.e. of u): the gradient is off by at most l2 (6e-8 |u| + 2.5e-7) and l2 by c3
+    times that (l2 = the second derivative, c3 the bound on the third); above u = 88 it
+    caps (p < 1e-38)."""
+    rng = np.random.default_rng(6)
+    z = np.concatenate([rng.normal(scale=6.0, size=20000), [90.0, -90.0, 700.0, -700.0, 0.0]])
+    t = np.where(rng.random(z.size) < 0.5, -1.0, 1.0)
+    loss = LogisticLoss()
+    g64, h64 = loss.grad_hess(z, t)
+    g32, h32 = loss.grad_hess(z, t, f32=np.empty(z.size, dtype=np.float32))
+    du = 6e-8 * np.abs(t * z) + 2.5e-7
+    assert np.all(np.abs(g32 - g64) <= du * h64 + 1e-37)
+    assert np.all(np.abs(h32 - h64) <= du * loss.curvature3 + 1e-37)
+    assert np.max(np.abs(g32 - g64)) > 0.0                    # it is the float32 exp
+
+
+def test_float32_first_steps_move_only_the_start(monkeypatch):
+    """The fast z-update's steps from afar with a float32 exp (central.F32_STEPS) end where the
+    float64 ones end: over rounds that move and settle (a new rho, a far first round) the
+    z-updates agree to 1e-12 and meet eq. (7) to 1e-10, and fewer float64 exps are taken."""
+    from flower_vfl.core import central as central_mod
+    exps = {True: 0, False: 0}
+    orig = LogisticLoss.grad_hess
+
+    def counted(self, *a, f32=None, **k):
+        exps[state["on"]] += f32 is None
+        return orig(self, *a, f32=f32, **k)
+    state = {"on": True}
+    monkeypatch.setattr(LogisticLoss, "grad_hess", counted)
+    one, rng = _central(n=3000, rho=0.05 / 3000)
+    two, _ = _central(n=3000, rho=0.05 / 3000)
+    a = rng.normal(size=one.n) * 3.0
+    for k in range(14):
+        a = a + rng.normal(scale=1.0 / (k + 1) ** 2, size=one.n)
+        if k == 8:
+            one.set_rho(4.0 * one.rho)
+            two.set_rho(4.0 * two.rho)
+        y_before = one.y.copy()
+        for c, on in ((one, True), (two, False)):
+            state["on"] = on
+            monkeypatch.setattr(central_mod, "F32_STEPS", on)
+            c.step(a)
+        assert np.max(np.abs(one.z - two.z)) <= 1e-12 and abs(float(one.b - two.b)) <= 1e-12
+        assert _z_update_residual(one, a, y_before) <= 1e-10
+    assert exps[True] < exps[False]

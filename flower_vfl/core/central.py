@@ -140,9 +140,9 @@ class CentralUpdate:
         buf = self.__dict__.get("_joint_buf")
         if buf is None or buf[0].shape != (size,):
             # reused across rounds: a fresh N-vector per temporary is page-faulted in again
-            buf = [np.empty(size) for _ in range(5)]
+            buf = [np.empty(size) for _ in range(5)] + [np.empty(size, dtype=np.float32)]
             self._joint_buf = buf
-        w, P, E, G, c1 = buf
+        w, P, E, G, c1, e32 = buf
         nrho = n * rho
         b = float(self.b)
         np.add(self.z, b, out=w)
@@ -186,8 +186,12 @@ class CentralUpdate:
         k2 = loss.curvature3 / (2.0 * n * rho)
         m_prev = np.inf
         far, dec_far = 0, np.inf
+        single = F32_STEPS and getattr(loss, "grad_hess_f32", False)
         for _ in range(12 + FAR_STEPS):
-            loss.grad_hess(w, t, out=(P, E), neg=True)  # P = -l'(w), E = l''(w)
+            # a step from a start farther than F32_ABOVE: its derivatives from a float32 exp
+            # (a point within ~1.2e-7 of w); every step after is exact, and only those certify
+            rough = single and m_prev > F32_ABOVE
+            loss.grad_hess(w, t, out=(P, E), neg=True, f32=e32 if rough else None)  # P = -l'(w), E = l''(w)
             np.multiply(w, nrho, out=G)
             G -= c1
             G -= P
@@ -214,7 +218,7 @@ class CentralUpdate:
                 if far >= FAR_STEPS or not dec < dec_far:
                     return None
                 far, dec_far = far + 1, dec
-            if _certified(G, m, k2, n, s, tol):
+            if not rough and _certified(G, m, k2, n, s, tol):
                 self.b = np.float64(b)
                 return np.subtract(w, b, out=self._z_buffer(size))
             m_prev = m
@@ -360,6 +364,11 @@ class CentralUpdate:
 #: the chord step moved no entry by more than CUBIC_MAX_STEP (beyond it the Taylor term is no
 #: guide: a9a's first rounds move w by 5-30). a9a 33 rounds: 147 -> 137 grad_hess (L1), 17 rounds
 #: L2 58 -> 51; breast cancer L1 100 rounds 279 -> 232; 1M x 3 (chord steps 0.6-4): 30 -> 29
+#: the fast z-update's Newton steps from a start whose last step moved some entry by more than
+#: F32_ABOVE take e^u in float32 (``grad_hess(f32=)``); the steps after are float64 and certify
+F32_STEPS = True
+F32_ABOVE = 1e-2
+
 CUBIC_PREDICTOR = True
 CUBIC_MAX_STEP = 1.0
 
