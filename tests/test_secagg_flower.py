@@ -42,6 +42,17 @@ def run(secagg, m=3, nodes=None, grid_cls=LocalGrid, on_reply=None, **kw):
     return st, grid
 
 
+@pytest.fixture(autouse=True)
+def _task_identity(monkeypatch):
+    """The handlers read Flower's task identity when they build replies (LocalGrid sets it when it
+    is built; a test that drives the handlers itself must not depend on an earlier test having
+    done so): set here for every test, restored after (its stored fields, which reading an unset
+    one would refuse)."""
+    from flwr.supercore.task_identity import TaskIdentity
+    for attr, value in (("_run_id", 1), ("_task_id", 0), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, attr, value)
+
+
 @pytest.fixture(scope="module")
 def plain():
     return run(False)[0]
