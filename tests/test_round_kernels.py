@@ -323,12 +323,34 @@ def test_third_derivative_from_the_gradient():
     assert np.max(np.abs(third)) <= loss.curvature3 * (1 + 1e-12)
 
 
+def _on_off_rounds(monkeypatch, flag, counts, n, rho, a0, move, new_rho_at, factor, rounds):
+    """Two central nodes fed the same releases, ``central.<flag>`` on for the first and off for
+    the second, the releases moving by ``move(k)`` a round and rho scaled by ``factor`` at round
+    ``new_rho_at``: every z-update of the two agrees to 1e-12 and meets eq. (7) to 1e-10.
+    ``counts(on)`` is called before each step of the central node with the flag ``on``."""
+    from flower_vfl.core import central as central_mod
+    one, rng = _central(n=n, rho=rho / n)
+    two, _ = _central(n=n, rho=rho / n)
+    a = rng.normal(size=n) * a0
+    for k in range(rounds):
+        a = a + rng.normal(scale=move(k), size=n)
+        if k == new_rho_at:
+            one.set_rho(factor * one.rho)
+            two.set_rho(factor * two.rho)
+        y_before = one.y.copy()
+        for c, on in ((one, True), (two, False)):
+            counts(on)
+            monkeypatch.setattr(central_mod, flag, on)
+            c.step(a)
+        assert np.max(np.abs(one.z - two.z)) <= 1e-12 and abs(float(one.b - two.b)) <= 1e-12
+        assert _z_update_residual(one, a, y_before) <= 1e-10
+
+
 def test_cubic_predictor_moves_only_the_start(monkeypatch):
     """The chord step's second-order correction (central.CUBIC_PREDICTOR) changes where Newton
     starts, not where it ends: over rounds that move and settle (and a new rho) the z-updates
     with and without it agree to 1e-12 and meet eq. (7) to 1e-10; once the rounds settle it needs
     fewer exp-evaluations (grad_hess) than the chord step alone."""
-    from flower_vfl.core import central as central_mod
     calls = {True: 0, False: 0}
     state = {"on": True}
     orig = LogisticLoss.grad_hess
@@ -337,21 +359,8 @@ def test_cubic_predictor_moves_only_the_start(monkeypatch):
         calls[state["on"]] += 1
         return orig(self, *a, **k)
     monkeypatch.setattr(LogisticLoss, "grad_hess", counted)
-    one, rng = _central(n=2000, rho=0.00625 / 2000)
-    two, _ = _central(n=2000, rho=0.00625 / 2000)
-    a = rng.normal(size=one.n)
-    for k in range(16):
-        a = a + rng.normal(scale=0.3 / (k + 1) ** 2, size=one.n)
-        if k == 9:
-            one.set_rho(2.0 * one.rho)
-            two.set_rho(2.0 * two.rho)
-        y_before = one.y.copy()
-        for c, on in ((one, True), (two, False)):
-            state["on"] = on
-            monkeypatch.setattr(central_mod, "CUBIC_PREDICTOR", on)
-            c.step(a)
-        assert np.max(np.abs(one.z - two.z)) <= 1e-12 and abs(float(one.b - two.b)) <= 1e-12
-        assert _z_update_residual(one, a, y_before) <= 1e-10
+    _on_off_rounds(monkeypatch, "CUBIC_PREDICTOR", lambda on: state.update(on=on), n=2000, rho=0.00625,
+                   a0=1.0, move=lambda k: 0.3 / (k + 1) ** 2, new_rho_at=9, factor=2.0, rounds=16)
     assert calls[True] < calls[False]
 
 
@@ -377,28 +386,14 @@ def test_float32_first_steps_move_only_the_start(monkeypatch):
     """The fast z-update's steps from afar with a float32 exp (central.F32_STEPS) end where the
     float64 ones end: over rounds that move and settle (a new rho, a far first round) the
     z-updates agree to 1e-12 and meet eq. (7) to 1e-10, and fewer float64 exps are taken."""
-    from flower_vfl.core import central as central_mod
     exps = {True: 0, False: 0}
+    state = {"on": True}
     orig = LogisticLoss.grad_hess
 
     def counted(self, *a, f32=None, **k):
         exps[state["on"]] += f32 is None
         return orig(self, *a, f32=f32, **k)
-    state = {"on": True}
     monkeypatch.setattr(LogisticLoss, "grad_hess", counted)
-    one, rng = _central(n=3000, rho=0.05 / 3000)
-    two, _ = _central(n=3000, rho=0.05 / 3000)
-    a = rng.normal(size=one.n) * 3.0
-    for k in range(14):
-        a = a + rng.normal(scale=1.0 / (k + 1) ** 2, size=one.n)
-        if k == 8:
-            one.set_rho(4.0 * one.rho)
-            two.set_rho(4.0 * two.rho)
-        y_before = one.y.copy()
-        for c, on in ((one, True), (two, False)):
-            state["on"] = on
-            monkeypatch.setattr(central_mod, "F32_STEPS", on)
-            c.step(a)
-        assert np.max(np.abs(one.z - two.z)) <= 1e-12 and abs(float(one.b - two.b)) <= 1e-12
-        assert _z_update_residual(one, a, y_before) <= 1e-10
+    _on_off_rounds(monkeypatch, "F32_STEPS", lambda on: state.update(on=on), n=3000, rho=0.05,
+                   a0=3.0, move=lambda k: 1.0 / (k + 1) ** 2, new_rho_at=8, factor=4.0, rounds=14)
     assert exps[True] < exps[False]
