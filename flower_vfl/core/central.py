@@ -189,7 +189,8 @@ class CentralUpdate:
         single = F32_STEPS and getattr(loss, "grad_hess_f32", False)
         for _ in range(12 + FAR_STEPS):
             # a step from a start farther than F32_ABOVE: its derivatives from a float32 exp
-            # (a point within ~1.2e-7 of w); every step after is exact, and only those certify
+            # (those of a point within ~6e-8 |u| + 2.5e-7 of w); every step after is exact, and
+            # only those certify
             rough = single and m_prev > F32_ABOVE
             loss.grad_hess(w, t, out=(P, E), neg=True, f32=e32 if rough else None)  # P = -l'(w), E = l''(w)
             np.multiply(w, nrho, out=G)
@@ -360,15 +361,15 @@ class CentralUpdate:
         self._y_plus = np.asarray(arrays["zp_y_plus"], dtype=float) if "zp_y_plus" in arrays else self.y
 
 
-#: the chord predictor's second step (l3 dw^2 / 2 taken out with the same Hessian, no exp), when
-#: the chord step moved no entry by more than CUBIC_MAX_STEP (beyond it the Taylor term is no
-#: guide: a9a's first rounds move w by 5-30). a9a 33 rounds: 147 -> 137 grad_hess (L1), 17 rounds
-#: L2 58 -> 51; breast cancer L1 100 rounds 279 -> 232; 1M x 3 (chord steps 0.6-4): 30 -> 29
 #: the fast z-update's Newton steps from a start whose last step moved some entry by more than
 #: F32_ABOVE take e^u in float32 (``grad_hess(f32=)``); the steps after are float64 and certify
 F32_STEPS = True
 F32_ABOVE = 1e-2
 
+#: the chord predictor's second step (l3 dw^2 / 2 taken out with the same Hessian, no exp), when
+#: the chord step moved no entry by more than CUBIC_MAX_STEP (beyond it the Taylor term is no
+#: guide: a9a's first rounds move w by 5-30). a9a 33 rounds: 147 -> 137 grad_hess (L1), 17 rounds
+#: L2 58 -> 51; breast cancer L1 100 rounds 279 -> 232; 1M x 3 (chord steps 0.6-4): 30 -> 29
 CUBIC_PREDICTOR = True
 CUBIC_MAX_STEP = 1.0
 
