@@ -264,3 +264,51 @@ def test_send_and_receive_pull_schedule(grid_cls, first, cap, monkeypatch, tmp_p
     rec = json.loads(line)
     assert (rec["who"], rec["messages"], rec["replies"], rec["pulls"]) == ("server", 2, 2, 10)
     assert rec["t_push"] <= rec["t_pushed"] <= rec["t_pull_last0"] <= rec["t_done"]   # the last pull began
+
+
+def test_replies_that_came_during_a_pull_past_the_deadline_are_taken(monkeypatch):
+    """A pull that outlasts the exchange's timeout (Flower retries a reply whose objects a killed
+    SuperNode never finished uploading, until the SuperLink gives up) returns only that reply's
+    error; the other party's reply, stored meanwhile, is taken by one more pull instead of the
+    party being counted lost (CI, test_supernode_killed_and_restarted_gives_the_same_result: party
+    0 answered, was reported 'no reply' and never 'came back')."""
+    from types import SimpleNamespace
+
+    from flower_vfl.strategies import exchange
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(exchange.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(exchange.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    reply = lambda i: SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i))  # noqa: E731
+
+    class Blocking:
+        pulls = []
+
+        def push_messages(self, messages):
+            return ["id0", "id1"]
+
+        def pull_messages(self, ids):
+            self.pulls.append(sorted(ids))
+            if len(self.pulls) == 1:
+                clock["t"] += 200.0           # blocked on id1's missing objects, past the timeout
+                return [reply("id1")]         # its error reply; id0's reply came meanwhile
+            return [reply(i) for i in sorted(ids) if i == "id0"]
+
+    grid = Blocking()
+    replies = exchange.send_and_receive(grid, ["to node 0", "to node 1"], timeout=90)
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["id0", "id1"]
+    assert grid.pulls == [["id0", "id1"], ["id0"]]
+
+    class Silent(Blocking):
+        pulls = []
+
+        def pull_messages(self, ids):
+            self.pulls.append(sorted(ids))
+            clock["t"] += 200.0 if len(self.pulls) == 1 else 0.0
+            return [reply("id1")] if len(self.pulls) == 1 else []
+
+    clock["t"] = 0.0
+    grid = Silent()
+    replies = exchange.send_and_receive(grid, ["to node 0", "to node 1"], timeout=90)
+    assert [r.metadata.reply_to_message_id for r in replies] == ["id1"]      # one more pull, no more
+    assert grid.pulls == [["id0", "id1"], ["id0"]]

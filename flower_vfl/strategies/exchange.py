@@ -124,10 +124,20 @@ def send_and_receive(grid, messages, timeout, stop=None) -> list:
     t_pull = t_pushed
     while ids:
         t_pull = time.time()
+        began = time.monotonic()
         got = list(grid.pull_messages(ids))
         pulls += 1
         out += got
         ids -= {m.metadata.reply_to_message_id for m in got}
+        if ids and began < end <= time.monotonic():
+            # the deadline passed during this pull: Flower's pull retries a reply whose objects
+            # are missing (a SuperNode killed while uploading it) until the SuperLink gives up,
+            # minutes later, and the other replies that came meanwhile were not in that pull.
+            # One more pull takes them, so an answering party is not counted lost
+            got = list(grid.pull_messages(ids))
+            pulls += 1
+            out += got
+            ids -= {m.metadata.reply_to_message_id for m in got}
         if not ids or time.monotonic() >= end or (stop is not None and stop(ids)):
             break
         time.sleep(wait)
