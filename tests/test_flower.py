@@ -212,10 +212,10 @@ def test_flwr_run_private_party_on_a9a(tmp_path):
     so the check is seed-free: the party's ledger in report.json holds the accountant's total over
     the one evaluation release, the noise was drawn (not the non-private decision values), and the
     accuracy is above party 1 alone (0.8376). Its spread: 16 runs of this test (session 36, two
-    trees) gave 0.8417-0.8479, mean 0.8455, sd 0.0018 (a run's noise moves every test score
+    trees) gave 0.8417-0.8479, mean 0.8454, sd 0.0019 (a run's noise moves every test score
     together: the decision values of two runs differ by a common offset of ~2e-3 besides per-row
     noise), wider than the in-process engine's (16 OS-entropy draws: 0.8446-0.8475); the bound,
-    0.840, is 3 sd below that mean. 0.843 failed 3 of those 16 runs (0.8417, 0.8423, 0.8425)."""
+    0.839, is 3.2 sd below that mean. 0.843 failed 3 of those 16 runs (0.8417, 0.8423, 0.8425)."""
     import json
 
     if shutil.which("flwr") is None:
@@ -237,7 +237,7 @@ def test_flwr_run_private_party_on_a9a(tmp_path):
     assert party["config"]["lam"] == 0.003
     assert [e["kind"] for e in party["ledger"]["entries"]] == ["eval"]
     assert "0" not in report["privacy"]
-    assert np.mean(np.where(f_flower >= 0, 1, -1) == yt) >= 0.840
+    assert np.mean(np.where(f_flower >= 0, 1, -1) == yt) >= 0.839
 
 
 @pytest.mark.slow
