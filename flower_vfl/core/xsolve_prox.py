@@ -256,6 +256,15 @@ def _pinv_pivoted(A):
     return Pinv
 
 
+#: FISTA steps after the first active-set attempt that does not certify (doubled after each
+#: further one). A failed attempt costs up to 10 support factorizations, a FISTA step one
+#: product with G: on a9a's L1 fit (33 rounds) 8 steps left the next attempt failing as well
+#: (459 factorizations a fit, 299 of them in 30 failed attempts), 32 steps take 320 and
+#: 15-20 % less CPU; the gisette-like set's 120 rounds 13.2 -> 12.5 s; breast cancer the same
+#: (docs/benchmarks.md, session 37)
+FIRST_BURST = 32
+
+
 def prox_on_gram(solver, c, rho, x0):
     """argmin lam R(x) + iota_X(x) + rho/2 x^T G x - rho c^T x; returns (x, inner iterations).
 
@@ -283,7 +292,7 @@ def _prox_on_gram(solver, c, rho, x0):
         return _fista(grad, prox, x, step, solver.inner_tol, scale, solver.inner_max_iter)
     a = getattr(pen, "l1_ratio", 1.0)
     mu1, mu2 = solver.lam * a, solver.lam * (1.0 - a)
-    total, burst = 0, 8
+    total, burst = 0, FIRST_BURST
     while True:
         cols = [x] if x.ndim == 1 else [x[:, j] for j in range(x.shape[1])]
         rcs = [rc] if x.ndim == 1 else [rc[:, j] for j in range(x.shape[1])]
