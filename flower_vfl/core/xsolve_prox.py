@@ -258,11 +258,12 @@ def _pinv_pivoted(A):
 
 #: FISTA steps after the first active-set attempt that does not certify (doubled after each
 #: further one). A failed attempt costs up to 10 support factorizations, a FISTA step one
-#: product with G: on a9a's L1 fit (33 rounds) 8 steps left the next attempt failing as well
-#: (459 factorizations a fit, 299 of them in 30 failed attempts), 32 steps take 320 and
-#: 15-20 % less CPU; the gisette-like set's 120 rounds 13.2 -> 12.5 s; breast cancer the same
-#: (docs/benchmarks.md, session 37)
-FIRST_BURST = 32
+#: product with G. a9a's L1 fit (33 rounds): with 8 steps the next attempt often failed as
+#: well (459 factorizations a fit, 299 of them in 30 failed attempts); 32 steps: 320, 64: 265
+#: and ~20 % less CPU a fit, the same gap at round 33 to 3 digits. The gisette-like L1 set (d =
+#: 2000, 120 rounds): 11 -> 5 failed attempts, 296 -> 448 FISTA steps, CPU 13.2 -> 12.9-13.1 s;
+#: breast cancer: no failed attempt (docs/benchmarks.md, session 37)
+FIRST_BURST = 64
 
 
 def prox_on_gram(solver, c, rho, x0):
