@@ -32,34 +32,29 @@ import warnings
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.datasets import load_breast_cancer
 from sklearn.linear_model import LogisticRegression
-from sklearn.preprocessing import StandardScaler
 
 import _common as C
-import _synth
+import rounds_accel
 from flower_vfl import VerticalADMM
 
 DEFAULT_NRHO = 0.2 * 0.25          # N x the default rho for logistic L2 (core/schedule.py default_rho)
 
 
+#: each set's round cap (the data and lam are rounds_accel.py's)
+CAPS = {"a9a": 300, "breast": 1500, "sparse": 150, "sparse-sep": 150}
+
+
 def dataset(name, sparse_rows):
-    if name == "a9a":
-        tr, y, _, _ = C.load_a9a()
-        return tr, y, 1e-4, 300
-    if name == "breast":
-        X, y = load_breast_cancer(return_X_y=True)
-        X = StandardScaler().fit_transform(X)
-        return [X[:, :10], X[:, 10:20], X[:, 20:]], np.where(y == 1, 1.0, -1.0), 1e-2, 1500
-    if name in ("sparse", "sparse-sep"):
-        B, y = _synth.sparse_binary(n_rows=sparse_rows)
-        if name == "sparse-sep":
-            X = sp.hstack(B).tocsr()
-            f = X @ np.random.default_rng(1).normal(size=X.shape[1])
-            f = (f - f.mean()) / f.std()
-            y = np.where(np.random.default_rng(0).random(f.size) < 1 / (1 + np.exp(-f)), 1.0, -1.0)
-        return B, y, 1e-4, 150
-    raise ValueError(f"unknown set {name!r}; choose from a9a, breast, sparse, sparse-sep")
+    if name not in CAPS:
+        raise ValueError(f"unknown set {name!r}; choose from {', '.join(CAPS)}")
+    blocks, y, lam, _ = rounds_accel.dataset("sparse" if name == "sparse-sep" else name, sparse_rows)
+    if name == "sparse-sep":
+        X = sp.hstack(blocks).tocsr()
+        f = X @ np.random.default_rng(1).normal(size=X.shape[1])
+        f = (f - f.mean()) / f.std()
+        y = np.where(np.random.default_rng(0).random(f.size) < 1 / (1 + np.exp(-f)), 1.0, -1.0)
+    return blocks, y, lam, CAPS[name]
 
 
 def curvature(blocks, y, lam):
