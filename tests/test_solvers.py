@@ -85,6 +85,40 @@ def test_l1_on_a_singular_gram_meets_its_kkt_conditions():
     assert np.max(np.abs(g[~on])) <= lam * (1 + 1e-9)
 
 
+def test_l1_after_a_failed_active_set_attempt_takes_one_burst_then_certifies(monkeypatch):
+    """A centred one-hot block (rank 25 of 30 columns) from a far warm start: the first active-set
+    attempt does not certify; FIRST_BURST FISTA steps later the second does, and the answer meets
+    the centred problem's exact KKT conditions."""
+    from flower_vfl.core import xsolve_prox
+
+    rng = np.random.default_rng(13)
+    D = np.hstack([np.eye(g)[rng.integers(0, g, 400)] for g in (5, 4, 6, 3, 8)]
+                  + [rng.normal(size=(400, 4))])
+    rng = np.random.default_rng(113)
+    v = D @ rng.normal(size=30) + rng.normal(size=400)
+    x0 = [rng.normal(size=30) * 3 for _ in range(2)][1]
+    Dc = D - D.mean(axis=0)
+    assert np.linalg.matrix_rank(Dc) == 25
+    attempts = []
+    real = xsolve_prox._active_set_newton
+
+    def counted(*a, **k):
+        out = real(*a, **k)
+        attempts.append(out is not None)
+        return out
+
+    monkeypatch.setattr(xsolve_prox, "_active_set_newton", counted)
+    lam = 5.0
+    s = XSolver(D, get_penalty("l1"), lam, method="gram", center=True)
+    x = s.solve(v, 1.0, x0=x0)
+    assert attempts == [False, True]
+    assert s.inner_iters_ == xsolve_prox.FIRST_BURST == 64
+    g = Dc.T @ (v - Dc @ x)                    # 0 in lam * d||x||_1 - g
+    on = x != 0
+    assert np.max(np.abs(g[on] - lam * np.sign(x[on]))) <= 1e-9
+    assert np.max(np.abs(g[~on])) <= lam * (1 + 1e-9)
+
+
 def test_ball_l2_matches_a_constrained_reference():
     D, v = _problem(3, 100, 8)
     s = XSolver(D, get_penalty("l2"), 0.1, Ball(0.05), method="gram")
