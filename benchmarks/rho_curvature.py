@@ -79,14 +79,6 @@ def curvature(blocks, y, lam):
     return f_star, h, float(mu.min()), float(mu.max())
 
 
-def rounds_to(gap, g):
-    """The first round from which the gap stays <= g (None if it does not end there)."""
-    bad = np.flatnonzero(gap > g)
-    if gap[-1] > g:
-        return None
-    return int(bad[-1]) + 2 if bad.size else 1
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="a9a,breast,sparse,sparse-sep")
@@ -112,8 +104,8 @@ def main(argv=None):
         f_best = min(fs)
         for g in gaps:
             gap = (g - f_best) / abs(f_best)
-            r4.append(rounds_to(gap, 1e-4))
-            r6.append(rounds_to(gap, 1e-6))
+            r4.append(rounds_accel.first_stays(gap, 1e-4))
+            r6.append(rounds_accel.first_stays(gap, 1e-6))
         ok = [(r, s) for r, s in zip(r4, scales) if r is not None]
         best = min(ok)[1] if ok else None
         row = dict(set=name, n=n, lam=lam, mean_h=float(h.mean()), mu_min=mu_min, mu_max=mu_max,
