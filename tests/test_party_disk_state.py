@@ -19,6 +19,8 @@ it):
   a deployed node without state-dir refuses to keep a large array anywhere else.
 """
 
+import sqlite3
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -427,3 +429,61 @@ def test_parties_sharing_a_folder_open_a_new_store_at_once(tmp_path):
             with ctx.Pool(6) as pool:
                 got = pool.map(_open_store, [(str(folder), barrier)] * 6)
         assert got == ["ok"] * 6
+
+
+def _open_psi_log(args):
+    from flower_vfl.io.psi_log import PsiLog
+    folder, barrier = args
+    barrier.wait()
+    try:
+        PsiLog(folder).close()
+        return "ok"
+    except Exception as exc:             # the failure this test is about
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_parties_sharing_a_folder_open_a_new_psi_log_at_once(tmp_path):
+    """Simulated parties share one state folder and answer the PSI request at the same time, so
+    they open a new psi-log.sqlite at once. Switching a new file to WAL is refused at once by
+    SQLite (no busy wait) while another process opens it: before open_journaled tried again, CI
+    failed a simulation with 'database is locked' (3 of 30 such trials on this machine)."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    for trial in range(8):
+        folder = tmp_path / f"shared{trial}"
+        with ctx.Manager() as manager:
+            barrier = manager.Barrier(6)
+            with ctx.Pool(6) as pool:
+                got = pool.map(_open_psi_log, [(str(folder), barrier)] * 6)
+        assert got == ["ok"] * 6
+
+
+class _LockedThen:
+    """A connection whose PRAGMA journal_mode=WAL is refused ``n`` times with ``error``."""
+
+    def __init__(self, n, error="database is locked"):
+        self.n, self.error, self.calls = n, error, 0
+
+    def execute(self, sql):
+        assert sql == "PRAGMA journal_mode=WAL"
+        self.calls += 1
+        if self.calls <= self.n:
+            raise sqlite3.OperationalError(self.error)
+
+
+def test_wal_switch_tries_again_only_while_locked_and_only_until_its_timeout(monkeypatch):
+    """The ledger, the PSI log and the label store all switch to WAL through store._wal: a lock
+    is waited out (3 refusals, then on), any other error is raised at once, and a lock that
+    outlasts the timeout is raised as SQLite's own error."""
+    monkeypatch.setattr(store_mod.time, "sleep", lambda s: None)
+    db = _LockedThen(3)
+    store_mod._wal(db, 30.0)
+    assert db.calls == 4
+    db = _LockedThen(1, "disk I/O error")
+    with pytest.raises(sqlite3.OperationalError, match="^disk I/O error$"):
+        store_mod._wal(db, 30.0)
+    assert db.calls == 1
+    db = _LockedThen(10**9)
+    with pytest.raises(sqlite3.OperationalError, match="^database is locked$"):
+        store_mod._wal(db, 0.05)
+    assert db.calls >= 2

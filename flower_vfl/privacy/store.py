@@ -256,6 +256,21 @@ class CountJournal:
                 os.fsync(fh.fileno())
 
 
+def _wal(db, timeout: float):
+    """Put ``db`` in WAL mode. Switching a new file to WAL takes an exclusive lock that SQLite refuses
+    at once (no busy wait) while another process opens the same new file (parties that share a
+    state folder in simulation do): try again for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def open_journaled(path: Path, journal: "CountJournal", schema: str, what: str, check: bool = True):
     """Open (create) the SQLite file ``path`` (WAL, ``synchronous=FULL``) with ``schema``, and with
     ``check`` refuse it when ``journal`` says rows are gone (:class:`LedgerMissing`); a file
@@ -264,7 +279,7 @@ def open_journaled(path: Path, journal: "CountJournal", schema: str, what: str, 
         journal.check_missing()
     with disk_errors(path, f"open the {what}"):
         db = sqlite3.connect(str(path), timeout=60.0, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
+        _wal(db, 60.0)
         db.execute("PRAGMA synchronous=FULL")
         db.executescript(schema)
     if check:
@@ -451,17 +466,7 @@ class PartyStore:
 
     def _open(self, path, check):
         self._db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
-        # switching a new file to WAL takes an exclusive lock that SQLite refuses at once (no busy
-        # wait) while another process opens the same new file: try again for up to the timeout
-        deadline = time.monotonic() + 30.0
-        while True:
-            try:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+        _wal(self._db, 30.0)
         self._db.execute("PRAGMA synchronous=FULL")     # a commit is on disk before we go on
         # the version check, the tables and the version number in one write transaction: parties that
         # share a folder (simulation, one operator) open it at once, and another process must never
