@@ -487,3 +487,31 @@ def test_wal_switch_tries_again_only_while_locked_and_only_until_its_timeout(mon
     with pytest.raises(sqlite3.OperationalError, match="^database is locked$"):
         store_mod._wal(db, 0.05)
     assert db.calls >= 2
+
+
+def test_a_locked_count_is_read_again_not_reported_as_lost_rows(tmp_path, monkeypatch):
+    """`flower-vfl ledger` counts each journaled file's rows (store.count_journal_losses). A read
+    that meets SQLite's at-once lock refusal is tried again (the file's real count: no loss), and
+    one still locked after 30 s raises: it was reported as a file holding 0 rows (a loss)."""
+    import types
+    from flower_vfl.io.psi_log import PsiLog
+    log = PsiLog(tmp_path)
+    log.record("file.csv#id=id", "request", [b"a", b"b", b"c"], 3, 1.0)   # rows, and a journal that counts them
+    log.close()
+    clock = {"t": 0.0}
+    monkeypatch.setattr(store_mod, "time", types.SimpleNamespace(
+        monotonic=lambda: clock["t"], sleep=lambda s: clock.__setitem__("t", clock["t"] + s)))
+    real, refusals = store_mod.CountJournal.count, {"left": 3}
+
+    def count(self, db):
+        if refusals["left"]:
+            refusals["left"] -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return real(self, db)
+    monkeypatch.setattr(store_mod.CountJournal, "count", count)
+    assert store_mod.CountJournal(tmp_path / "psi-log.sqlite", "asked", "").last() > 0
+    assert store_mod.count_journal_losses(tmp_path) == [] and refusals["left"] == 0
+    refusals["left"] = 10**9
+    with pytest.raises(sqlite3.OperationalError, match="^database is locked$"):
+        store_mod.count_journal_losses(tmp_path)
+    assert clock["t"] > 30.0

@@ -256,19 +256,24 @@ class CountJournal:
                 os.fsync(fh.fileno())
 
 
-def _wal(db, timeout: float):
-    """Put ``db`` in WAL mode. Switching a new file to WAL takes an exclusive lock that SQLite refuses
-    at once (no busy wait) while another process opens the same new file (parties that share a
-    state folder in simulation do): try again for up to ``timeout`` seconds."""
+def _while_locked(call, timeout: float):
+    """``call()``, tried again for up to ``timeout`` seconds while SQLite says the file is locked.
+    Switching a new file to WAL takes an exclusive lock that SQLite refuses at once (no busy
+    wait) while another process opens the same new file (parties that share a state folder in
+    simulation do), and a reader meets the same refusal then."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            return
+            return call()
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+def _wal(db, timeout: float):
+    """Put ``db`` in WAL mode (:func:`_while_locked`)."""
+    _while_locked(lambda: db.execute("PRAGMA journal_mode=WAL"), timeout)
 
 
 def open_journaled(path: Path, journal: "CountJournal", schema: str, what: str, check: bool = True):
@@ -318,8 +323,10 @@ def count_journal_losses(folder) -> list[dict]:
         if cj.db_path.is_file():
             db = sqlite3.connect(str(cj.db_path), timeout=30.0)
             try:
-                held = cj.count(db)
-            except sqlite3.DatabaseError:
+                held = _while_locked(lambda: cj.count(db), 30.0)
+            except sqlite3.DatabaseError as exc:
+                if "locked" in str(exc):
+                    raise                   # still locked after 30 s: not a file that lost its rows
                 held = 0
             finally:
                 db.close()
