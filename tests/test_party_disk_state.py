@@ -405,14 +405,28 @@ def test_a_restarted_private_party_answers_an_answered_round_with_its_stored_rel
     assert "release" in again.content and again.content["release"]["s"].numpy().dtype == np.uint64
 
 
-def _open_store(args):
-    folder, barrier = args
+def _open_at_once(args):
+    kind, folder, barrier = args
+    from flower_vfl.io.psi_log import PsiLog
     barrier.wait()
     try:
-        store_mod.PartyStore(folder).close()
+        (store_mod.PartyStore if kind == "store" else PsiLog)(folder).close()
         return "ok"
-    except Exception as exc:             # the failure this test is about
+    except Exception as exc:             # the failure these tests are about
         return f"{type(exc).__name__}: {exc}"
+
+
+def _six_open_at_once(kind, tmp_path, trials):
+    """``trials`` times, 6 processes open the same new file in a fresh folder together."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    for trial in range(trials):
+        folder = tmp_path / f"shared{trial}"
+        with ctx.Manager() as manager:
+            barrier = manager.Barrier(6)
+            with ctx.Pool(6) as pool:
+                got = pool.map(_open_at_once, [(kind, str(folder), barrier)] * 6)
+        assert got == ["ok"] * 6
 
 
 def test_parties_sharing_a_folder_open_a_new_store_at_once(tmp_path):
@@ -420,26 +434,7 @@ def test_parties_sharing_a_folder_open_a_new_store_at_once(tmp_path):
     (a secure-aggregation round): none may see a new file's tables before its schema version. Before
     the version check and the tables were one transaction, 3 loopback parties hit it: 'written by
     another flower-vfl version (schema 0 ...)'."""
-    import multiprocessing as mp
-    ctx = mp.get_context("fork")
-    for trial in range(4):
-        folder = tmp_path / f"shared{trial}"
-        with ctx.Manager() as manager:
-            barrier = manager.Barrier(6)
-            with ctx.Pool(6) as pool:
-                got = pool.map(_open_store, [(str(folder), barrier)] * 6)
-        assert got == ["ok"] * 6
-
-
-def _open_psi_log(args):
-    from flower_vfl.io.psi_log import PsiLog
-    folder, barrier = args
-    barrier.wait()
-    try:
-        PsiLog(folder).close()
-        return "ok"
-    except Exception as exc:             # the failure this test is about
-        return f"{type(exc).__name__}: {exc}"
+    _six_open_at_once("store", tmp_path, 4)
 
 
 def test_parties_sharing_a_folder_open_a_new_psi_log_at_once(tmp_path):
@@ -447,15 +442,7 @@ def test_parties_sharing_a_folder_open_a_new_psi_log_at_once(tmp_path):
     they open a new psi-log.sqlite at once. Switching a new file to WAL is refused at once by
     SQLite (no busy wait) while another process opens it: before open_journaled tried again, CI
     failed a simulation with 'database is locked' (3 of 30 such trials on this machine)."""
-    import multiprocessing as mp
-    ctx = mp.get_context("fork")
-    for trial in range(8):
-        folder = tmp_path / f"shared{trial}"
-        with ctx.Manager() as manager:
-            barrier = manager.Barrier(6)
-            with ctx.Pool(6) as pool:
-                got = pool.map(_open_psi_log, [(str(folder), barrier)] * 6)
-        assert got == ["ok"] * 6
+    _six_open_at_once("psi-log", tmp_path, 8)
 
 
 class _LockedThen:
