@@ -194,7 +194,7 @@ def test_noise_free_loop_is_the_engine():
     B = [party_block("breast_cancer", i, 3) for i in range(3)]
     y, yt = labels("breast_cancer")
     rows = noisy_admm([b[0] for b in B], y, [b[1] for b in B], yt, LAM, 0.0, rounds=12)
-    m = VerticalADMM(lam=LAM, max_rounds=12, tol=0, acceleration="none").fit([b[0] for b in B], y)
+    m = VerticalADMM(lam=LAM, max_rounds=12, tol=0, acceleration="none", variant="sharing-fixed").fit([b[0] for b in B], y)
     for r, h in zip(rows, m.history_):
         assert r["objective"] == pytest.approx(h["objective"], rel=1e-12)
     f = m.decision_function([b[1] for b in B])

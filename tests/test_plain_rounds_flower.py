@@ -15,7 +15,8 @@ thresholds lowered so that the plain x-update is CG (``xsolve.CG_ROWS``,
 - a hint that is not a bool is refused, naming the key, and nothing changes;
 - a private party's release does not depend on the hint (same noise stream: identical);
 - the strategy sends the hint exactly when its round driver runs no accelerator, and the Flower
-  path then gives bitwise the engine's decision values and history.
+  path then gives bitwise the engine's decision values, history and Jacobi damping theta per round
+  (which a run with a checkpoint keeps at 1/M).
 """
 
 import numpy as np
@@ -194,8 +195,9 @@ def test_a_private_party_ignores_the_hint(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("acceleration", ["none", "anderson"])
 def test_the_strategy_sends_the_hint_and_the_flower_path_is_the_engine(tmp_path, a9a_dir, acceleration):
-    sent = []
-    handlers = {"train": lambda m, c: sent.append(m.content["config"][PLAIN_ROUNDS]) or ca.train(m, c),
+    sent, thetas = [], []
+    handlers = {"train": lambda m, c: sent.append(m.content["config"][PLAIN_ROUNDS])
+                or thetas.append((m.content["config"]["round"], m.content["config"]["theta"])) or ca.train(m, c),
                 "evaluate": ca.evaluate, "query.identify": ca.identify}
     rc = _rc(a9a_dir, **{"max-rounds": 12, "acceleration": acceleration})
     nodes = {100 + i: {"partition-id": i, "data-dir": str(a9a_dir)} for i in range(2)}
@@ -204,8 +206,16 @@ def test_the_strategy_sends_the_hint_and_the_flower_path_is_the_engine(tmp_path,
     assert sent and set(sent) == {acceleration == "none"}
     blocks = [data_mod.party_block("a9a", i, 2, str(a9a_dir)) for i in range(2)]
     y, _ = data_mod.labels("a9a", str(a9a_dir))
-    m = VerticalADMM(lam=LAM, max_rounds=12, tol=0, acceleration=acceleration).fit([b[0] for b in blocks], y)
+    after = []                 # the engine's theta for the next round, after each round
+    m = VerticalADMM(lam=LAM, max_rounds=12, tol=0, acceleration=acceleration,
+                     callback=lambda k, e: after.append(e._central.theta)).fit([b[0] for b in blocks], y)
     assert all(p.solver.method_ == ("cg" if acceleration == "none" else "gram") for p in m._parties)
+    # the Jacobi damping the parties were sent is the engine's round for round: it follows the
+    # releases in plain rounds (variant 'sharing', core/rounds.py) and stays 1/M with Anderson
+    by_round = sorted(set(thetas))
+    assert [k for k, _ in by_round] == list(range(1, 13))
+    assert [t for _, t in by_round] == [0.5] + after[:-1]
+    assert (len(set(after)) > 1) == (acceleration == "none") and min(after) >= 0.5
     np.testing.assert_array_equal(st.decision_test_, m.decision_function([b[1] for b in blocks]))
     keys = ("round", "train_loss", "objective", "primal_residual", "dual_residual", "rho")
     assert [[h[k] for k in keys] for h in st.history_] == [[h[k] for k in keys] for h in m.history_]
@@ -225,11 +235,12 @@ def test_a_run_that_checkpoints_gets_no_hint_and_resumes_as_before(tmp_path, a9a
 
     rc = _rc(a9a_dir, **{"max-rounds": 10, "party-wait": 0.0, "acceleration": "none"})
     nodes = {100 + i: {"partition-id": i, "data-dir": str(a9a_dir)} for i in range(2)}
-    sent = []
+    sent, thetas = [], []
 
     def fault(msg, grid):
         if msg.metadata.message_type == "train":
             sent.append(msg.content["config"][PLAIN_ROUNDS])
+            thetas.append(msg.content["config"]["theta"])
         if round_of(msg) == 6 and not sent_resumed:
             raise Crash
     sent_resumed = False
@@ -240,6 +251,7 @@ def test_a_run_that_checkpoints_gets_no_hint_and_resumes_as_before(tmp_path, a9a
     st = sa.make_strategy({**rc, "resume": str(state)})
     st.start(FaultyGrid(nodes, rc, fault))
     assert sent and not any(sent)
+    assert set(thetas) == {0.5}            # nor does theta follow the releases (a replay would need it)
     ref = sa.make_strategy({**rc, "state-dir": str(tmp_path / "ref")})
     ref.start(FaultyGrid(nodes, rc))
     assert len(st.history_) == len(ref.history_) == 10

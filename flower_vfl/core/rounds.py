@@ -28,7 +28,7 @@ from flower_vfl.core.central import residuals
 from flower_vfl.core.schedule import balance_rho, private_schedule
 
 __all__ = ["DEFAULT_MAX_ROUNDS", "DEFAULT_TOL", "DEFAULT_TOL_ABS", "SUM", "RoundDriver", "RoundExchange",
-           "sum_releases"]
+           "sum_releases", "alignment", "VARIANTS", "initial_theta"]
 
 DEFAULT_MAX_ROUNDS = 50
 DEFAULT_TOL = 0.0
@@ -56,6 +56,47 @@ class RoundExchange(Protocol):
 
     def finish(self, k: int) -> None:
         """After the last round, before the final evaluation."""
+
+
+#: the parties' Jacobi damping theta: 'sharing' starts at Boyd's 1/M (Sec. 7.3) and, in plain
+#: rounds, follows the releases' alignment (:meth:`RoundDriver.plan`); 'sharing-fixed' keeps 1/M;
+#: 'paper' is eq. (6) verbatim (theta = 1)
+VARIANTS = ("sharing", "sharing-fixed", "paper")
+
+
+def initial_theta(variant: str, num_parties: int) -> float:
+    """theta of round 1 for ``variant`` (:data:`VARIANTS`), or ValueError naming the choices."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r}; choose one of {', '.join(map(repr, VARIANTS))}")
+    return 1.0 if variant == "paper" else 1.0 / num_parties
+
+
+#: rows the releases' alignment (:func:`alignment`) is measured on, at most (every k-th row)
+ALIGN_ROWS = 1 << 16
+
+
+def alignment(new: dict, old: dict, num_parties: int) -> float | None:
+    """R = ||sum_m ds_m||^2 / sum_m ||ds_m||^2 for the round's changes ds_m = new[m] - old[m] of
+    every party's release (a party absent from ``old`` released 0 before), on every k-th row
+    (at most :data:`ALIGN_ROWS` rows); None when nothing moved.
+
+    R is the Rayleigh quotient, at the round's step dx, of the parties' joint Gram D^T D against
+    its block diagonal: 1 when the parties' changes are orthogonal, M when they coincide. With
+    theta, the parties' x-updates are proximal-Jacobi steps with the proximal term
+    rho (1/theta - 1) ||D_m (x - x_m)||^2 (Deng et al. 2017), whose metric
+    rho (sum_m ||ds_m||^2 / theta - ||sum_m ds_m||^2) is >= 0 along the step iff theta <= 1 / R."""
+    n = next(iter(new.values())).shape[0]
+    rows = slice(None, None, max(1, n // ALIGN_ROWS))
+    total, each = None, 0.0
+    for m in range(num_parties):
+        d = np.asarray(new[m][rows], dtype=float)
+        if m in old:
+            d = d - old[m][rows]
+        each += float(np.vdot(d, d))
+        total = d if total is None else total + d
+    if not each > 0.0:
+        return None
+    return float(np.vdot(total, total)) / each
 
 
 def sum_releases(released: list, like: np.ndarray | None = None) -> np.ndarray:
@@ -108,16 +149,29 @@ class RoundDriver:
         self.phases = private_schedule(self.private, self.max_rounds, [])
         self.acc, self.qs, self.acceleration = None, None, "none"
         self.converged = False
+        #: the Jacobi damping follows the releases (:meth:`plan`); the largest alignment seen
+        self.adapt_theta, self.alignment_max = False, 0.0
 
     def plan(self, private, private_train_rounds, acceleration="none", penalty="l2", constrained=False,
-             stale=False) -> list:
+             stale=False, adapt_theta=True) -> list:
         """The phases (:func:`private_schedule`) and the accelerator (off with a private party
-        or ``stale`` releases: :func:`~flower_vfl.core.accel.make_accelerator`)."""
+        or ``stale`` releases: :func:`~flower_vfl.core.accel.make_accelerator`).
+
+        ``adapt_theta``: in plain rounds (no accelerator) of the sharing variant (theta = 1/M,
+        alpha = 1) with every party non-private and its own release seen (not under secure
+        aggregation, no stale release), the damping theta of round k + 1 is
+        clip(1 / max_{j <= k} R_j, 1/M, 1), R_j the alignment of round j's releases
+        (:func:`alignment`): it rises from 1/M once, after round 1, and never rises again (the
+        proximal weight only grows, as in Deng et al.'s adaptive Jacobi-proximal ADMM); parties
+        whose changes coincide keep Boyd's 1/M. Off (theta = 1/M) otherwise."""
         self.private = [bool(p) for p in private]
         self.phases = private_schedule(self.private, self.max_rounds, list(private_train_rounds))
         self.acc = make_accelerator(acceleration, self.central, self.private + [bool(stale)], penalty,
                                     constrained, n_parties=self.num_parties)
         self.acceleration, self.qs = acceleration_name(self.acc), None
+        c, M = self.central, self.num_parties
+        self.adapt_theta = bool(adapt_theta and self.acc is None and not any(self.private) and not stale
+                                and M >= 2 and c.alpha == 1.0 and c.theta == 1.0 / M)
         return self.phases
 
     def run(self, exchange: RoundExchange, *, start=(0, 0, 0, False), t0: float | None = None,
@@ -165,6 +219,10 @@ class RoundDriver:
         if SUM in fresh:                  # secure aggregation: the sum of every party of the round
             s_sum, fresh = fresh[SUM], dict.fromkeys(parties)
         else:
+            if self.adapt_theta and len(fresh) == M:
+                a = alignment(fresh, self.last_s, M)
+                if a is not None:
+                    self.alignment_max = max(self.alignment_max, a)
             self.last_s.update(fresh)
             s_sum = sum_releases([self.last_s[m] for m in range(M) if m in self.last_s], c.z)
         r, d = c.step(s_sum)
@@ -179,6 +237,8 @@ class RoundDriver:
             eps_pri, eps_dual = residuals(r, d, s_sum, c.z, c.y, self.tol, self.tol_abs)
             stop = bool(r <= eps_pri and d <= eps_dual)
         if not stop:
+            if self.adapt_theta and self.alignment_max > 0.0:
+                c.theta = min(1.0, max(1.0 / M, 1.0 / self.alignment_max))
             if self.adaptive_rho:
                 c.set_rho(balance_rho(c.rho, r, d, c.loss, c.n))
             if self.acc is not None:

@@ -29,7 +29,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flower_vfl.core.accel import make_accelerator
 from flower_vfl.core.central import CentralUpdate
 from flower_vfl.core.party import PLAIN_ROUNDS
-from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, SUM, RoundDriver
+from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, SUM, RoundDriver, initial_theta
 from flower_vfl.core.schedule import default_rho
 from flower_vfl.core.losses import get_loss
 from flower_vfl.privacy.label_dp import privatize_labels
@@ -64,7 +64,10 @@ class VerticalADMMStrategy(Strategy):
     rho : float or 'auto', default='auto'
     alpha : float, default=1.0
         Over-relaxation.
-    variant : {'sharing', 'paper'}, default='sharing'
+    variant : {'sharing', 'sharing-fixed', 'paper'}, default='sharing'
+        The engine's (:class:`~flower_vfl.estimator.engine.VerticalADMM`): 'sharing' raises theta from
+        the releases' alignment in plain rounds, here only without secure aggregation, a
+        checkpoint folder or a resume (theta 1/M there, as 'sharing-fixed').
     fit_intercept : bool, default=True
     max_rounds : int, default=50
         Rounds (with private parties: of the warm start); ``start(num_rounds=...)`` sets it.
@@ -148,8 +151,7 @@ class VerticalADMMStrategy(Strategy):
                  label_source=None, label_store=None, max_release=DEFAULT_MAX_RELEASE, run_settings=None,
                  progress=None, secagg=False, wire_dtype="float64"):
         check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
-        if variant not in ("sharing", "paper"):
-            raise ValueError(f"variant={variant!r}; choose 'sharing' or 'paper'")
+        theta = initial_theta(variant, int(num_parties))
         self.loss = get_loss(loss) if isinstance(loss, str) else loss
         self.loss_name, self.variant = self.loss.name, variant
         self.rho_requested = 0.0 if rho in (None, "auto", 0) else float(rho)
@@ -165,7 +167,7 @@ class VerticalADMMStrategy(Strategy):
         n = self.t.shape[0]
         rho = default_rho(self.loss, n, penalty) if rho in (None, "auto", 0) else rho
         self.central = CentralUpdate(self.loss, self.t, rho, alpha=alpha,
-                                     theta=1.0 if variant == "paper" else 1.0 / num_parties,
+                                     theta=theta,
                                      fit_intercept=fit_intercept)
         self.max_rounds, self.tol, self.tol_abs = max_rounds, tol, tol_abs
         self.adaptive_rho, self.progress = bool(adaptive_rho), progress
@@ -513,7 +515,11 @@ class VerticalADMMStrategy(Strategy):
             acceleration = "none"
         self.driver.plan([m in self.private_parties for m in range(self.num_parties)],
                          list(self.private_parties.values()), acceleration, self.penalty,
-                         self.constraint is not None, stale=self.stragglers == "stale")
+                         self.constraint is not None, stale=self.stragglers == "stale",
+                         # as the plain-rounds flag (_content): a resumed run replays the parties'
+                         # last round, whose theta a checkpoint does not keep
+                         adapt_theta=self.variant == "sharing" and self.secagg is None and self.state_dir is None
+                         and self.resume is None)
         if self.secagg is not None:
             small = [sum(active) for _, active, _ in self.driver.phases if 0 < sum(active) < 2]
             if small or self.num_parties < 2:
