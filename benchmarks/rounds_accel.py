@@ -1,7 +1,8 @@
 """Rounds to a relative objective gap of 1e-4 and 1e-6 for each way of making ADMM's tail fast.
 
 Options (all VerticalADMM, logistic, intercept, default rho unless said, tol=0):
-  plain      acceleration='none' (the old default)
+  plain      acceleration='none' (the old default; theta follows the releases, variant 'sharing')
+  plain-fixed  acceleration='none', variant='sharing-fixed' (theta = 1/M throughout: before session 38)
   anderson   type-II Anderson acceleration, memory 5 (the default for L2, core/accel.py)
   spectral   spectral (BB) adaptive rho, Xu et al. 2017 (core/accel.py SpectralRho)
   aa+spectral  both (Anderson's memory restarts when rho changes)
@@ -49,6 +50,7 @@ from flower_vfl.core.losses import get_loss
 
 OPTIONS = {
     "plain": dict(acceleration="none"),
+    "plain-fixed": dict(acceleration="none", variant="sharing-fixed"),
     "anderson": dict(acceleration="anderson"),
     "relax1.5": dict(acceleration="none", alpha=1.5),
     "balance": dict(acceleration="none", adaptive_rho=True),

@@ -25,7 +25,10 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("flower-superlink") is None, reason="Flower binaries not on PATH")]
 ROOT = Path(__file__).resolve().parents[1]
 M, ROUNDS = 3, 4
-RC = f"dataset='breast_cancer' num-parties={M} max-rounds={ROUNDS} lam=0.0001 acceleration='none' party-wait=120.0"
+# variant 'sharing-fixed': theta 1/M in the plain run as in the secure one (whose central node sees no
+# party's own release to follow their alignment with)
+RC = (f"dataset='breast_cancer' num-parties={M} max-rounds={ROUNDS} lam=0.0001 acceleration='none' "
+      "variant='sharing-fixed' party-wait=120.0")
 
 
 def node_config_arg(nc):
@@ -85,8 +88,10 @@ def in_process(nodes):
     from flower_vfl.deploy.local_grid import LocalGrid
     blocks = [party_block("breast_cancer", m, M) for m in range(M)]
     y, _ = labels("breast_cancer")
-    engine = VerticalADMM(lam=1e-4, max_rounds=ROUNDS, tol=0, acceleration="none").fit([b[0] for b in blocks], y)
+    engine = VerticalADMM(lam=1e-4, max_rounds=ROUNDS, tol=0, acceleration="none",
+                          variant="sharing-fixed").fit([b[0] for b in blocks], y)
     cfg = {"dataset": "breast_cancer", "num-parties": M, "max-rounds": ROUNDS, "lam": 1e-4, "acceleration": "none",
+           "variant": "sharing-fixed",
            "secagg": True, "party-wait": 5.0}
     handlers = {"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify,
                 "query.secagg_keys": ca.secagg_keys}

@@ -61,7 +61,7 @@ def make_strategy(run_config, y=None, y_test=None, ids=None) -> VerticalADMMStra
                                 label_source=source, label_store=state or None,
                                 max_release=float(get("max-release")),
                                 penalty=str(get("penalty")),   # acceleration is on only where the engine's is
-                                acceleration=str(get("acceleration")),
+                                acceleration=str(get("acceleration")), variant=str(get("variant")),
                                 secagg=bool(get("secagg")),     # secure aggregation (docs/secagg.md)
                                 wire_dtype=str(get("wire-dtype")),  # the N-vectors' dtype on the wire
                                 # the parties' settings that define the run too (checkpoint record)
@@ -71,7 +71,8 @@ def make_strategy(run_config, y=None, y_test=None, ids=None) -> VerticalADMMStra
 
 #: run-config keys of the ADMM route that the stacked SSP route has no use for: a value other than
 #: the default is refused with route='stacked-ssp' (a key must change the run or be refused)
-ADMM_ONLY_KEYS = ("loss", "penalty", "lam", "rho", "alpha", "fit-intercept", "acceleration", "x-solver", "max-rounds",
+ADMM_ONLY_KEYS = ("loss", "penalty", "lam", "rho", "alpha", "fit-intercept", "acceleration", "variant", "x-solver",
+                  "max-rounds",
                   "tol", "eval-every", "label-epsilon", "stragglers", "max-staleness", "resume", "secagg")
 #: the ADMM keys the moment route reads (its pool objective's L2 coefficient, its own ADMM rounds)
 MOMENT_KEYS = ("lam", "rho", "max-rounds", "tol")

@@ -30,7 +30,7 @@ PATH_KEYS = ("out-dir", "resume", "party-keys", "data-dir", "state-dir", "labels
 
 #: the flags of each command, by schema key (every flag changes the run or what is passed on:
 #: tests/test_every_key.py). The model and the parties' privacy: every run command
-MODEL_KEYS = ("dataset", "num-parties", "loss", "penalty", "lam", "rho", "alpha", "fit-intercept", "acceleration",
+MODEL_KEYS = ("dataset", "num-parties", "loss", "penalty", "lam", "rho", "alpha", "fit-intercept", "acceleration", "variant",
               "x-solver", "max-rounds", "tol", "eval-every", "label-epsilon", "out-dir", "data-dir", "dp",
               "dp-parties")
 #: only where Flower runs the job (simulate, predict, deploy-local): faults, checkpoints, keys
@@ -137,6 +137,7 @@ def _estimator(cfg: dict, privacy, callback):
                         rho=cfg["rho"] if cfg["rho"] > 0 else "auto", alpha=cfg["alpha"],
                         fit_intercept=cfg["fit-intercept"], max_rounds=cfg["max-rounds"], tol=cfg["tol"],
                         privacy=privacy, verbose=True, acceleration=cfg["acceleration"], x_solver=cfg["x-solver"],
+                        variant=cfg["variant"],
                         label_epsilon=cfg["label-epsilon"] or None, callback=callback)
 
 

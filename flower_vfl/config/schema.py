@@ -47,6 +47,7 @@ from flower_vfl.core.accel import ACCELERATIONS
 from flower_vfl.core.losses import LOSSES
 from flower_vfl.core.xsolve import METHODS as X_SOLVERS
 from flower_vfl.core.penalties import PENALTIES
+from flower_vfl.core.rounds import VARIANTS
 from flower_vfl.io.data import DATASETS
 
 __all__ = ["ConfigError", "Key", "SCHEMA", "RETIRED", "HORIZONTAL_RUN_KEYS", "HORIZONTAL_NODE_KEYS",
@@ -118,6 +119,10 @@ SCHEMA: dict[str, Key] = dict([
                                           "constraint while it holds <= 128 MiB, none otherwise; 'anderson', 'spectral' (adaptive ρ, "
                                           "Xu et al. 2017), 'anderson+spectral' or 'none'",
        choices=ACCELERATIONS),
+    _k("variant", str, "sharing", "run", "the parties' Jacobi damping θ (docs/math.md, Variants): 'sharing' = 1/M, "
+                                       "then from the alignment of the releases in plain rounds (no secure aggregation, "
+                                       "checkpoint or resume); 'sharing-fixed' = 1/M (Boyd 7.3); 'paper' = 1 (eq. 6)",
+       choices=VARIANTS),
     _k("x-solver", str, "auto", "run", "the parties' x-update method (core/xsolve.py): 'auto' chooses by "
                                       "the block's shape", choices=X_SOLVERS),
     _k("max-rounds", int, 50, "run", "ADMM rounds", lo=1, hi=1_000_000),
