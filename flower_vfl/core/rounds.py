@@ -89,14 +89,35 @@ def alignment(new: dict, old: dict, num_parties: int) -> float | None:
     rows = slice(None, None, max(1, n // ALIGN_ROWS))
     total, each = None, 0.0
     for m in range(num_parties):
-        d = np.asarray(new[m][rows], dtype=float)
+        d = np.array(new[m][rows], dtype=float).ravel()
         if m in old:
-            d = d - old[m][rows]
-        each += float(np.vdot(d, d))
-        total = d if total is None else total + d
+            d -= np.ravel(old[m][rows])
+        each += _sq(d)
+        total = d if total is None else np.add(total, d, out=total)
     if not each > 0.0:
         return None
-    return float(np.vdot(total, total)) / each
+    return _sq(total) / each
+
+
+#: theta moves only by more than this factor (each new rho / theta refactorizes a Gram-path party's
+#: block), and a value within it of 1/M is 1/M (three copies of one block: R = 3 to rounding)
+THETA_STEP = 1.05
+
+
+def next_theta(theta: float, r_max: float, num_parties: int, first: bool) -> float:
+    """theta for the next round from the largest alignment seen (:func:`alignment`): 1 / r_max
+    clipped to [1/M, 1]; the first time it may rise from 1/M, after that it only falls, and by more
+    than :data:`THETA_STEP` (:meth:`RoundDriver.plan`)."""
+    lo = 1.0 / num_parties
+    target = min(1.0, 1.0 / r_max)
+    if target <= lo * THETA_STEP:
+        return lo
+    return target if first or target < theta / THETA_STEP else theta
+
+
+def _sq(v) -> float:
+    """||v||^2 by einsum: OpenBLAS's 2-thread dot stalled on N-vectors under load (core/central.py)."""
+    return float(np.einsum("i,i->", v, v))
 
 
 def sum_releases(released: list, like: np.ndarray | None = None) -> np.ndarray:
@@ -149,8 +170,9 @@ class RoundDriver:
         self.phases = private_schedule(self.private, self.max_rounds, [])
         self.acc, self.qs, self.acceleration = None, None, "none"
         self.converged = False
-        #: the Jacobi damping follows the releases (:meth:`plan`); the largest alignment seen
-        self.adapt_theta, self.alignment_max = False, 0.0
+        #: the Jacobi damping follows the releases (:meth:`plan`); the largest alignment seen, and
+        #: whether theta was set from it yet
+        self.adapt_theta, self.alignment_max, self.theta_set = False, 0.0, False
 
     def plan(self, private, private_train_rounds, acceleration="none", penalty="l2", constrained=False,
              stale=False, adapt_theta=True) -> list:
@@ -161,9 +183,10 @@ class RoundDriver:
         alpha = 1) with every party non-private and its own release seen (not under secure
         aggregation, no stale release), the damping theta of round k + 1 is
         clip(1 / max_{j <= k} R_j, 1/M, 1), R_j the alignment of round j's releases
-        (:func:`alignment`): it rises from 1/M once, after round 1, and never rises again (the
-        proximal weight only grows, as in Deng et al.'s adaptive Jacobi-proximal ADMM); parties
-        whose changes coincide keep Boyd's 1/M. Off (theta = 1/M) otherwise."""
+        (:func:`alignment`; :func:`next_theta`): it rises from 1/M once, after round 1, and never
+        rises again (the proximal weight only grows, as in Deng et al.'s adaptive Jacobi-proximal
+        ADMM), moving by 5 % or more; parties whose changes coincide keep Boyd's 1/M. Off
+        (theta = 1/M) otherwise."""
         self.private = [bool(p) for p in private]
         self.phases = private_schedule(self.private, self.max_rounds, list(private_train_rounds))
         self.acc = make_accelerator(acceleration, self.central, self.private + [bool(stale)], penalty,
@@ -238,7 +261,8 @@ class RoundDriver:
             stop = bool(r <= eps_pri and d <= eps_dual)
         if not stop:
             if self.adapt_theta and self.alignment_max > 0.0:
-                c.theta = min(1.0, max(1.0 / M, 1.0 / self.alignment_max))
+                c.theta = next_theta(c.theta, self.alignment_max, M, first=not self.theta_set)
+                self.theta_set = True
             if self.adaptive_rho:
                 c.set_rho(balance_rho(c.rho, r, d, c.loss, c.n))
             if self.acc is not None:
