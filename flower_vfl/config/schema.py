@@ -120,7 +120,7 @@ SCHEMA: dict[str, Key] = dict([
                                           "Xu et al. 2017), 'anderson+spectral' or 'none'",
        choices=ACCELERATIONS),
     _k("variant", str, "sharing", "run", "the parties' Jacobi damping θ (docs/math.md, Variants): 'sharing' = 1/M, "
-                                       "then from the alignment of the releases in plain rounds (no secure aggregation, "
+                                       "then from the alignment of the releases in plain L2 rounds (no secure aggregation, "
                                        "checkpoint or resume); 'sharing-fixed' = 1/M (Boyd 7.3); 'paper' = 1 (eq. 6)",
        choices=VARIANTS),
     _k("x-solver", str, "auto", "run", "the parties' x-update method (core/xsolve.py): 'auto' chooses by "

@@ -90,8 +90,9 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         Over-relaxation (1 = the paper's eq. 7-8 verbatim).
     variant : {'sharing', 'sharing-fixed', 'paper'}, default='sharing'
         'sharing-fixed' damps the residual by 1/M (theta = 1/M, Boyd Sec. 7.3, convergent for
-        any rho); 'sharing' starts there and, in plain rounds with every party non-private,
-        raises theta once from the alignment of the parties' releases and only lowers it after
+        any rho); 'sharing' starts there and, in plain rounds of an L2 fit without a constraint
+        and with every party non-private, raises theta once from the alignment of the parties'
+        releases and only lowers it after
         (:meth:`~flower_vfl.core.rounds.RoundDriver.plan`; 1M x 3 sparse: 6 rounds to a gap of
         1e-4 instead of 8); 'paper' uses eq. (6) verbatim (theta = 1).
     adaptive_rho : bool, default=False
