@@ -28,7 +28,7 @@ from flower_vfl.core.central import residuals
 from flower_vfl.core.schedule import balance_rho, private_schedule
 
 __all__ = ["DEFAULT_MAX_ROUNDS", "DEFAULT_TOL", "DEFAULT_TOL_ABS", "SUM", "RoundDriver", "RoundExchange",
-           "sum_releases", "alignment", "VARIANTS", "initial_theta"]
+           "sum_releases", "alignment", "next_theta", "VARIANTS", "initial_theta"]
 
 DEFAULT_MAX_ROUNDS = 50
 DEFAULT_TOL = 0.0
@@ -71,14 +71,15 @@ def initial_theta(variant: str, num_parties: int) -> float:
     return 1.0 if variant == "paper" else 1.0 / num_parties
 
 
-#: rows the releases' alignment (:func:`alignment`) is measured on, at most (every k-th row)
+#: the releases' alignment (:func:`alignment`) is measured on every k-th row, k = N // ALIGN_ROWS
+#: (at least 1): between ALIGN_ROWS and 2 ALIGN_ROWS rows, all of them below 2 ALIGN_ROWS
 ALIGN_ROWS = 1 << 16
 
 
 def alignment(new: dict, old: dict, num_parties: int) -> float | None:
     """R = ||sum_m ds_m||^2 / sum_m ||ds_m||^2 for the round's changes ds_m = new[m] - old[m] of
     every party's release (a party absent from ``old`` released 0 before), on every k-th row
-    (at most :data:`ALIGN_ROWS` rows); None when nothing moved.
+    (:data:`ALIGN_ROWS`); None when nothing moved.
 
     R is the Rayleigh quotient, at the round's step dx, of the parties' joint Gram D^T D against
     its block diagonal: 1 when the parties' changes are orthogonal, M when they coincide. With
@@ -182,8 +183,7 @@ class RoundDriver:
         ``adapt_theta``: in plain rounds (no accelerator) of the sharing variant (theta = 1/M,
         alpha = 1), penalty 'l2' without a constraint, with every party non-private and its own
         release seen (not under secure aggregation, no stale release), the damping theta of round
-        k + 1 is
-        clip(1 / max_{j <= k} R_j, 1/M, 1), R_j the alignment of round j's releases
+        k + 1 is clip(1 / max_{j <= k} R_j, 1/M, 1), R_j the alignment of round j's releases
         (:func:`alignment`; :func:`next_theta`): it rises from 1/M once, after round 1, and never
         rises again (the proximal weight only grows, as in Deng et al.'s adaptive Jacobi-proximal
         ADMM), moving by 5 % or more; parties whose changes coincide keep Boyd's 1/M. Off
