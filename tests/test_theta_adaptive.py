@@ -134,3 +134,16 @@ def test_a_prox_x_update_keeps_theta_at_one_over_m(kw):
     X, y = StandardScaler().fit_transform(X), np.where(y == 1, 1.0, -1.0)
     _, _, th = _fit([X[:, :10], X[:, 10:20], X[:, 20:]], y, 1e-2, 6, acceleration="none", **kw)
     assert set(th) == {1 / 3}
+
+
+@pytest.mark.parametrize("route", ["stacked-ssp", "moment"])
+def test_the_variant_key_is_refused_on_a_route_that_does_not_use_it(route):
+    """Run config 'variant' sets the ADMM route's damping: another route refuses a non-default
+    value, naming the key (apps/server.py, ADMM_ONLY_KEYS)."""
+    from flower_vfl.apps.server import check_route
+    from flower_vfl.config.schema import ConfigError, run_defaults
+    cfg = {**run_defaults(), "route": route, "variant": "paper"}
+    with pytest.raises(ConfigError, match=rf"^run config key 'variant'='paper' is refused with route='{route}': "
+                                          "it sets the ADMM route, which this run does not use"):
+        check_route(cfg)
+    check_route({**cfg, "variant": "sharing"})                   # the default passes
