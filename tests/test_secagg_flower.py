@@ -354,22 +354,18 @@ def test_private_parties_release_clipped_noisy_values_masked(tmp_path):
     assert np.all(np.isfinite(st.decision_test_)) and sorted(st.privacy_) == [0, 1]
 
 
-def test_one_private_party_with_two_non_private_ones(tmp_path):
-    """The warm start sums the two non-private parties; the final evaluation sends every party of
-    the sum the same message (q, y, final_update), the private one makes its final update."""
+def test_one_private_party_with_two_non_private_ones_is_refused_before_any_round(tmp_path):
+    """The warm start would sum the two non-private parties alone, then every party: two rosters,
+    and a party's values go into secure sums over one roster only (tests/test_secagg_roster.py).
+    Refused by the central node before any key agreement or round."""
+    from flower_vfl.config.schema import ConfigError
     nodes = {100: {"partition-id": 0}, 101: {"partition-id": 1},
              102: {"partition-id": 2, "dp": True, "dp-epsilon": 2.0, "dp-train-rounds": 2, "dp-eval-rounds": 1,
                    "state-dir": str(tmp_path / "p2")}}
-    sums = []
-
-    def spy(msg, rep):
-        if msg.has_content() and "config" in msg.content and "secagg.parties" in msg.content["config"]:
-            sums.append((msg.metadata.message_type, tuple(msg.content["config"]["secagg.parties"])))
-            assert "refusal" not in rep.content
-    st, _ = run(True, nodes=nodes, on_reply=spy)
-    assert ("train", ("party0", "party1")) in sums and ("train", ("party0", "party1", "party2")) in sums
-    assert ("evaluate", ("party0", "party1", "party2")) in sums
-    assert "test_accuracy_nonprivate" in st.nonprivate_reference_ and np.all(np.isfinite(st.decision_test_))
+    sent = []
+    with pytest.raises(ConfigError, match=r"secagg=true: this run sums parties \[0, 1\] alone in the warm start"):
+        run(True, nodes=nodes, on_reply=lambda msg, rep: sent.append(msg.metadata.message_type))
+    assert sent == ["query.identify"] * 3
 
 
 # ----------------------------------------------------------- distributed noise (issue 21 item 3)

@@ -25,11 +25,22 @@
   too: its sums are checked and copied to the store with the next answer, which then deletes them
   from the context. The X25519 key stays in ``context.state`` (:data:`STATE_KEYS`): a party that
   lost it refuses with ``secagg-rekey`` and the sums record still binds every round it answered.
+- One roster per party, ever: whatever the round, the kind or the run, the party's masked answers
+  are all sums over one set of names. With ``secagg-pins`` every pinned party is required
+  (``secagg-require-all``, default true; false is a documented weakening); in every setting the
+  names of its first masked answer are recorded in its store
+  (:meth:`~flower_vfl.privacy.store.PartyStore.claim_secagg_roster`, keyed by ``partition-id`` and
+  ``secagg-name``, never by the run), durably before any value is computed, and any other set is
+  refused (:class:`~flower_vfl.secagg.RosterConflict`, code ``secagg-roster``).
+- A deployed SuperNode without ``secagg-pins`` gives no advert and answers no masked request
+  unless its node config says ``secagg-trust = 'honest-but-curious'``
+  (:class:`~flower_vfl.secagg.TrustRefused`, code ``secagg-trust``).
 - Node config (trusted): ``secagg-name``, ``secagg-signing-key``, ``secagg-pins``,
-  ``secagg-min-parties``, ``secagg-require``, ``secagg-bound``, ``secagg-only`` (refuse to
-  release unmasked), and a private party's ``dp-distributed-max-colluders`` = k (distributed
-  noise, :mod:`flower_vfl.privacy.distributed`): its advert then carries its noise profile
-  (signed), its training release is an integer vector with its share of the noise
+  ``secagg-min-parties``, ``secagg-require``, ``secagg-require-all``, ``secagg-trust``,
+  ``secagg-bound``, ``secagg-only`` (refuse to release unmasked), and a private party's
+  ``dp-distributed-max-colluders`` = k (distributed noise,
+  :mod:`flower_vfl.privacy.distributed`): its advert then carries its noise profile (signed), its
+  training release is an integer vector with its share of the noise
   (:meth:`FixedPoint.encode_integer`, then masked), and it counts as adders only the parties of
   the sum whose adverts verify under its pins and carry the same profile (no pins: itself only,
   so it adds the whole noise).
@@ -41,9 +52,10 @@ import numpy as np
 from flwr.app import ConfigRecord, Context
 
 from flower_vfl.privacy.boundary import Refused
-from flower_vfl.privacy.store import StateDirRequired, party_store
+from flower_vfl.privacy.store import StateDirRequired, deployed_supernode, party_store
 from flower_vfl.secagg import (KeyAgreement, KeyRefused, MaskContext, Rekey, ReplayConflict, ReplayStore, Roster,
-                               SecAggError, Session, broadcast_digest, load_signing_key, parse_pins)
+                               RosterConflict, SecAggError, Session, TrustRefused, broadcast_digest,
+                               load_signing_key, parse_pins)
 from flower_vfl.secagg.masking import ADVERTS, PARTIES
 
 __all__ = ["PartySecAgg", "ADVERTS", "PARTIES", "STATE_KEYS", "DEFAULT_BOUND", "secagg_fields"]
@@ -88,7 +100,18 @@ class PartySecAgg:
             raise KeyRefused(f"party {self.name!r}: node config secagg-pins is set but secagg-signing-key is not: "
                              "the other parties pin this party's key too; give its Ed25519 PEM file")
         self.min_parties = int(nc.get("secagg-min-parties", 2))
-        self.required = tuple(n.strip() for n in str(nc.get("secagg-require") or "").split(",") if n.strip())
+        #: node config secagg-require-all (default true): with pins, every pinned party is in every sum
+        self.require_all = _flag(nc.get("secagg-require-all", True), "secagg-require-all")
+        #: node config secagg-trust: 'honest-but-curious' accepts unpinned adverts on a deployed node
+        self.trust = str(nc.get("secagg-trust") or "malicious")
+        if self.trust not in TRUST:
+            from flower_vfl.config.schema import ConfigError
+            raise ConfigError(f"party {int(party_id)}: node config secagg-trust={self.trust!r}; use one of "
+                              f"{list(TRUST)} (docs/secagg.md)")
+        explicit = tuple(n.strip() for n in str(nc.get("secagg-require") or "").split(",") if n.strip())
+        pinned = tuple(sorted(self.pins)) if self.pins is not None and self.require_all else ()
+        #: the names every sum must hold: secagg-require, and every pinned party unless secagg-require-all=false
+        self.required = tuple(sorted(set(explicit) | set(pinned)))
         self.bound = float(nc.get("secagg-bound", DEFAULT_BOUND))
         self.only = bool(nc.get("secagg-only", False))
         self.on_overflow = "clip" if private else "refuse"
@@ -109,7 +132,8 @@ class PartySecAgg:
         from flower_vfl.secagg import public_key_hex
         return (self.name, None if self.signing_key is None else public_key_hex(self.signing_key),
                 None if self.pins is None else tuple(sorted((n, public_key_hex(k)) for n, k in self.pins.items())),
-                self.min_parties, self.required, self.bound, self.only, self.on_overflow, self.colluders, self.noise)
+                self.min_parties, self.required, self.bound, self.only, self.on_overflow, self.colluders, self.noise,
+                self.require_all, self.trust)
 
     def __eq__(self, other):
         return isinstance(other, PartySecAgg) and self.settings() == other.settings()
@@ -134,18 +158,36 @@ class PartySecAgg:
                                                   "dh": ka.private_state()})
         return ka
 
+    def check_trust(self):
+        """A deployed SuperNode without pinned keys takes part in a secure sum only if its node
+        config accepts an honest-but-curious central node (``secagg-trust``): unpinned, the central
+        node can relay its own key in another party's name and read this party's release."""
+        if self.pins is None and self.trust != "honest-but-curious" and deployed_supernode():
+            raise TrustRefused(
+                f"party {self.name!r}: secagg=true on a deployed SuperNode without secagg-pins: the central node "
+                "could relay its own key in another party's name (a sybil) and read this party's release. Pin the "
+                "other parties' Ed25519 keys (node config secagg-signing-key and secagg-pins), or accept an "
+                "honest-but-curious central node explicitly (node config secagg-trust='honest-but-curious', "
+                "docs/secagg.md); refused")
+
     def advert(self, context: Context) -> bytes:
         """This run's signed advert (the key drawn at the first query, kept in the state)."""
+        self.check_trust()
         return self._agreement(context, create=True).advert.to_bytes()
 
     def session(self, context: Context, adverts: list, names: list) -> Session:
         """The session over the parties ``names`` of the relayed roster ``adverts``, verified."""
+        self.check_trust()
         ka = self._agreement(context, create=False)
         if ka is None:
             raise Rekey(f"party {self.name!r} holds no secure-aggregation key for run {context.run_id} (a "
                         "restarted node): the central node must ask for its advert again "
                         "(query.secagg_keys) and relay a new roster; refused")
-        full = Session.establish(ka, adverts, self.pins, self.min_parties, self.required)
+        full = Session.establish(ka, adverts, self.pins, self.min_parties)
+        absent = sorted(set(self.required) - set(full.roster.names))
+        if absent:
+            raise KeyRefused(f"party {self.name!r}: the roster lacks parties {absent} that this party requires "
+                             f"({self._why_required()}); refused")
         if list(names) == list(full.roster.names):
             return full
         unknown = sorted(set(names) - set(full.roster.names))
@@ -160,8 +202,14 @@ class PartySecAgg:
         absent = sorted(set(self.required) - set(sub.names))
         if absent:
             raise KeyRefused(f"party {self.name!r}: the parties summed lack {absent}, which this party requires "
-                             "(node config secagg-require); refused")
+                             f"({self._why_required()}); refused")
         return Session(self.name, sub, {n: s for n, s in full._seeds.items() if n in sub.names})
+
+    def _why_required(self) -> str:
+        if self.pins is not None and self.require_all:
+            return ("every party pinned in its node config, secagg-pins, unless secagg-require-all=false, a "
+                    "weakening; and secagg-require")
+        return "node config secagg-require"
 
     def adders(self, session: Session) -> int:
         """A: the parties of this sum that add a noise share under this party's profile, this
@@ -202,6 +250,9 @@ class PartySecAgg:
         # write lock and repeats both guards there (another process may answer meanwhile)
         sums = store.secagg_sums(owner, run)
         self._one_set(slot, over, rnd, kind, sums, legacy)
+        # one roster, ever: whatever the round, kind or run, this party's values go into sums over one
+        # set of names (recorded on its own disk, durable before any value is computed or sent)
+        self._one_roster(store, owner, over)
         def kept():           # read only for a round answered before (an N-vector)
             return store.secagg_plain(owner, run, kind)
         if integer:
@@ -275,6 +326,29 @@ class PartySecAgg:
                              f"({diff}); refused (the difference of the two sums would be the difference of two of "
                              "its releases)")
 
+    def _one_roster(self, store, owner, over):
+        """:class:`RosterConflict` unless ``over`` (the names of this sum, sorted, comma-joined) is
+        the one roster this party answers sums over: recorded in its store at its first masked
+        answer (keyed by its node config's ``partition-id`` and ``secagg-name``, never by the run),
+        compared at every later one. The difference of two sums over rosters that differ is the
+        release of the parties in one and not the other (a non-private party's release is
+        deterministic: the same round in another run, or the same model in another round or kind,
+        is the same value)."""
+        hint = ("" if self.pins is not None and self.require_all else
+                ", or drop the weakening secagg-require-all=false (every pinned party is then required)"
+                if self.pins is not None else
+                ", or pin the parties' keys (secagg-pins: every pinned party is then required)")
+        recorded = store.claim_secagg_roster(owner, over)
+        if recorded == over:
+            return
+        raise RosterConflict(
+            f"party {self.name!r} answers secure sums over one roster only, [{recorded}] (recorded in its state "
+            f"folder at its first masked answer); refused in a sum over [{over}]: the central node could subtract "
+            "two sums over different parties and read the releases of the parties in one and not the other. Run "
+            f"with the same parties{hint}; a new roster for this party's data is its operator's decision only (a "
+            "new secagg-name, pinned by the others), knowing the central node can then difference the two rosters' "
+            "sums (docs/secagg.md)")
+
     def _one_set(self, slot, over, rnd, kind, *records):
         for sums in records:
             if slot in sums and sums[slot] != over:
@@ -297,6 +371,20 @@ class PartySecAgg:
             return {}
         rec = context.state[STATE_ANSWER + kind]
         return {str(rec["key"]): (bytes(rec["digest"]), context.state[STATE_MASKED + kind]["masked"].numpy())}
+
+
+#: the values of node config secagg-trust
+TRUST = ("malicious", "honest-but-curious")
+
+
+def _flag(value, key: str) -> bool:
+    """A node-config boolean (TOML true/false, or the strings)."""
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("true", "false"):
+        return str(value).strip().lower() == "true"
+    from flower_vfl.config.schema import ConfigError
+    raise ConfigError(f"node config {key}={value!r}: use true or false")
 
 
 def as_refusal(exc: SecAggError) -> Refused:

@@ -11,7 +11,7 @@ No Flower imports. Building blocks (docs/secagg.md gives the protocol and the th
 """
 
 from flower_vfl.secagg.errors import (KeyRefused, MissingParties, OutOfRange, Rekey, ReplayConflict,
-                                      SecAggError, SumMismatch)
+                                      RosterConflict, SecAggError, SumMismatch, TrustRefused)
 from flower_vfl.secagg.keys import (Advert, KeyAgreement, Roster, load_signing_key, parse_pins, public_key_hex,
                                     signing_key_pem, verify_roster)
 from flower_vfl.secagg.masking import (MaskContext, ReplayStore, Session, broadcast_digest, secure_sum,
@@ -20,6 +20,7 @@ from flower_vfl.secagg.quantize import FixedPoint
 from flower_vfl.secagg.target import broadcast_residual, x_update_target
 
 __all__ = ["Advert", "FixedPoint", "KeyAgreement", "KeyRefused", "MaskContext", "MissingParties", "OutOfRange",
-           "Rekey", "ReplayConflict", "ReplayStore", "Roster", "SecAggError", "Session", "SumMismatch",
-           "broadcast_digest", "broadcast_residual", "load_signing_key", "parse_pins", "public_key_hex",
-           "secure_sum", "signing_key_pem", "unmask_sum", "verify_roster", "x_update_target"]
+           "Rekey", "ReplayConflict", "ReplayStore", "Roster", "RosterConflict", "SecAggError", "Session",
+           "SumMismatch", "TrustRefused", "broadcast_digest", "broadcast_residual", "load_signing_key",
+           "parse_pins", "public_key_hex", "secure_sum", "signing_key_pem", "unmask_sum", "verify_roster",
+           "x_update_target"]

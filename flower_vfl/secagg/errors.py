@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from flower_vfl.errors import UserError
 
-__all__ = ["SecAggError", "KeyRefused", "Rekey", "MissingParties", "OutOfRange", "SumMismatch", "ReplayConflict"]
+__all__ = ["SecAggError", "KeyRefused", "Rekey", "MissingParties", "OutOfRange", "SumMismatch", "ReplayConflict",
+           "RosterConflict", "TrustRefused"]
 
 
 class SecAggError(UserError, RuntimeError):
@@ -53,3 +54,17 @@ class ReplayConflict(SecAggError):
     """The same (roster, round, kind) asked again with a different broadcast."""
 
     code = "secagg-replay"
+
+
+class RosterConflict(SecAggError):
+    """A sum over another set of parties than the one roster this party answers sums over (its
+    own disk keeps it): the central node could subtract the two sums."""
+
+    code = "secagg-roster"
+
+
+class TrustRefused(KeyRefused):
+    """Secure aggregation on a deployed party without pinned keys, whose node config does not
+    accept an honest-but-curious central node."""
+
+    code = "secagg-trust"

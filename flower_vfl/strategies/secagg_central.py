@@ -36,19 +36,35 @@ class CentralSecAgg:
         self.key_agreements = 0
         self.advert_bytes = 0
 
+    @staticmethod
+    def check_phases(phases, private_parties) -> None:
+        """Refuse, before any round, a run whose sums are over two sets of parties: the
+        non-private parties alone in the warm start, then every party (private parties and
+        non-private ones mixed). Each party answers sums over one roster only (docs/secagg.md);
+        it would refuse the second set anyway, after rounds had run."""
+        sets = sorted({tuple(m for m, a in enumerate(active) if a) for _, active, _ in phases if any(active)})
+        if len(sets) > 1:
+            from flower_vfl.config.schema import ConfigError
+            raise ConfigError(
+                f"secagg=true: this run sums parties {list(sets[0])} alone in the warm start (private parties "
+                f"{sorted(private_parties)} sit it out) and parties {list(sets[-1])} after it; a party's values go "
+                "into secure sums over one set of parties only (the difference of two sums over different sets "
+                "is the release of the parties in one and not the other, docs/secagg.md), so the parties would "
+                "refuse. Run with every party private, no party private, or secagg=false")
+
     def keys(self, exchange, num_parties: int) -> Roster:
         """Ask every party for its advert; the roster (names unique, one run)."""
-        what = "the secure-aggregation key adverts"
+        what = "secure-aggregation key advert"
         got = exchange.send(lambda p, nid: RecordDict({"config": ConfigRecord({"want": "advert"})}),
                             "query.secagg_keys", range(num_parties), what)
         adverts, names = {}, {}
         for p, rep in sorted(got.items()):
             recs = rep.content.config_records
             if "refusal" in recs:
-                raise ReplyError(f"party {p} refused {what}: {recs['refusal'].get('reason', '')}")
+                raise ReplyError(f"party {p} refused the {what} request: {recs['refusal'].get('reason', '')}")
             if "secagg" not in recs or not isinstance(recs["secagg"].get("advert"), bytes):
-                raise ReplyError(f"party {p} (node {rep.metadata.src_node_id}): the reply to {what} has no "
-                                 "'secagg' record with an 'advert' (bytes); is its ClientApp flower-vfl's?")
+                raise ReplyError(f"party {p} (node {rep.metadata.src_node_id}): the reply to the {what} request has "
+                                 "no 'secagg' record with an 'advert' (bytes); is its ClientApp flower-vfl's?")
             try:
                 adverts[p] = Advert.from_bytes(recs["secagg"]["advert"])
             except SecAggError as exc:
