@@ -3,8 +3,11 @@ breast_cancer with pinned Ed25519 keys in their node configs. One deployment ser
 (secagg=false) and a secure run (secagg=true); the plain run equals the in-process engine (1e-9),
 the secure run equals the in-process Flower path with secagg=true (the same fixed-point sums, 1e-9)
 and the plain run to the stated quantization bound: every round's sum is within M/(2 scale) per
-entry (docs/secagg.md), carried through ROUNDS rounds and one test-score sum. Every process is
-started in its own session and stopped by process group; none is left."""
+entry (docs/secagg.md), carried through ROUNDS rounds and one test-score sum. Then party 2's
+SuperNode stops and a third run asks the other two for sums over {party0, party1}: each party's
+ClientApp is a new process with a new Context, and only its own disk remembers the roster of the
+secure run, so the run is refused there (one roster per party, ever). Every process is started in
+its own session and stopped by process group; none is left. 111-140 s at load 10-20 on 2 cores."""
 
 import shutil
 import socket
@@ -33,12 +36,15 @@ RC = (f"dataset='breast_cancer' num-parties={M} max-rounds={ROUNDS} lam=0.0001 a
 
 def node_config_arg(nc):
     """``--node-config`` text: TOML values, strings single-quoted (one argument, spaces allowed)."""
-    return " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={v}" for k, v in nc.items())
+    return " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={str(v).lower()}" if isinstance(v, bool)
+                    else f"{k}={v}" for k, v in nc.items())
 
 
 def node_configs(tmp):
-    """Each party: its own Ed25519 key file, the other two parties' public keys pinned, all three
-    names required in every sum (docs/secagg.md, "Turning it on")."""
+    """Each party: its own Ed25519 key file, the other two parties' public keys pinned, its own
+    state-dir, and the explicit weakening secagg-require-all=false (the central node picks the
+    roster of the first sum; docs/secagg.md), so that across runs only the party's own disk stands
+    in the way of a sum over fewer parties."""
     keys = [Ed25519PrivateKey.generate() for _ in range(M)]
     out = {}
     for m, k in enumerate(keys):
@@ -47,7 +53,7 @@ def node_configs(tmp):
         pem.chmod(0o600)
         out[m] = {"partition-id": m, "secagg-signing-key": str(pem),
                   "secagg-pins": ", ".join(f"party{j}={public_key_hex(keys[j])}" for j in range(M) if j != m),
-                  "secagg-require": ",".join(f"party{j}" for j in range(M))}
+                  "secagg-require-all": False, "state-dir": str(tmp / f"party{m}-state")}
     return out
 
 
@@ -72,10 +78,12 @@ class Deployment:
             start_supernode(self.procs, f"node{m}", f"127.0.0.1:{self.port}", node_config_arg(nc), self.env, tmp,
                             exec_name=f"exec{m}", idle_poll=0.2)
 
-    def run(self, name, rc):
+    def run(self, name, rc, completes=True):
         out = self.tmp / name
         run_id = submit(ROOT, self.conn, f"{rc} out-dir='{out}'", self.env)
         rec = wait_run(run_id, self.conn, self.env, self.tmp / "logs" / f"{name}.log", timeout=900, poll=0.5)
+        if not completes:
+            return None, rec
         assert rec["status"] == "finished:completed", rec
         return np.load(out / "decision_test.npy"), rec["log_lines"]
 
@@ -107,10 +115,22 @@ def test_secure_aggregation_through_a_real_superlink_equals_the_plain_run(tmp_pa
         dep = Deployment(tmp_path, nodes)
         plain, _ = dep.run("plain", f"{RC} secagg=false")
         secure, log = dep.run("secure", f"{RC} secagg=true")
+        dep.procs.stop("node2")
+        dep.procs.stop("exec2")
+        _, fewer = dep.run("fewer", RC.replace(f"num-parties={M}", "num-parties=2") + " secagg=true", completes=False)
     finally:
         if dep is not None:
             dep.procs.stop_all()
     assert any_alive(dep.procs.started) == []
+    # the run over {party0, party1}: refused by the parties' own disks, before any sum
+    assert fewer["status"] != "finished:completed"
+    said = "\n".join(fewer["log_lines"])
+    assert "secure aggregation: roster of 2 parties (0=party0, 1=party1)" in said, said[-3000:]
+    assert ("refused: party 'party0' answers secure sums over one roster only, [party0,party1,party2] (recorded "
+            "in its state folder at its first masked answer); refused in a sum over [party0,party1]") in said or \
+        ("refused: party 'party1' answers secure sums over one roster only, [party0,party1,party2] (recorded "
+         "in its state folder at its first masked answer); refused in a sum over [party0,party1]") in said, \
+        said[-3000:]
     reference, secure_in_process = in_process(nodes)
     # the key agreement ran over the wire with the three pinned parties
     assert any("secure aggregation: roster of 3 parties (0=party0, 1=party1, 2=party2)" in ln for ln in log), \

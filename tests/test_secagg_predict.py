@@ -300,3 +300,41 @@ def test_a_lost_party_means_no_scores_and_its_stored_answer_once_it_is_back(trai
         come_back = False
     with pytest.raises(PartyLost, match=r"part(y|ies).*1"):
         predict(rc, nodes, True, grid_cls=Gone, **{"party-wait": 0.3})
+
+
+def test_a_predict_job_over_fewer_parties_is_refused_after_one_over_all(trained, plain):
+    """A party's scores go into sums over one roster, ever (tests/test_secagg_roster.py): after a
+    secure predict job over the three parties, a new job (fresh Contexts) whose request sums
+    {party0, party1} only (the difference would be party 2's scores) is refused by party 0 from
+    the roster its own disk recorded."""
+    rc, nodes, _ = trained
+    res, _ = predict(rc, nodes, True)
+    assert np.max(np.abs(res["scores"] - plain[0]["scores"])) <= 1e-10
+
+    class Fewer(LocalGrid):
+        """A new run (run 2) in which party 0's request names the sum {party0, party1}."""
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, run_id=2, **kw)
+
+        def send_and_receive(self, messages, *, timeout=None):
+            out = []
+            for msg in messages:
+                if msg.metadata.message_type == "query.predict" and msg.metadata.dst_node_id == 100:
+                    cfg = dict(msg.content["config"], **{PARTIES: ["party0", "party1"]})
+                    msg.metadata.__dict__["_message_id"] = msg.object_id       # as Flower's push does
+                    other = Message(RecordDict({"config": ConfigRecord(cfg)}), dst_node_id=100,
+                                    message_type="query.predict")
+                    [rep] = super().send_and_receive([other], timeout=timeout)
+                    out.append(Message(rep.error, reply_to=msg) if rep.has_error() else
+                               Message(rep.content, reply_to=msg))
+                    continue
+                out += super().send_and_receive([msg], timeout=timeout)
+            return out
+
+    with pytest.raises(PartyFailed, match=r"party 0 \(node 100\) failed in the predict request .*party 'party0' "
+                                          r"answers secure sums over one roster only, \[party0,party1,party2\] "
+                                          r"\(recorded in its state folder at its first masked answer\); refused in "
+                                          r"a sum over \[party0,party1\]"):
+        predict(rc, nodes, True, grid_cls=Fewer)
+
