@@ -1,7 +1,7 @@
 """Every configuration key, through the run config (ServerApp start), a SuperNode's node config
 and the command line: a wrong type, an out-of-range value, an unknown key, a missing
 partition-id each stop the run before any round with an error naming the key and what is
-allowed. The README's key table is the schema's."""
+allowed. The key table of docs/config-keys.md is the schema's."""
 
 import math
 import re
@@ -188,8 +188,8 @@ def test_pyproject_and_readme_follow_the_schema():
     assert shipped["config"] == run_defaults()
     assert shipped["components"] == tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
         "components"]
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("<!-- config-keys:start -->\n", 1)[1].split("\n<!-- config-keys:end -->", 1)[0]
+    page = (ROOT / "docs" / "config-keys.md").read_text()      # the key table (the README links to it)
+    table = page.split("<!-- config-keys:start -->\n", 1)[1].split("\n<!-- config-keys:end -->", 1)[0]
     assert table == markdown_table()
 
 
@@ -208,3 +208,45 @@ def test_command_line_paths_reach_flower_absolute(tmp_path, monkeypatch):
     assert rc["model-dir"] == str(Path.home() / "m")
     assert rc["state-dir"] == ""
     assert set(cli.PATH_KEYS) <= set(cli.RUN_DEFAULTS)
+
+
+# ------------------------------------------------------------------ one table for the Python API and the environment
+def test_every_flower_vfl_environment_variable_is_declared_in_the_schema():
+    """The package reads no FLOWER_VFL_* variable the schema's ENVIRONMENT does not declare, and
+    declares none it does not read."""
+    from flower_vfl.config.schema import ENVIRONMENT
+    pkg = Path(__file__).resolve().parents[1] / "flower_vfl"
+    used = set()
+    for path in pkg.rglob("*.py"):
+        used |= set(re.findall(r"FLOWER_VFL_[A-Z][A-Z_]*[A-Z]", path.read_text()))
+    assert used == set(ENVIRONMENT), (f"undeclared: {sorted(used - set(ENVIRONMENT))}; "
+                                      f"declared but unread: {sorted(set(ENVIRONMENT) - used)}")
+
+
+def test_the_python_arguments_share_the_run_configs_declarations():
+    """An argument that a config key sets is checked with that key's own declaration (type, range,
+    default): the estimator's and the strategy's defaults are the run config's, and a value the run
+    config refuses is refused as an argument too, naming the argument."""
+    import inspect
+
+    from flower_vfl import VerticalADMM
+    from flower_vfl.config.schema import PARAMS, ParamError, check_param
+    from flower_vfl.strategies.config import StrategyConfig
+
+    for name, p in PARAMS.items():
+        if p.config:
+            assert p.key is SCHEMA[p.config], name
+    cfg = StrategyConfig()
+    for name, p in PARAMS.items():
+        if p.config and hasattr(cfg, name) and not p.none:       # rho, state_dir, resume: None/'auto' = unset
+            assert getattr(cfg, name) == p.key.default, name
+    est = inspect.signature(VerticalADMM.__init__).parameters
+    for name in ("lam", "alpha", "fit_intercept", "max_rounds", "tol", "variant", "acceleration", "x_solver",
+                 "penalty", "loss", "tol_abs", "adaptive_rho", "l1_ratio"):
+        assert est[name].default == PARAMS[name].key.default, name
+    with pytest.raises(ParamError, match=re.escape(
+            "VerticalADMM(max_rounds=2.7) is refused: expected an integer >= 1 and <= 1e+06 (ADMM rounds; run config "
+            "key 'max-rounds'); pass max_rounds= such a value, e.g. the default max_rounds=50")):
+        check_param("VerticalADMM", "max_rounds", 2.7)
+    with pytest.raises(ConfigError, match=re.escape("run config key 'max-rounds'=2.7: expected an integer >= 1")):
+        parse_run_config({"max-rounds": 2.7})

@@ -33,7 +33,8 @@ CHANGED = {
     "psi-fpr": 1e-6, "predictions-path": "/tmp/p.csv", "data-dir": "/tmp/d", "out-dir": "/tmp/o",
     "id-column": "uid", "label-column": "y", "preprocess": "standardize", "psi-max-asked": 2.0,
     "run-config": "lam=0.5", "max-release": 10.0, "secagg": "true", "route": "stacked-ssp",
-    "wire-dtype": "float32",
+    "wire-dtype": "float32", "dp-plan-expiry": 60.0, "secagg-require-all": "false",
+    "secagg-trust": "honest-but-curious",
 }
 
 
@@ -65,8 +66,8 @@ def _no_figure(monkeypatch):
     """report.json and metrics.csv as `fit` writes them, without run.png (matplotlib: ~1 s a run)."""
     from flower_vfl.reporting import report
     real = report.write_report
-    monkeypatch.setattr(report, "write_report", lambda out_dir, config, history, final, extra=None, plot=True:
-                        real(out_dir, config, history, final, extra, plot=False))
+    monkeypatch.setattr(report, "write_report", lambda out_dir, config, history, final, extra=None, plot=True, **kw:
+                        real(out_dir, config, history, final, extra, plot=False, **kw))
 
 
 def _fit(tmp_path, name, *argv):
@@ -97,6 +98,9 @@ def test_every_model_flag_of_fit_changes_the_in_process_run(tmp_path, monkeypatc
             assert (tmp_path / "base" / "report.json").is_file()
             continue
         if flag in ("dataset", "data-dir"):                        # what is read (a9a itself: test_privacy_party)
+            for name in ("a9a", "a9a.t"):                          # fit checks a9a's files before reading
+                (tmp_path / name).write_text("-1 1:1\n+1 2:1\n")
+
             def read(name, *a):
                 raise LookupError((name, a))
             monkeypatch.setattr(data, "party_block", read)
@@ -193,7 +197,7 @@ def test_fit_on_files_honours_dp_test_files_and_every_model_flag(tmp_path, bc_fi
     private = _own_fit(tmp_path, "dp", train, test, "--dp", "--dp-parties", "2", "--dp-seed", "0")
     (party,) = private["privacy"]
     assert party["party_id"] == 2 and party["totals"]["exact"] == pytest.approx(1.0, rel=1e-6)
-    cfg = privacy_from_config(2, {}, {"partition-id": 2, "dp": True, "dp-epsilon": 1.0, "dp-seed": 0})
+    cfg = privacy_from_config(2, {}, {"partition-id": 2, "dp": True, "dp-epsilon": 1.0, "dp-seed": 0}, n_rows=len(tr))
     dp_ref = VerticalADMM(max_rounds=8, tol=0, privacy=[None, None, cfg]).fit(
         [X[tr, a:b] for a, b in ((0, 10), (10, 20), (20, 30))], y[tr])
     f = dp_ref.decision_function([X[te, a:b] for a, b in ((0, 10), (10, 20), (20, 30))])
@@ -288,6 +292,9 @@ def test_simulate_hands_data_dir_to_the_parties_and_no_seed(tmp_path, monkeypatc
     """The parties read their columns from their node config's data-dir only; --dp-seed is
     not a simulate flag (a party refuses a seed), and fit's seed never reaches a node config."""
     rec = Recorder(monkeypatch, tmp_path)
+    (tmp_path / "a9a").mkdir()                       # simulate checks a9a's files before Flower starts
+    for name in ("a9a", "a9a.t"):
+        (tmp_path / "a9a" / name).write_text("-1 1:1\n+1 2:1\n")
     call = rec.run("simulate", "--dataset", "a9a", "--data-dir", str(tmp_path / "a9a"), "--dp", "--dp-parties", "1")
     assert call["nodes"] == {"0": {"partition-id": 0, "data-dir": str(tmp_path / "a9a")},
                              "1": {"partition-id": 1, "data-dir": str(tmp_path / "a9a"), "dp": True,
@@ -373,7 +380,9 @@ def test_every_node_config_key_changes_what_the_party_builds(monkeypatch, tmp_pa
         def __init__(self, *a, **kw):
             seen.append((a, {k: v for k, v in kw.items() if k != "source"}, kw["source"].key))
     monkeypatch.setattr(ca, "VerticalPartyClient", Party)
-    monkeypatch.setattr(ca, "cached_party_block", lambda *a: (a, None))
+    class Block(tuple):          # the arguments the block was read with, and a block's shape (dp-lam reads N)
+        shape = (100, 3)
+    monkeypatch.setattr(ca, "cached_party_block", lambda *a: (Block(a), None))
 
     def build(rc=None, **nc):
         ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 1, **nc}, state=RecordDict(),

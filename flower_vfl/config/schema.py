@@ -42,17 +42,20 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from flower_vfl.errors import UserError
 from flower_vfl.core.accel import ACCELERATIONS
 from flower_vfl.core.losses import LOSSES
 from flower_vfl.core.xsolve import METHODS as X_SOLVERS
 from flower_vfl.core.penalties import PENALTIES
-from flower_vfl.core.rounds import VARIANTS
+from flower_vfl.core.rounds import DEFAULT_TOL_ABS, VARIANTS
 from flower_vfl.io.data import DATASETS
 
 __all__ = ["ConfigError", "Key", "SCHEMA", "RETIRED", "HORIZONTAL_RUN_KEYS", "HORIZONTAL_NODE_KEYS",
            "run_defaults", "check_value", "parse_run_config", "parse_node_config", "parse_horizontal_run_config",
-           "parse_agent_node_config", "setting", "markdown_table"]
+           "parse_agent_node_config", "setting", "markdown_table", "ParamError", "Param", "PARAMS",
+           "PRIVACY_FIELDS", "check_param", "check_params", "check_privacy", "EnvVar", "ENVIRONMENT"]
 
 SCOPES = ("run", "node", "node-first", "party", "both", "hz-run", "hz-node")
 #: the horizontal DP-IADMM variants (flower_vfl.horizontal.admm.VARIANTS; tests check they agree)
@@ -171,6 +174,13 @@ SCHEMA: dict[str, Key] = dict([
     _k("secagg-bound", float, 1e4, "node", "secagg: the entry-wise bound on this party's releases (its "
                                            "fixed-point range)", lo=0.0, lo_open=True, hi=1e12),
     _k("secagg-only", bool, False, "node", "secagg: refuse to release anything unmasked"),
+    _k("secagg-require-all", bool, True, "node", "secagg with secagg-pins: every pinned party must be in every sum "
+                                                 "this party takes part in; false is a weakening (the central node "
+                                                 "picks the first roster, docs/secagg.md)"),
+    _k("secagg-trust", str, "malicious", "node", "secagg: 'malicious' (a deployed party then needs secagg-pins) or "
+                                                 "'honest-but-curious' (accepts unpinned adverts: a central node that "
+                                                 "relays its own key can read this party's release, docs/secagg.md)",
+       choices=("malicious", "honest-but-curious")),
     # --- folders: the reader's own
     _k("data-dir", str, "", "both", "folder holding a9a and a9a.t (default ../shared/data/a9a); the "
                                     "label owner's labels (run config), a party's columns (node config)"),
@@ -185,7 +195,10 @@ SCHEMA: dict[str, Key] = dict([
     _k("dp-train-rounds", int, 0, "party", "released training rounds after the warm start", lo=0,
        hi=10_000),
     _k("dp-eval-rounds", int, 1, "party", "evaluation releases budgeted", lo=0, hi=1000),
-    _k("dp-lam", float, 0.0, "party", "the private party's own λ (0: lam); on a9a 3e-3 to 1e-2 is what validation picks", lo=0.0),
+    _k("dp-plan-expiry", float, 86400.0, "node", "a private party: seconds without a release or identify after which a run's "
+       "reserved plan lapses (a run that died and is never resumed does not hold the budget forever; "
+       "docs/privacy.md)", lo=0.0),
+    _k("dp-lam", float, 0.0, "party", "the private party's own λ (0: chosen from its own N and budget, 20 z/N at the default dp-b1 and dp-clip, z its noise multiplier: 0.1 on ~700 rows, 2.3e-3 on a9a at ε = 1)", lo=0.0),
     _k("dp-b1", float, 2.0, "party", "ball radius of x_m", lo=0.0, lo_open=True),
     _k("dp-clip", float, 10.0, "party", "clip of the x-update target and of released values",
        lo=0.0, lo_open=True),
@@ -279,7 +292,12 @@ def check_value(key: str, value, source: str = "run config"):
     if key not in SCHEMA:
         raise ConfigError(f"unknown {source} key {key!r}{_suggest(key, SCHEMA)}; known keys: "
                           f"{', '.join(sorted(SCHEMA))}")
-    spec = SCHEMA[key]
+    return _check(SCHEMA[key], value, source)
+
+
+def _check(spec: Key, value, source: str):
+    """:func:`check_value` for the declaration ``spec`` (a config key's or an argument's)."""
+    key = spec.name
     if spec.type is object:
         return value
 
@@ -450,3 +468,163 @@ def markdown_table() -> str:
             else repr(s.default)
         rows.append(f"| `{k}` | {s.scope} | {d} | {s.allowed()} | {s.help} |")
     return "\n".join(rows)
+
+
+# ------------------------------------------------------------------ the Python arguments
+# The same table validates the in-process estimator's and the strategies' arguments (as
+# scikit-learn's ``_parameter_constraints``): each argument names the config key whose type,
+# range and meaning it shares, or declares its own Key (scope 'api': no config sets it).
+
+class ParamError(ConfigError, TypeError):
+    """A Python argument the parameter table refuses: names the argument, the bad value, the
+    accepted range and the fix (a ValueError and a TypeError, as scikit-learn's
+    ``InvalidParameterError``)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One Python argument: ``key`` gives its type, range and meaning (``SCHEMA[config]`` when a
+    config key sets it); ``none`` accepts None and ``also`` the listed values besides the range;
+    ``objects`` passes a non-string object through (a Loss instance), checked where it is used."""
+
+    key: Key
+    config: str = ""
+    none: bool = False
+    also: tuple = ()
+    objects: bool = False
+
+    def allowed(self) -> str:
+        extra = [repr(v) for v in self.also] + (["None"] if self.none else [])
+        return self.key.allowed() + (" (or " + ", ".join(extra) + ")" if extra else "")
+
+
+def _p(arg, config=None, **kw):
+    return arg, Param(SCHEMA[config or arg.replace("_", "-")], config or arg.replace("_", "-"), **kw)
+
+
+def _api(arg, type_, default, help, param_kw=None, **kw):
+    return arg, Param(Key(arg, type_, default, "api", help, **kw), "", **(param_kw or {}))
+
+
+#: argument -> its declaration; :func:`check_params` checks an estimator's or a strategy's
+#: arguments against it. A config key's argument is named as the key with ``_`` for ``-``
+#: unless given (``timeout`` is ``round-timeout``). Not here: ``label_epsilon`` (None, 0 or inf
+#: turn it off; privacy/label_dp.py checks it where it is used), ``constraint``, ``party_keys``,
+#: ``privacy`` (:func:`check_privacy`), callbacks and seeds
+PARAMS: dict[str, Param] = dict([
+    _p("num_parties"), _p("loss", objects=True), _p("penalty"), _p("lam"),
+    _p("rho", none=True, also=("auto",)), _p("alpha"), _p("fit_intercept"), _p("acceleration"),
+    _p("variant"), _p("x_solver"), _p("max_rounds"), _p("tol"), _p("eval_every"),
+    _p("timeout", "round-timeout"), _p("party_wait"),
+    _p("stragglers"), _p("max_staleness"), _p("max_release"), _p("wire_dtype"), _p("secagg"),
+    _p("state_dir", none=True, objects=True), _p("resume", none=True, objects=True),
+    _api("tol_abs", float, DEFAULT_TOL_ABS, "absolute residual tolerance of Boyd's stopping rule (3.3.1)", lo=0.0),
+    _api("adaptive_rho", bool, False, "residual balancing of rho (Boyd 3.4.1)"),
+    _api("l1_ratio", float, 0.5, "penalty='elasticnet': the share of the L1 term", lo=0.0, hi=1.0),
+    _api("verbose", bool, False, "show a progress bar"),
+    _api("privacy_budget", float, None, "each private party's total epsilon over every fit charging "
+         "privacy_ledger", {"none": True}, lo=0.0, lo_open=True),
+])
+
+#: a PrivacyConfig field -> the party key (node config ``dp-*``) whose range it shares
+PRIVACY_FIELDS = {"epsilon": "dp-epsilon", "delta": "dp-delta", "train_rounds": "dp-train-rounds",
+                  "eval_rounds": "dp-eval-rounds", "calibration": "dp-calibration", "noise_form": "dp-noise",
+                  "accountant": "dp-accountant", "b1": "dp-b1", "c_v": "dp-clip", "c_s": "dp-clip",
+                  "seed": "dp-seed", "lam": "dp-lam", "plan_expiry": "dp-plan-expiry"}
+
+
+def check_param(owner: str, name: str, value, param: Param | None = None):
+    """``value`` of argument ``name`` of ``owner`` (e.g. ``'VerticalADMM'``) as :data:`PARAMS`
+    declares it, converted as :func:`check_value` does; or :class:`ParamError` naming the
+    argument, the value, what is accepted and the fix."""
+    param = param or PARAMS[name]
+    if value is None and param.none:
+        return None
+    if param.objects and not isinstance(value, str):
+        return value
+    if any(value is v or (type(value) is type(v) and value == v) for v in param.also):
+        return value
+    if isinstance(value, np.bool_):
+        value = bool(value)
+    try:
+        return _check(param.key, value, "api")
+    except ConfigError:
+        pass
+    shown = next((v for v in param.also if isinstance(v, str)), param.key.default)
+    default = "" if shown is None else f", e.g. the default {name}={shown!r}"
+    where = f"; run config key {param.config!r}" if param.config and SCHEMA[param.config].scope in (
+        "run", "node-first", "both") else f"; node config key {param.config!r}" if param.config else ""
+    raise ParamError(f"{owner}({name}={value!r}) is refused: expected {param.allowed()} ({param.key.help}{where}); "
+                     f"pass {name}= such a value{default}")
+
+
+def check_params(owner: str, values: dict, table: dict | None = None) -> dict:
+    """Every argument of ``values`` that :data:`PARAMS` (or ``table``) declares, checked by
+    :func:`check_param`; the others are left to the code that uses them. Returns the checked
+    values."""
+    table = PARAMS if table is None else table
+    return {k: check_param(owner, k, v, table[k]) if k in table else v for k, v in values.items()}
+
+
+def check_privacy(owner: str, privacy, n_blocks: int):
+    """``privacy`` of the in-process estimator: None, or one PrivacyConfig (or None) per block,
+    each field in its party key's range (:data:`PRIVACY_FIELDS`)."""
+    from flower_vfl.privacy.party import PrivacyConfig
+    if privacy is None:
+        return None
+    if isinstance(privacy, (str, bytes, dict)) or not hasattr(privacy, "__len__"):
+        raise ParamError(f"{owner}(privacy={privacy!r}) is refused: expected None or a list with one entry per "
+                         f"party ({n_blocks}), each None (non-private) or a flower_vfl.privacy.PrivacyConfig; pass "
+                         f"e.g. privacy=[None, PrivacyConfig(epsilon=1.0, train_rounds=5)]")
+    if len(privacy) != n_blocks:
+        raise ParamError(f"{owner}(privacy=...) has {len(privacy)} entries but there are {n_blocks} blocks: "
+                         "expected one per party; give one PrivacyConfig (or None) per party")
+    for m, cfg in enumerate(privacy):
+        if cfg is None:
+            continue
+        if not isinstance(cfg, PrivacyConfig):
+            raise ParamError(f"{owner}(privacy[{m}]={cfg!r}) is refused: expected None (non-private) or a "
+                             "flower_vfl.privacy.PrivacyConfig; pass e.g. PrivacyConfig(epsilon=1.0, train_rounds=5)")
+        for field_, key in PRIVACY_FIELDS.items():
+            value = getattr(cfg, field_)
+            none = field_ in ("seed", "lam")
+            check_param(f"{owner}: privacy[{m}] = PrivacyConfig", field_, value,
+                        Param(SCHEMA[key], key, none=none))
+    return privacy
+
+
+# ------------------------------------------------------------------ environment variables
+@dataclass(frozen=True)
+class EnvVar:
+    """One ``FLOWER_VFL_*`` environment variable: its default (None: unset), who reads it and why."""
+
+    name: str
+    default: str | None
+    reader: str
+    help: str
+
+
+#: every environment variable the package reads (tests/test_config_schema.py checks the source
+#: names no other); none is a configuration key: each names a folder of this machine, or is a
+#: benchmark's switch
+ENVIRONMENT: dict[str, EnvVar] = {e.name: e for e in (
+    EnvVar("FLOWER_VFL_NODE_CONFIG", None, "flower_vfl.clients.source.party_node_config",
+           "a JSON file {partition-id: {key: value}} merged under a party's node config (flower-vfl simulate "
+           "hands the simulated parties their privacy settings this way)"),
+    EnvVar("FLOWER_VFL_STATE_DIR", None, "flower_vfl.privacy.store.default_state_dir",
+           "a party's state folder when its node config names none (default ~/.flower-vfl/party-state)"),
+    EnvVar("FLOWER_VFL_CACHE", None, "flower_vfl.io.data",
+           "where the bundled datasets' files with IDs are written (default ~/.cache/flower-vfl/bundled)"),
+    EnvVar("FLOWER_VFL_BLOCK_CACHE", "1", "flower_vfl.io.party_cache",
+           "0/false/no/off turns a party's cache of its parsed block off"),
+    EnvVar("FLOWER_VFL_APP_DIR", None, "flower_vfl.cli.app.app_dir",
+           "the Flower app folder the CLI writes (default $XDG_CACHE_HOME/flower-vfl/app)"),
+    EnvVar("FLOWER_VFL_RUNTIME_DIR", None, "flower_vfl.deploy.local.superlink_registry",
+           "where the SuperLinks this package starts are recorded (default $XDG_RUNTIME_DIR/flower-vfl)"),
+    EnvVar("FLOWER_VFL_TIMING", None, "flower_vfl.strategies.exchange, flower_vfl.deploy",
+           "benchmarks: a file the exchange and the deployed nodes append timing lines to"),
+    EnvVar("FLOWER_VFL_GRID_PULL", None, "flower_vfl.strategies.exchange.send_and_receive",
+           "benchmarks: 'flower' uses Flower's own send_and_receive loop instead of the exchange's polling"),
+    EnvVar("FLOWER_VFL_SIM_WAKE", "1", "flower_vfl.strategies.sim_delivery",
+           "benchmarks: 0 turns off waking the simulation's delivery thread after a push"),
+)}

@@ -11,16 +11,18 @@ from __future__ import annotations
 import numpy as np
 
 from sklearn.base import BaseEstimator
+from sklearn.utils.metaestimators import available_if
 
 from flower_vfl.core.central import CentralUpdate
 from flower_vfl.core.constraints import make_constraint  # noqa: F401  (re-exported)
-from flower_vfl.core.losses import get_loss
+from flower_vfl.core.losses import LOSSES, get_loss
 from flower_vfl.core.party import PartyUpdate
 from flower_vfl.core.penalties import Ball, Box, get_penalty  # noqa: F401
 from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, RoundDriver, initial_theta
 from flower_vfl.core.rounds import sum_releases as _sum_releases  # noqa: F401  (tests)
 from flower_vfl.estimator.sklearn_api import BINARY_LOSSES, SklearnAPIMixin, check_target, decode_scores, encode_classes
-from flower_vfl.core.validation import check_blocks, check_params
+from flower_vfl.config.schema import check_params, check_privacy
+from flower_vfl.core.validation import check_blocks, check_labels
 from flower_vfl.privacy.outcome import PrivatePartyHurts
 
 from flower_vfl.core.schedule import balance_rho, default_rho, private_schedule  # noqa: F401  (re-exported)
@@ -59,6 +61,32 @@ class _InProcess:
                 p.release_model(k)
 
 
+def _check_classes(y) -> None:
+    """loss='multinomial': class labels (scikit-learn's "Unknown label type" for a continuous y),
+    at least two of them."""
+    from sklearn.utils.multiclass import type_of_target
+    from flower_vfl.core.validation import InputError
+    kind = type_of_target(y)
+    if kind == "continuous":
+        raise InputError("Unknown label type: continuous. loss='multinomial' needs class labels; use loss='squared' "
+                         "for a continuous target")
+    classes = np.unique(y)
+    if classes.size < 2:
+        raise InputError(f"y has {classes.size} class ({classes.tolist()[:1]}): loss='multinomial' needs at least 2 "
+                         "classes; give rows of every class")
+
+
+def _has_proba(est) -> bool:
+    """Whether the estimator's loss gives probabilities (its class overrides Loss.predict_proba)."""
+    from flower_vfl.core.loss_base import Loss
+    loss = getattr(est, "loss_", None)
+    if loss is None:
+        if isinstance(est.loss, str) and est.loss not in LOSSES:
+            return True                       # fit refuses the name, naming it
+        loss = get_loss(est.loss) if isinstance(est.loss, str) else est.loss
+    return getattr(type(loss), "predict_proba", Loss.predict_proba) is not Loss.predict_proba
+
+
 def _public_coef(parties):
     """Model blocks a user may see: x_m of a non-private party, the released x~ of a private
     one (None before its release); the exact private x never leaves the party object."""
@@ -71,14 +99,19 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
     Minimizes ``(1/N) sum_i l_i(sum_m D_m^i x_m + b) + lam * sum_m R_m(x_m)``,
     x_m in X_m, with each party's block ``D_m`` used only by that party.
 
+    ``fit`` checks every argument against the one parameter table
+    (:data:`flower_vfl.config.schema.PARAMS`: the run config's types and ranges), and the data
+    (:mod:`flower_vfl.core.validation`), before any round; an error names the argument or block,
+    the bad value, what is accepted and the fix.
+
     Parameters
     ----------
     loss : {'logistic', 'squared', 'hinge', 'multinomial', 'sigmoid'}, default='logistic'
     penalty : {'l2', 'l1', 'elasticnet', 'none'}, default='l2'
         R = 1/2||x||^2 for 'l2', ||x||_1 for 'l1'.
     lam : float, default=1e-4
-    rho : float or 'auto', default='auto'
-        ADMM penalty on the z side; 'auto' uses :func:`default_rho`.
+    rho : float > 0, 'auto' or 0, default='auto'
+        ADMM penalty on the z side; 'auto' (or 0, as the run config's ``rho``) uses :func:`default_rho`.
     fit_intercept : bool, default=True
         The label owner fits an unpenalized intercept jointly with z.
     max_rounds : int, default=50
@@ -180,15 +213,16 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fit
     def _setup(self, X_blocks, y):
-        check_params(self.lam, self.rho, self.alpha, 1.0, self.max_rounds, self.tol)
-        initial_theta(self.variant, 2)                 # a bad variant: refused before any work
+        # every argument the parameter table declares (config/schema.py, PARAMS), before any work
+        check_params(type(self).__name__, self.get_params(deep=False))
         loss = get_loss(self.loss)
         if isinstance(self.loss, str):
             loss = get_loss(self.loss)  # fresh instance: multinomial stores classes_
-        y = check_target(y, type(self).__name__)
-        if y.dtype.kind in "fc" and not np.all(np.isfinite(y)):
-            raise ValueError("y contains NaN or inf")
+        y = check_labels(check_target(y, type(self).__name__), loss=loss.name)
+        if loss.name == "multinomial":
+            _check_classes(y)
         blocks = check_blocks(X_blocks, n_rows=y.shape[0])
+        check_privacy(type(self).__name__, self.privacy, len(blocks))
         self._binary_classes = None
         if loss.name in BINARY_LOSSES:      # any two labels; classes_[1] is the positive class
             y, self._binary_classes = encode_classes(y, loss.name)   # kept for fit (one pass less)
@@ -201,7 +235,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         if penalty.name == "l2" and self.lam == 0 and self.constraint is None:
             pass  # the direct solver reports a singular system if D_m is rank-deficient
         n = t.shape[0]
-        rho = default_rho(loss, n, penalty) if self.rho in (None, "auto") else float(self.rho)
+        rho = default_rho(loss, n, penalty) if self.rho in (None, "auto", 0) else float(self.rho)
         M = len(blocks)
         theta = initial_theta(self.variant, M)
         constraint = make_constraint(self.constraint)
@@ -244,6 +278,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         loss, blocks, t, parties, central = self._setup(X_blocks, y)
         self._parties, self._central, self._eval_round = parties, central, 0
         self.loss_, self.n_features_in_ = loss, [D.shape[1] for D in blocks]
+        self.block_widths_ = list(self.n_features_in_)
         classes = self.__dict__.pop("_binary_classes", None)
         # the user's own labels (None: regression)
         self.classes_ = classes if classes is not None else encode_classes(y, loss.name)[1]
@@ -327,11 +362,12 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
     def decision_function(self, X_blocks):
         if not hasattr(self, "coef_"):
             from sklearn.exceptions import NotFittedError      # an AttributeError and a ValueError
-            raise NotFittedError("this VerticalADMM is not fitted yet; call fit(X_blocks, y) first")
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X_blocks, y) first")
         blocks = check_blocks(X_blocks)
-        if [D.shape[1] for D in blocks] != self.n_features_in_:
+        widths = getattr(self, "block_widths_", self.n_features_in_)
+        if [D.shape[1] for D in blocks] != list(widths):
             raise ValueError(f"blocks have widths {[D.shape[1] for D in blocks]}; the model was fitted "
-                             f"on widths {self.n_features_in_}")
+                             f"on widths {list(widths)}")
         return self._released_decision(blocks)      # core.scoring.released_scores per block
 
     def decision_function_nonprivate(self, X_blocks):
@@ -348,7 +384,10 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         f = self.decision_function(X_blocks)
         return decode_scores(f, self.loss_, self.classes_)[0] if self.classes_ is not None else f
 
+    @available_if(_has_proba)
     def predict_proba(self, X_blocks):
+        """Class probabilities (losses with them: 'logistic', 'multinomial'; for the others the
+        method is absent, as scikit-learn's ``hasattr(est, 'predict_proba')`` expects)."""
         f = self.decision_function(X_blocks)
         return self.loss_.predict_proba(f)
 

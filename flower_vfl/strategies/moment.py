@@ -81,6 +81,9 @@ class MomentStrategy(OneReleaseStrategy):
 
     def __init__(self, y_train, y_test=None, num_parties=2, lam=3e-4, rho=None, max_rounds=50, tol=0.0,
                  timeout=600.0, party_wait=120.0, party_keys=None, max_release=DEFAULT_MAX_RELEASE, progress=None):
+        from flower_vfl.config.schema import check_params      # the one parameter table (schema.PARAMS)
+        check_params("MomentStrategy", dict(num_parties=num_parties, rho=rho, max_rounds=max_rounds, tol=tol,
+                                            timeout=timeout, party_wait=party_wait, max_release=max_release))
         self._init_labels(y_train, y_test, num_parties, timeout, party_wait, party_keys, max_release, progress)
         self.lam = float(lam)
         if not (np.isfinite(self.lam) and self.lam > 0):

@@ -79,6 +79,9 @@ class StackedSSPStrategy(OneReleaseStrategy):
 
     def __init__(self, y_train, y_test=None, num_parties=2, timeout=600.0, party_wait=120.0, party_keys=None,
                  max_release=DEFAULT_MAX_RELEASE, halves_seed=12345, progress=None):
+        from flower_vfl.config.schema import check_params      # the one parameter table (schema.PARAMS)
+        check_params("StackedSSPStrategy", dict(num_parties=num_parties, timeout=timeout, party_wait=party_wait,
+                                                max_release=max_release))
         self._init_labels(y_train, y_test, num_parties, timeout, party_wait, party_keys, max_release, progress)
         if not self.max_release > 0:
             raise ValueError(f"max_release={max_release!r}; expected a bound > 0")

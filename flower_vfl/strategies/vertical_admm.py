@@ -16,6 +16,7 @@ nothing for vertical training, and why).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 from logging import ERROR, INFO, WARNING
@@ -29,17 +30,19 @@ from flwr.serverapp.strategy import Result, Strategy
 from flower_vfl.core.accel import make_accelerator
 from flower_vfl.core.central import CentralUpdate
 from flower_vfl.core.party import PLAIN_ROUNDS
-from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, SUM, RoundDriver, initial_theta
+from flower_vfl.core.rounds import SUM, RoundDriver, initial_theta
 from flower_vfl.core.schedule import default_rho
 from flower_vfl.core.losses import get_loss
 from flower_vfl.privacy.label_dp import privatize_labels
-from flower_vfl.core.validation import check_params
+from flower_vfl.privacy.outcome import noise_divergence_cause
+from flower_vfl.core.validation import check_labels, encode_test_labels
+from flower_vfl.strategies.config import StrategyConfig
 from flower_vfl.core.scoring import combine
 from flower_vfl.strategies import checkpointing, vertical_outcome
 from flower_vfl.strategies.checkpointing import ResumeRefused, replay_q
 from flower_vfl.strategies.exchange import (WIRE_DTYPES, Exchange, PartyFailed, PartyLost, PartyRefused,  # noqa: F401 (re-exported)
                                             ReplyError, check_release, keep_report, party_keys_from)
-from flower_vfl.strategies.vertical_rounds import FlowerRounds, check_penalty, read_identity
+from flower_vfl.strategies.vertical_rounds import FlowerRounds, check_penalty, read_identity, sends_target, target_vectors
 from flower_vfl.secagg import SecAggError
 from flower_vfl.io.writer import RoundWriter
 
@@ -59,54 +62,13 @@ class VerticalADMMStrategy(Strategy):
         Labels of the aligned training rows (never sent anywhere).
     y_test : array (N_test,) or None, default=None
         Labels of the held-out rows, for the evaluation rounds' metrics.
-    num_parties : int, default=2
-    loss : str, default='logistic'
-    rho : float or 'auto', default='auto'
-    alpha : float, default=1.0
-        Over-relaxation.
-    variant : {'sharing', 'sharing-fixed', 'paper'}, default='sharing'
-        The engine's (:class:`~flower_vfl.estimator.engine.VerticalADMM`): 'sharing' raises theta from
-        the releases' alignment in plain rounds, here only without secure aggregation, a
-        checkpoint folder or a resume (theta 1/M there, as 'sharing-fixed').
-    fit_intercept : bool, default=True
-    max_rounds : int, default=50
-        Rounds (with private parties: of the warm start); ``start(num_rounds=...)`` sets it.
-    tol, tol_abs : float, default=0.0, 1e-9
-        Boyd's residual stopping rule (tol=0 runs every round). The defaults are the engine's
-        and the run config's (:mod:`flower_vfl.core.rounds`).
-    adaptive_rho : bool, default=False
-        Residual balancing (Boyd Sec. 3.4.1), as the engine's.
-    eval_every : int, default=0
-        Evaluate every k rounds (0: only after the last round).
-    timeout : float, default=600
-        Seconds to wait for the parties' replies in each round (``round-timeout``).
-    party_wait : float, default=120
-        Seconds to wait for a missing party: at identify until every party has a node, and for
-        a lost SuperNode to come back (a restarted node is re-identified). 0: do not wait.
-    stragglers : {'wait', 'stale'}, default='wait'
-        'stale': a party that misses a round counts with its last release (bounded staleness).
-    max_staleness : int, default=5
-        Most consecutive rounds a party's last release may stand in for it.
-    state_dir : str or None, default=None
-        Folder of the atomic per-round checkpoint (None: no checkpoint;
-        :mod:`~flower_vfl.strategies.checkpointing`).
-    resume : str or None, default=None
-        A state folder of an earlier run to continue (bitwise the same iterates). Refused, before
-        any round, when the checkpoint's run record differs from this run's (naming each setting)
-        or a party comes back with other data; parties without state are re-synchronized first.
-    party_keys : str, dict or None, default=None
-        Party -> SHA-256 fingerprint of the SuperNode auth key allowed to serve it (a dict or
-        the path of a JSON file); a node whose key and claimed party disagree is refused.
-    acceleration : {'auto', 'anderson', 'spectral', 'anderson+spectral', 'none'}, default='auto'
-        As the engine's (core/accel.py; run config ``acceleration``). Anderson is off with
-        alpha != 1, private parties, stragglers='stale', or a penalty other than 'l2' / a
-        constraint (pass the parties' ``penalty`` and ``constraint`` from the run config);
-        'auto' also leaves it off when it would hold more than 128 MiB (N, K and the number of
-        parties decide, as in the engine). The choice is in ``acceleration_``.
-    penalty, constraint : the parties' penalty and constraint (only decide the acceleration).
-    label_epsilon : float or None, default=None
-        Label DP (loss='logistic'): randomized response on ``y_train`` once, here, and the
-        forward-corrected loss; None, 0 or inf: labels not protected (``label-epsilon``).
+    config : StrategyConfig or None, default=None
+        The central node's settings (:class:`~flower_vfl.strategies.config.StrategyConfig`: rounds,
+        tolerances, rho, faults, checkpoint, secure aggregation ...), checked against the parameter
+        table (:data:`flower_vfl.config.schema.PARAMS`) when made; None: the defaults.
+    **settings
+        StrategyConfig's fields as keywords (``num_parties=3, max_rounds=30``), over ``config``:
+        the former constructor arguments, same names and meanings.
     label_seed : None, int or numpy Generator, default=None
         Source of the label flips (None: OS entropy); never sent or reported.
     label_source : LabelSource or None, default=None
@@ -115,23 +77,9 @@ class VerticalADMMStrategy(Strategy):
         label store in ``label_store`` (None: ``default_state_dir()``, the label owner's disk).
     label_store : str or None, default=None
         The label owner's state folder holding ``label-store.sqlite``.
-    max_release : float, default=1e6
-        A party's release (s_m, test scores) with an entry beyond +-max_release is refused,
-        naming the party and the value (run config ``max-release``).
-    run_settings : dict or None, default=None
-        The parties' run-config settings that define the run besides these arguments (``lam``,
-        ``x-solver``, ``dataset``): recorded in the checkpoint, compared at resume.
     progress : callable(round, row) or None, default=None
         Called after every round with its history row (the ServerApp logs it and rewrites
         its report).
-    wire_dtype : {'float64', 'float32'}, default='float64'
-        The dtype the N-vectors travel in, both ways (run config ``wire-dtype``): float32 halves
-        the bytes (one rounding, after any noise; upcast to float64 on receipt).
-    secagg : bool, default=False
-        Secure aggregation (run config ``secagg``; docs/secagg.md): the parties mask their
-        releases and this node decodes only their sum. Needs stragglers='wait', no resume, at
-        least 2 parties in every phase; Anderson acceleration is turned off (it needs each
-        party's release); a party back without its state cannot be re-synchronized (refused).
 
     Every round's checkpoint (``state_dir``) is written by ``writer``
     (:class:`~flower_vfl.io.writer.RoundWriter`) in a thread while the parties compute the next
@@ -143,14 +91,16 @@ class VerticalADMMStrategy(Strategy):
     #: True: the per-round checkpoint and report are written in line (benchmarks compare both)
     write_inline = False
 
-    def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", rho="auto", alpha=1.0,
-                 variant="sharing", fit_intercept=True, max_rounds=DEFAULT_MAX_ROUNDS, tol=DEFAULT_TOL,
-                 tol_abs=DEFAULT_TOL_ABS, adaptive_rho=False, eval_every=0, timeout=600.0, party_wait=120.0,
-                 stragglers="wait", max_staleness=5, state_dir=None, resume=None, party_keys=None,
-                 acceleration="auto", penalty="l2", constraint=None, label_epsilon=None, label_seed=None,
-                 label_source=None, label_store=None, max_release=DEFAULT_MAX_RELEASE, run_settings=None,
-                 progress=None, secagg=False, wire_dtype="float64"):
-        check_params(0.0, rho, alpha, 1.0, max_rounds, tol)
+    def __init__(self, y_train, y_test=None, config: StrategyConfig | None = None, *, progress=None,
+                 label_seed=None, label_source=None, label_store=None, **settings):
+        # every setting checked by the parameter table (config/schema.py, PARAMS) before any work;
+        # the former keyword arguments (num_parties=..., max_rounds=...) still build the config
+        self.config = cfg = StrategyConfig.build(config, **settings)
+        num_parties, loss, rho, alpha = cfg.num_parties, cfg.loss, cfg.rho, cfg.alpha
+        loss_name = getattr(cfg.loss, "name", cfg.loss)
+        y_train = check_labels(y_train, "y_train", loss_name)
+        y_test = None if y_test is None else check_labels(y_test, "y_test", loss_name)
+        variant = cfg.variant
         theta = initial_theta(variant, int(num_parties))
         self.loss = get_loss(loss) if isinstance(loss, str) else loss
         self.loss_name, self.variant = self.loss.name, variant
@@ -158,48 +108,37 @@ class VerticalADMMStrategy(Strategy):
         # label DP (privacy/label_dp.py, the engine's code): the true y_train is used only here,
         # drawn once per label source and ID (the label store) when the source is known
         self.loss, y_train, self.label_privacy_ = privatize_labels(
-            self.loss, np.asarray(y_train), label_epsilon, label_seed,
+            self.loss, np.asarray(y_train), cfg.label_epsilon, label_seed,
             store=label_store if label_source is not None else None, source=label_source)
         self.label_epsilon = None if self.label_privacy_ is None else self.label_privacy_.epsilon
         self.t = self.loss.encode_labels(np.asarray(y_train))
-        self.t_test = None if y_test is None else self.loss.encode_labels(np.asarray(y_test))
+        self.t_test = None if y_test is None else encode_test_labels(self.loss, np.asarray(y_test))
         self.num_parties = int(num_parties)
         n = self.t.shape[0]
-        rho = default_rho(self.loss, n, penalty) if rho in (None, "auto", 0) else rho
+        rho = default_rho(self.loss, n, cfg.penalty) if rho in (None, "auto", 0) else rho
         self.central = CentralUpdate(self.loss, self.t, rho, alpha=alpha,
                                      theta=theta,
-                                     fit_intercept=fit_intercept)
-        self.max_rounds, self.tol, self.tol_abs = max_rounds, tol, tol_abs
-        self.adaptive_rho, self.progress = bool(adaptive_rho), progress
-        self.eval_every, self.round_timeout = eval_every, float(timeout)
-        if stragglers not in ("wait", "stale"):
-            raise ValueError(f"stragglers={stragglers!r}; choose 'wait' or 'stale'")
-        self.party_wait, self.stragglers, self.max_staleness = float(party_wait), stragglers, int(max_staleness)
-        self.state_dir, self.resume = state_dir or None, resume or None
+                                     fit_intercept=cfg.fit_intercept)
+        self.max_rounds, self.tol, self.tol_abs = cfg.max_rounds, cfg.tol, cfg.tol_abs
+        self.adaptive_rho, self.progress = bool(cfg.adaptive_rho), progress
+        self.eval_every, self.round_timeout = cfg.eval_every, float(cfg.timeout)
+        stragglers = cfg.stragglers
+        self.party_wait, self.stragglers, self.max_staleness = float(cfg.party_wait), stragglers, int(cfg.max_staleness)
+        self.state_dir, self.resume = cfg.state_dir or None, cfg.resume or None
         #: the per-round checkpoint and report: written in line until start() hands them to a thread
         self.writer = RoundWriter(inline=True)
-        self.party_keys = party_keys_from(party_keys, self.num_parties)
-        self.max_release = float(max_release)
-        if wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"wire_dtype={wire_dtype!r}; choose one of {list(WIRE_DTYPES)} (run config wire-dtype)")
-        self.wire_dtype = wire_dtype
-        if not self.max_release > 0:
-            raise ValueError(f"max_release={max_release!r}; expected a bound > 0 on |s_m|")
-        self.run_settings = dict(run_settings or {})
+        self.party_keys = party_keys_from(cfg.party_keys, self.num_parties)
+        self.max_release = float(cfg.max_release)
+        self.wire_dtype = cfg.wire_dtype
+        self.run_settings = dict(cfg.run_settings or {})
         self.secagg = None
-        if secagg:
+        if cfg.secagg:      # stragglers='stale' and resume: refused by StrategyConfig
             from flower_vfl.strategies.secagg_central import CentralSecAgg
-            if stragglers == "stale":
-                raise ValueError("secagg=true with stragglers='stale': a secure sum needs every party of the "
-                                 "round (a stale party's last release is not held); use stragglers='wait'")
-            if resume:
-                raise ValueError("secagg=true with resume: resuming needs the parties' last releases, which the "
-                                 "central node does not hold under secure aggregation; start a new run")
             self.secagg = CentralSecAgg()
         self.failed_ = False
-        make_accelerator(acceleration, self.central, [])          # checks the name
+        make_accelerator(cfg.acceleration, self.central, [])          # checks the name
         #: 'anderson': core/accel.py, the engine's default; off with private parties or stragglers='stale'
-        self.acceleration = acceleration
+        self.acceleration = cfg.acceleration
         self.driver: RoundDriver | None = None       # the round loop (start makes it)
         self._active: list[int] = list(range(self.num_parties))   # the parties of the round being sent
         self._ask: list[int] = list(range(self.num_parties))      # ... of the evaluation being sent
@@ -207,7 +146,7 @@ class VerticalADMMStrategy(Strategy):
         self._qs = None
         self._stale: dict[int, int] = {}
         self._reply_party: dict[str, int] = {}
-        self.penalty, self.constraint = penalty, constraint   # the parties' (run config): see make_accelerator
+        self.penalty, self.constraint = cfg.penalty, cfg.constraint   # the parties' (run config): see make_accelerator
         self.exchange: Exchange | None = None        # the channel to the parties (identify sets it)
         self._resync: set[int] = set()                 # stateless restarted parties (see _joined)
         self._stateless: set[int] = set()              # ... and those that cannot be re-synchronized
@@ -218,6 +157,8 @@ class VerticalADMMStrategy(Strategy):
         self.party_data: dict[int, dict] = {}
         #: party -> planned training releases, for the parties that declared themselves private
         self.private_parties: dict[int, int] = {}
+        #: party -> the token of its plan (its identify reply), checkpointed for a resume
+        self.party_plans_: dict[int, str] = {}
         self.history_: list[dict] = []
         self.privacy_: dict[int, dict] = {}
         self.final_: dict = {}
@@ -252,6 +193,8 @@ class VerticalADMMStrategy(Strategy):
         (``last_train`` >= 0) is left as it is."""
         if first and info["private"]:
             self.private_parties[party] = info["train_rounds"]
+            if info.get("plan"):       # the party's plan token, checkpointed: a resume continues that plan
+                self.party_plans_[party] = info["plan"]
         if first:
             self.party_data[party] = info["data"]
         elif info["data"] != self.party_data.get(party, info["data"]):
@@ -264,8 +207,10 @@ class VerticalADMMStrategy(Strategy):
             raise ResumeRefused(
                 f"party {party} restarted and answered a message sent to its previous session from an empty state "
                 "before it was identified again (its SuperNode came back within the SuperLink's heartbeat window "
-                "and pulled it): its state is not the run's. Resume from the checkpoint (resume='<state-dir>'): "
-                "a new run re-synchronizes every party")
+                "and pulled it): its state is not the run's. " + (
+                    "Start a new run (secagg=true: a resume cannot re-synchronize a party whose releases the "
+                    "central node never saw)" if self.secagg is not None else
+                    "Resume from the checkpoint (resume='<state-dir>'): a new run re-synchronizes every party"))
         if info["private"] or info["restored"]:
             self._resync.discard(party)
             return
@@ -287,7 +232,10 @@ class VerticalADMMStrategy(Strategy):
         self.exchange = Exchange(grid, self.num_parties, timeout=self.round_timeout, party_wait=self.party_wait,
                                  party_keys=self.party_keys, on_join=self._joined)
         self.exchange.wire_dtype = self.wire_dtype
-        self.exchange.identify("query.identify", RecordDict({"config": ConfigRecord({"want": "party"})}),
+        query = {"want": "party"}
+        if getattr(self, "resume_plans_", None):     # a resume: each private party continues its plan
+            query["plans"] = json.dumps(self.resume_plans_, sort_keys=True)
+        self.exchange.identify("query.identify", RecordDict({"config": ConfigRecord(query)}),
                                lambda nid, rep: read_identity(self, nid, rep))
         return self.node_to_party
 
@@ -302,9 +250,11 @@ class VerticalADMMStrategy(Strategy):
             # a restarted party that lost its state (s_m = 0): q - s_m/theta gives it the same
             # x-update target z_loc = s_m - theta q as the party that kept s_m (eq. 6, alpha = 1)
             q = replay_q(q, self._last_s[party], c.theta)
+        elif sends_target(self, party):     # alpha = 1: the x-update target alone (8 N bytes, not 16 N)
+            return self._content(server_round, q, c.y, c.rho, vectors=target_vectors(self, party, q), **extra)
         return self._content(server_round, q, c.y, c.rho, **extra)
 
-    def _content(self, server_round, q, y, rho, **extra) -> RecordDict:
+    def _content(self, server_round, q, y, rho, vectors=None, **extra) -> RecordDict:
         c = self.central
         # no accelerator extrapolates the rounds: a non-private party may take the looser x-update
         # the engine's parties take then (PartyUpdate.plain_rounds); a private party ignores it.
@@ -313,8 +263,13 @@ class VerticalADMMStrategy(Strategy):
         # be refused); the engine keeps no checkpoint, so it and a run without one agree
         plain = (self.driver is not None and self.driver.acc is None
                  and self.state_dir is None and self.resume is None)
+        if vectors is None:
+            vectors = {"q": Array(np.asarray(q)), "y": Array(np.asarray(y))}
+        else:                               # (the target v: config['q_norm'] goes with it)
+            vectors, extra = {k: Array(a) for k, a in vectors.items() if k != "q_norm"}, \
+                {**extra, "q_norm": float(vectors["q_norm"])}
         return RecordDict({
-            "vectors": ArrayRecord({"q": Array(np.asarray(q)), "y": Array(np.asarray(y))}),
+            "vectors": ArrayRecord(vectors),
             "config": ConfigRecord({"round": int(server_round), "rho": float(rho),
                                     "alpha": float(c.alpha), "theta": float(c.theta), PLAIN_ROUNDS: plain,
                                     **extra}),
@@ -333,7 +288,7 @@ class VerticalADMMStrategy(Strategy):
         training has neither (x_m stays on its party; a party takes its settings from its own
         node config), so they are not read (:meth:`start` refuses non-empty ones). The parties
         of the round are those of the phase (:func:`~flower_vfl.core.schedule.private_schedule`)."""
-        if self._qs is None and not self._resync:
+        if self._qs is None and not self._resync and not any(sends_target(self, p) for p in self._active):
             content = self._round_content(server_round)
             build = lambda p: content  # noqa: E731
         else:
@@ -349,7 +304,8 @@ class VerticalADMMStrategy(Strategy):
     def _release(self, rep, party, key, shape, what) -> np.ndarray:
         """A reply's checked release; a refusal stops the run (:class:`PartyRefused`)."""
         keep_report(rep, party, self.privacy_, what)
-        return check_release(rep, party, key, shape, what, bound=self.max_release)
+        return check_release(rep, party, key, shape, what, bound=self.max_release,
+                             cause=noise_divergence_cause(self.privacy_) if self.private_parties else None)
 
     def _by_party(self, replies, what) -> dict[int, Message]:
         """party -> reply, the party being the one the exchange sent the request to."""
@@ -499,6 +455,7 @@ class VerticalADMMStrategy(Strategy):
         self.run_record_ = checkpointing.run_record(self)
         # another run's checkpoint is refused before any party is contacted
         ckpt = checkpointing.load(self.resume, self.run_record_) if self.resume else None
+        self.resume_plans_ = checkpointing.plans(ckpt)
         self.identify(grid)
         if ckpt is not None and self._stateless and float(self.central.alpha) != 1.0:
             raise ResumeRefused(f"resume={str(self.resume)!r}: parties {sorted(self._stateless)} came back without "
@@ -528,6 +485,7 @@ class VerticalADMMStrategy(Strategy):
                                  f"part{'y' if n == 1 else 'ies'} (private parties {sorted(self.private_parties)} "
                                  "sit out the warm start): run with 2 or more non-private parties, every party "
                                  "private, or secagg=false")
+            self.secagg.check_phases(self.driver.phases, self.private_parties)      # one roster per run
             self.secagg.keys(self.exchange, self.num_parties)
         self.acceleration_ = self.driver.acceleration
         self.history_ = self.driver.history
@@ -538,6 +496,8 @@ class VerticalADMMStrategy(Strategy):
         rounds = FlowerRounds(self, grid)
         self.writer = RoundWriter(inline=self.write_inline)
         try:
+            if ckpt is None:                         # round 0: the private parties' plans, for a resume
+                checkpointing.save(self, 0, 0, 0, False)
             rounds.resync(range(self.num_parties))    # parties back without state: their x_m first
             self.driver.run(rounds, start=begin, t0=t0, on_round=self._on_round, on_warm_start=self._on_warm_start)
             self.writer.close()                      # the last round's checkpoint and report are on disk
@@ -548,7 +508,8 @@ class VerticalADMMStrategy(Strategy):
             self._close_writer()
             self.stopped_reason_, self.failed_ = str(exc), True
             log(ERROR, "stopping after round %d (checkpoint: %s): %s", len(self.history_),
-                self.state_dir or "none, set state-dir or out-dir", exc)
+                "none that a resume can read under secagg=true; start a new run" if self.secagg is not None
+                else self.state_dir or "none, set state-dir or out-dir", exc)
             vertical_outcome.finish(self, t0)
             raise
         except BaseException:
