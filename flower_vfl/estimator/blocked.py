@@ -10,6 +10,12 @@ a fit on a fold equals ``VerticalADMM().fit([X[rows][:, cols_m] ...], y[rows])``
     search = GridSearchCV(BlockedVerticalADMM(blocks=[66, 57], max_rounds=50),
                           {"lam": [1e-4, 1e-3, 1e-2]}, cv=3).fit(X, y)
 
+``blocks`` defaults to 2 (two contiguous halves). A step that changes the number of columns
+(one-hot, polynomial) goes inside: ``blocks=PartyColumnTransformer([66, 57], OneHotEncoder())``
+fits each party's transformer on its own columns only and trains on the transformed blocks
+(widths re-derived, ``block_widths_``). The class keeps scikit-learn's estimator contract
+(tests/test_sklearn_contract.py runs ``check_estimator`` on every loss).
+
 Private parties (docs/model-selection.md): each fit releases the party's block again, so
 each fit charges the party's ledger. The in-process VerticalADMM keeps a ledger in memory,
 new at every fit, which model selection (k folds x grid points + the refit) would silently
@@ -23,13 +29,111 @@ from __future__ import annotations
 import inspect
 import uuid
 
-from flower_vfl.estimator.engine import VerticalADMM
-from flower_vfl.estimator.sklearn_api import split_columns
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, TransformerMixin, clone
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.validation import check_array, check_is_fitted
 
-__all__ = ["BlockedVerticalADMM"]
+from flower_vfl.estimator.engine import VerticalADMM, _has_proba
+from flower_vfl.estimator.sklearn_api import column_blocks, split_columns
+
+__all__ = ["BlockedVerticalADMM", "PartyColumnTransformer"]
 
 #: the parameters this class adds to VerticalADMM's (the first three of its signature)
 _OWN = ("blocks", "privacy_ledger", "privacy_budget")
+#: their defaults (blocks=2: the columns split in two contiguous halves, two parties)
+_OWN_DEFAULTS = {"blocks": 2, "privacy_ledger": None, "privacy_budget": None}
+
+
+class PartyColumnTransformer(TransformerMixin, BaseEstimator):
+    """Each party preprocesses its own columns: ``transformers`` fitted on party m's columns
+    only (one-hot, polynomial, scaling ...), and the blocks' widths re-derived after the
+    transform (``widths_``). As ``blocks`` of :class:`BlockedVerticalADMM` it makes the
+    preprocessing part of the estimator, so GridSearchCV and pipelines refit it per fold:
+
+        BlockedVerticalADMM(blocks=PartyColumnTransformer([3, 2], OneHotEncoder(handle_unknown="ignore")))
+
+    Parameters
+    ----------
+    blocks : int or list, default=2
+        The parties' columns of the raw X (:func:`~flower_vfl.estimator.sklearn_api.column_blocks`).
+    transformers : transformer, list or None, default=None
+        One transformer cloned for every party, or one per party (None or 'passthrough': the
+        party's columns as they are); None: no preprocessing.
+
+    Attributes
+    ----------
+    columns_ : list of ndarray
+        Party m's columns of the raw X.
+    transformers_ : list
+        Party m's fitted transformer (None: passthrough).
+    widths_ : list of int
+        The width of party m's block after its transform (the blocks the model trains on).
+    """
+
+    def __init__(self, blocks=2, transformers=None):
+        self.blocks = blocks
+        self.transformers = transformers
+
+    def __sklearn_tags__(self):
+        """Sparse X is split into CSR blocks when every party's transformer takes sparse input;
+        NaN is left to the parties' transformers (an imputer may be one)."""
+        from sklearn.utils import get_tags
+        tags = super().__sklearn_tags__()
+        t = self.transformers
+        steps = [s for s in (t if isinstance(t, (list, tuple)) else [t]) if s is not None and not isinstance(s, str)]
+        tags.input_tags.sparse = all(get_tags(s).input_tags.sparse for s in steps)
+        tags.input_tags.allow_nan = True
+        return tags
+
+    def _per_party(self, m):
+        t = self.transformers
+        if isinstance(t, (list, tuple)):
+            if len(t) != len(self.columns_):
+                raise ValueError(f"transformers has {len(t)} entries but blocks declares {len(self.columns_)} "
+                                 "parties; give one transformer (or None) per party, or one for all")
+            t = t[m]
+        return None if t is None or (isinstance(t, str) and t == "passthrough") else clone(t)
+
+    def fit(self, X, y=None):
+        self.fit_transform_blocks(X, y)
+        return self
+
+    def fit_transform_blocks(self, X, y=None) -> list:
+        """Fit each party's transformer on its own columns; return the transformed blocks."""
+        X = check_array(X, accept_sparse="csr", dtype=None, ensure_all_finite=False)
+        self.n_features_in_ = X.shape[1]
+        self.columns_ = column_blocks(self.blocks, X.shape[1])
+        self.transformers_, out = [], []
+        for m, cols in enumerate(self.columns_):
+            t = self._per_party(m)
+            block = X[:, cols]
+            out.append(block if t is None else t.fit_transform(block, y))
+            self.transformers_.append(t)
+        out = [_numeric(b, m) for m, b in enumerate(out)]
+        self.widths_ = [b.shape[1] for b in out]
+        return out
+
+    def transform_blocks(self, X) -> list:
+        """Party m's columns of X through its fitted transformer: the blocks the model scores."""
+        check_is_fitted(self, "transformers_")
+        X = check_array(X, accept_sparse="csr", dtype=None, ensure_all_finite=False)
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but PartyColumnTransformer is expecting "
+                             f"{self.n_features_in_} features as input")
+        return [_numeric(X[:, c] if t is None else t.transform(X[:, c]), m)
+                for m, (c, t) in enumerate(zip(self.columns_, self.transformers_))]
+
+    def transform(self, X):
+        blocks = self.transform_blocks(X)
+        return sp.hstack(blocks, format="csr") if any(sp.issparse(b) for b in blocks) else np.hstack(blocks)
+
+
+def _numeric(block, m):
+    if sp.issparse(block):
+        return sp.csr_matrix(block, dtype=float)
+    return check_array(block, dtype="numeric", ensure_all_finite=False, input_name=f"party {m}'s block")
 
 
 class BlockedVerticalADMM(VerticalADMM):
@@ -37,10 +141,14 @@ class BlockedVerticalADMM(VerticalADMM):
 
     Parameters
     ----------
-    blocks : list of int, or list of range / slice / sequence of int
-        Each party's columns of X: widths in column order (``[66, 57]``) or explicit columns
-        (``[range(0, 66), range(66, 123)]``); every column in exactly one block
-        (:func:`~flower_vfl.estimator.sklearn_api.column_blocks`). Required.
+    blocks : int, list of int, list of range / slice / sequence of int, or PartyColumnTransformer, default=2
+        Each party's columns of X: a number of parties (the columns split into that many
+        contiguous blocks of near-equal width), widths in column order (``[66, 57]``) or
+        explicit columns (``[range(0, 66), range(66, 123)]``); every column in exactly one block
+        (:func:`~flower_vfl.estimator.sklearn_api.column_blocks`). A
+        :class:`PartyColumnTransformer` declares the columns *and* each party's own
+        preprocessing (one-hot, polynomial ...): it is fitted on every fit, and the blocks'
+        widths are those after its transform (``block_widths_``).
     privacy_ledger : str, PathLike or None, default=None
         Only with private parties (``privacy``), and then required: the ``.sqlite`` file (or a
         folder for ``party.sqlite``) of the parties' ledgers, shared by every fit and every
@@ -54,9 +162,11 @@ class BlockedVerticalADMM(VerticalADMM):
     **VerticalADMM's parameters : see :class:`~flower_vfl.estimator.engine.VerticalADMM`.
 
     Every method taking ``X_blocks`` in VerticalADMM takes the one matrix ``X`` here.
+    ``n_features_in_`` is X's number of columns (scikit-learn's meaning); ``block_widths_`` the
+    parties' widths the model was trained on.
     """
 
-    def __init__(self, blocks=None, privacy_ledger=None, privacy_budget=None, **params):
+    def __init__(self, blocks=2, privacy_ledger=None, privacy_budget=None, **params):
         super().__init__(**params)
         self.blocks = blocks
         self.privacy_ledger = privacy_ledger
@@ -65,19 +175,46 @@ class BlockedVerticalADMM(VerticalADMM):
     # get_params / clone read the signature: VerticalADMM's parameters and the three above
     __init__.__signature__ = inspect.signature(VerticalADMM.__init__).replace(parameters=[
         inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        *(inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None) for k in _OWN),
+        *(inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_OWN_DEFAULTS[k]) for k in _OWN),
         *(p for name, p in inspect.signature(VerticalADMM.__init__).parameters.items() if name != "self")])
 
+    def __sklearn_tags__(self):
+        """VerticalADMM's; with ``blocks`` a PartyColumnTransformer, sparse X only when every
+        party's transformer takes it."""
+        tags = super().__sklearn_tags__()
+        if isinstance(self.blocks, PartyColumnTransformer):
+            from sklearn.utils import get_tags
+            tags.input_tags.sparse = get_tags(self.blocks).input_tags.sparse
+        return tags
+
     def _split(self, X):
-        """X's columns as the declared blocks; blocks already split pass through (the inherited
+        """X's columns as the declared blocks (through the parties' fitted transformers when
+        ``blocks`` is a PartyColumnTransformer); blocks already split pass through (the inherited
         methods call each other with the blocks)."""
-        if isinstance(X, list) and len(X) == len(self.blocks) and all(getattr(b, "ndim", 0) == 2 for b in X):
+        check_is_fitted(self, "coef_")
+        if isinstance(X, list) and len(X) == len(self.block_widths_) and all(getattr(b, "ndim", 0) == 2 for b in X):
             return X
+        if getattr(self, "columns_", None) is not None:
+            return self.columns_.transform_blocks(X)
+        X = check_array(X, accept_sparse="csr", dtype="numeric")
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
+                             f"{self.n_features_in_} features as input")
         return split_columns(X, self.blocks)
 
     def fit(self, X, y):
         """Fit on the blocks of X (see VerticalADMM.fit)."""
-        return super().fit(split_columns(X, self.blocks), y)
+        if isinstance(self.blocks, PartyColumnTransformer):
+            self.columns_ = clone(self.blocks)
+            blocks = self.columns_.fit_transform_blocks(X, y)
+            n = self.columns_.n_features_in_
+        else:
+            self.columns_ = None
+            X = check_array(X, accept_sparse="csr", dtype="numeric")
+            blocks, n = split_columns(X, self.blocks), X.shape[1]
+        super().fit(blocks, y)
+        self.n_features_in_ = n
+        return self
 
     def decision_function(self, X):
         return super().decision_function(self._split(X))
@@ -88,11 +225,27 @@ class BlockedVerticalADMM(VerticalADMM):
     def predict(self, X):
         return super().predict(self._split(X))
 
+    @available_if(_has_proba)
     def predict_proba(self, X):
         return super().predict_proba(self._split(X))
 
     def objective(self, X, y):
         return super().objective(self._split(X), y)
+
+    def save(self, path):
+        """As VerticalADMM.save; a model whose ``blocks`` holds fitted transformers is refused
+        (they are not written): pickle it instead."""
+        if isinstance(self.blocks, PartyColumnTransformer):
+            raise ValueError("save() writes coefficients, not the parties' fitted transformers of blocks="
+                             "PartyColumnTransformer(...); pickle the estimator instead (pickle.dump)")
+        return super().save(path)
+
+    @classmethod
+    def load(cls, path):
+        est = super().load(path)
+        est.n_features_in_ = int(sum(est.block_widths_))
+        est.columns_ = None
+        return est
 
     # score: SklearnAPIMixin.score calls self.predict(X), which splits X
 

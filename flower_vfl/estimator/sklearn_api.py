@@ -101,6 +101,7 @@ class SklearnAPIMixin:
         est.intercept_ = m["intercept"] if m["intercept"].ndim else float(m["intercept"])
         est.classes_ = None if meta["classes"] is None else np.asarray(meta["classes"])
         est.n_features_in_ = list(meta["n_features_in"])
+        est.block_widths_ = list(meta["n_features_in"])
         est.history_ = meta["history"]
         est.n_rounds_ = int(meta["n_rounds"])
         est.converged_ = bool(meta["converged"])
@@ -114,10 +115,17 @@ class SklearnAPIMixin:
 def column_blocks(blocks, n_features: int) -> list[np.ndarray]:
     """The column indices of each party's block in a matrix of ``n_features`` columns.
 
-    ``blocks`` is either the blocks' widths in column order (``[66, 57]``: columns 0-65 and
-    66-122) or one column selection per block (``[range(0, 66), range(66, 123)]``, slices or
-    integer sequences). Every column belongs to exactly one block: a column left out or given
-    twice is an error naming it."""
+    ``blocks`` is a number of parties k (the columns in order, split into min(k, n_features)
+    contiguous blocks of near-equal width: ``2`` on 123 columns is 0-61 and 62-122), the
+    blocks' widths in column order (``[66, 57]``: columns 0-65 and 66-122) or one column
+    selection per block (``[range(0, 66), range(66, 123)]``, slices or integer sequences).
+    Every column belongs to exactly one block: a column left out or given twice is an error
+    naming it."""
+    if isinstance(blocks, (int, np.integer)) and not isinstance(blocks, bool):
+        if blocks < 1:
+            raise ValueError(f"blocks={blocks!r}: give a number of parties >= 1, the widths ([66, 57]) or the "
+                             "columns of each party ([range(0, 66), range(66, 123)])")
+        return [np.asarray(c) for c in np.array_split(np.arange(n_features), min(int(blocks), n_features))]
     if blocks is None:
         raise ValueError("blocks=None: declare each party's columns of X, e.g. blocks=[66, 57] (widths in column "
                          "order) or blocks=[range(0, 66), range(66, 123)]")
@@ -171,8 +179,9 @@ def estimator_meta(est) -> tuple[dict, dict]:
     for k, v in est.get_params().items():
         if k == "label_seed":
             continue                 # the label owner's flip seed never leaves it (label_dp.py)
-        if k == "blocks" and v is not None and not all(isinstance(b, (int, np.integer)) for b in v):
-            v = [idx.tolist() for idx in column_blocks(v, sum(est.n_features_in_))]   # ranges: as columns
+        if k == "blocks" and v is not None and not isinstance(v, (int, np.integer)) and \
+                not all(isinstance(b, (int, np.integer)) for b in v):
+            v = [idx.tolist() for idx in column_blocks(v, sum(getattr(est, "block_widths_", est.n_features_in_)))]
         try:
             json.dumps(v)
             params[k] = v
@@ -184,7 +193,7 @@ def estimator_meta(est) -> tuple[dict, dict]:
     meta = {"kind": "estimator", "params": params, "params_text": text, "n_blocks": len(est.coef_),
             "private_mask": mask,
             "classes": None if est.classes_ is None else np.asarray(est.classes_).tolist(),
-            "n_features_in": list(est.n_features_in_), "history": est.history_,
+            "n_features_in": list(getattr(est, "block_widths_", est.n_features_in_)), "history": est.history_,
             "n_rounds": int(est.n_rounds_), "converged": bool(est.converged_)}
     return arrays, meta
 
