@@ -141,7 +141,8 @@ def one(data_dir: str, parties: int, rounds: int, wire: str, every: float, keep:
     work = Path(tempfile.mkdtemp(prefix=f"bench_10m_{wire}_", dir=os.environ.get("BENCH_10M_TMP")))
     os.environ["FLOWER_VFL_CACHE"] = str(Path(data_dir) / "cache")     # the bundled loader's ID sidecars
     timing = work / "timing.jsonl"
-    os.environ[TIMING_ENV] = str(timing)
+    from timing.flower_vfl_timing import enable   # benchmarks/timing/: the nodes' and forked tasks' lines
+    enable(timing)                                 # ($FLOWER_VFL_TIMING, and its sitecustomize on PYTHONPATH)
     t0 = time.time()
     fills = fill_caches(states, data_dir, parties)
     fill_s = time.time() - t0

@@ -109,6 +109,11 @@ def split_rounds(timing: list[dict], rounds: int) -> dict:
             "delivery": last["t_fork"] - e["t_push"],
             "return": e["t_done"] - last["t_exit"],
             "server_pulls": e["pulls"],
+            # the round's payload per party (Array data and packed .npy bytes, flower_vfl.strategies.exchange)
+            **({"bytes_to_each_party": _med(list(map(float, e["array_bytes_out"].values())))}
+               if e.get("array_bytes_out") else {}),
+            **({"bytes_from_each_party": _med(list(map(float, e["array_bytes_in"].values())))}
+               if e.get("array_bytes_in") else {}),
         })
         # Flower's transport, stage by stage (stamps of this tree: the nodes' pulls and replies)
         ns = [n for n in pulled if e["t_push"] <= n["t_pull1"] <= e["t_done"]]
@@ -228,7 +233,8 @@ def main(argv=None):
         print(f"in process: gap {args.gap:g} after {args.rounds} rounds (f* = {f_star:.12g})", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench_real_nodes_"))
     timing = work / "timing.jsonl"
-    os.environ[TIMING_ENV] = str(timing)
+    from timing.flower_vfl_timing import enable   # benchmarks/timing/: the nodes' and forked tasks' lines
+    enable(timing)                                 # ($FLOWER_VFL_TIMING, and its sitecustomize on PYTHONPATH)
     procs = Processes(work / "logs")
     nodes = {m: {"state-dir": str(work / f"party{m}-state"), "data-dir": data_dir} for m in range(2)}
     rc = {"dataset": "a9a", "num-parties": 2, "max-rounds": args.rounds, "tol": 0.0, "data-dir": data_dir}
@@ -276,7 +282,7 @@ def main(argv=None):
             for label, pf, pm in pulls:
                 f = work / f"noop_{i}_{label}.json"
                 r = run_job(procs, work, env, "loopback", NOOP_APP,
-                            _node_config_str({"modes": "tiny,payload,packed,payload-state", "repeats": args.repeats,
+                            _node_config_str({"modes": "tiny,payload,packed,packed-v,payload-state", "repeats": args.repeats,
                                               "warmup": 2, "num-nodes": 2, "pull-first": pf, "pull-max": pm,
                                               "out-file": str(f)}), work / f"noop_{i}_{label}.log")
                 if not f.exists():

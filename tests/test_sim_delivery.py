@@ -198,9 +198,9 @@ def test_a_changed_flower_loop_is_left_alone_and_said_once(monkeypatch):
     try:
         assert sim_delivery.wake_delivery() is False
         assert _said_once() == [
-            f"flower-vfl: Flower's simulation delivery loop in flwr {flwr.__version__} is not the one this "
-            "was read in (1.41.x, 1.42.x: a thread running vce_api.add_messages_to_queue that sleeps on "
-            "f_stop.wait); each round waits for Flower's 0.1 s delivery tick"]
+            f"flower-vfl: Flower patch 'sim-delivery-wake' not applied (flwr {flwr.__version__}'s code has no "
+            "vce_api.add_messages_to_queue(state, queue, nodes_mapping, f_stop) sleeping on f_stop.wait); "
+            "each round waits for Flower's 0.1 s delivery tick"]
     finally:
         f_stop.set()
         th.join(timeout=5)
@@ -212,7 +212,9 @@ def test_another_flower_release_is_left_alone(loop, monkeypatch):
     monkeypatch.setattr(flwr, "__version__", "1.43.0")
     assert sim_delivery.wake_delivery() is False
     assert not any(f_stop.ends)
-    with pytest.warns(UserWarning, match=r"^flower-vfl: Flower's simulation delivery loop in flwr 1\.43\.0 is not "):
+    with pytest.warns(UserWarning, match=r"^flower-vfl: Flower patch 'sim-delivery-wake' not applied \(flwr 1\.43\.0 "
+                                         r"is not one of 1\.41\.x, 1\.42\.x\); each round waits for Flower's 0\.1 s "
+                                         r"delivery tick$"):
         sim_delivery.warn_if_absent()
 
 

@@ -166,8 +166,8 @@ def test_other_flower_release_is_left_alone(monkeypatch):
 
     flower = conn.make_simple_http_retry_invoker
     monkeypatch.setattr(flwr, "__version__", "1.99.0")
-    with pytest.warns(UserWarning, match=r"flwr 1\.99\.0's connection retries are not the ones this was read in "
-                                         r"\(1\.41\.x, 1\.42\.x\); a --insecure/TLS mismatch"):
+    with pytest.warns(UserWarning, match=r"^flower-vfl: Flower patch 'tls-mismatch-hint' not applied \(flwr 1\.99\.0 "
+                                         r"is not one of 1\.41\.x, 1\.42\.x\); a --insecure/TLS mismatch"):
         assert supernode.hint_tls_mismatch() is False
     assert conn.make_simple_http_retry_invoker is flower
 

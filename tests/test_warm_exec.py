@@ -128,11 +128,12 @@ def test_supernode_patch_refuses_another_flower_release(monkeypatch):
 
     monkeypatch.setattr(sci, "time", time)
     monkeypatch.setattr(flwr, "__version__", "1.99.0")
-    with pytest.warns(UserWarning, match=r"flower-vfl-supernode: flwr 1\.99\.0 is not one of 1\.41\.x, 1\.42\.x; "
-                                         r"running Flower's SuperNode unpatched"):
+    with pytest.warns(UserWarning, match=r"^flower-vfl: Flower patch 'supernode-poll' not applied \(flwr 1\.99\.0 is "
+                                         r"not one of 1\.41\.x, 1\.42\.x\); running Flower's SuperNode unpatched"):
         assert supernode.cap_idle_sleep(0.5, 0.02) is False
     assert sci.time is time
-    with pytest.warns(UserWarning, match=r"flwr 1\.99\.0's object pulls .* Flower's own retry backoff \(1 s\) is kept"):
+    with pytest.warns(UserWarning, match=r"^flower-vfl: Flower patch 'object-retry-backoff' not applied \(flwr 1\.99\.0 "
+                                         r".*\); Flower's own retry backoff \(1 s\) is kept$"):
         assert supernode.fast_object_retries() is False
 
 
@@ -243,8 +244,8 @@ def test_supernode_heartbeat_sets_the_interval_the_node_announces_and_keeps(monk
     for m in (conn, hb):
         monkeypatch.setattr(m, "HEARTBEAT_DEFAULT_INTERVAL", 30)
     monkeypatch.setattr(flwr, "__version__", "1.99.0")
-    with pytest.warns(UserWarning, match=r"flwr 1\.99\.0's heartbeat is not the one this was read in .*--heartbeat "
-                                         r"ignored, Flower's interval kept"):
+    with pytest.warns(UserWarning, match=r"^flower-vfl: Flower patch 'heartbeat-interval' not applied \(flwr 1\.99\.0 "
+                                         r".*\); --heartbeat ignored, Flower's interval kept$"):
         assert supernode.set_heartbeat(10) is False
     assert conn.HEARTBEAT_DEFAULT_INTERVAL == hb.HEARTBEAT_DEFAULT_INTERVAL == 30
 
@@ -455,8 +456,8 @@ def test_supernode_activation_retry_refuses_another_flower_release(monkeypatch):
 
     flower = FleetHttpClient.ActivateNode
     monkeypatch.setattr(flwr, "__version__", "1.99.0")
-    with pytest.warns(UserWarning, match=r"flwr 1\.99\.0's node activation is not the one this was read in "
-                                         r"\(1\.41\.x, 1\.42\.x\); a refused activation ends the node at once"):
+    with pytest.warns(UserWarning, match=r"^flower-vfl: Flower patch 'activation-retry' not applied \(flwr 1\.99\.0 is "
+                                         r"not one of 1\.41\.x, 1\.42\.x\); a refused activation ends the node at once"):
         assert supernode.retry_activation() is False
     assert FleetHttpClient.ActivateNode is flower
 

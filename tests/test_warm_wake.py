@@ -81,7 +81,8 @@ def test_supernode_wake_refuses_another_flower_release(monkeypatch):
     monkeypatch.setattr(sci, "_pull_and_store_message", sci._pull_and_store_message)
     before = sci._pull_and_store_message
     monkeypatch.setattr(flwr, "__version__", "1.99.0")
-    with pytest.warns(UserWarning, match=r"flwr 1\.99\.0's SuperNode loop .* --wake-executor is ignored"):
+    with pytest.warns(UserWarning, match=r"^flower-vfl: Flower patch 'supernode-wake-executor' not applied \(flwr "
+                                         r"1\.99\.0 .*\); --wake-executor is ignored"):
         assert supernode.wake_executor(9) is False
     assert sci._pull_and_store_message is before
 

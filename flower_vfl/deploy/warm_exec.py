@@ -28,8 +28,9 @@ Flower); when off, its per-process look-ups are made once here instead of in eve
     flower-supernode --isolation process --port 9094 ...   # the party's SuperNode
     python -m flower_vfl.deploy.warm_exec --insecure --runtime-api-address 127.0.0.1:9094
 
-Also (each checked against the Flower release, 1.41.x / 1.42.x; any other runs Flower's SuperExec
-unpatched, with a warning): the SuperExec asks its SuperNode for the next task every 10 ms for 2 s
+Also (each listed and checked against the Flower release in :mod:`flower_vfl.flower_patches`,
+1.41.x / 1.42.x; any other runs Flower's SuperExec unpatched, with a warning naming the patch):
+the SuperExec asks its SuperNode for the next task every 10 ms for 2 s
 after a launch or a ClientApp's exit (then at Flower's interval), or, with ``--wake-port U``, waits
 on UDP 127.0.0.1:U between polls instead (its SuperNode, ``flower-vfl-supernode --wake-executor U``,
 sends a datagram when it stored a message; a poll every 1 s without one); a forked ClientApp does not
@@ -71,6 +72,9 @@ import queue
 import sys
 import threading
 
+from flower_vfl.deploy import hooks
+from flower_vfl.flower_patches import applicable, replace
+
 __all__ = ["main"]
 
 #: imported once here instead of in every ClientApp process (what flwr-clientapp and our
@@ -91,8 +95,6 @@ WARM_PRIVATE = ("opacus.accountants",)
 #: the previous name of :data:`WARM_PRIVATE`
 WARM_OPTIONAL = WARM_PRIVATE
 ACCOUNTANTS = ("auto", "eager", "off")
-#: the Flower releases whose SuperExec loop this was read in (flwr/supercore/superexec/run_superexec.py)
-PATCHED_FLWR = ("1.41.", "1.42.")
 FLOWER_TASK_SLEEP = "time.sleep(task_poll_interval)"
 #: after a task was launched or a forked ClientApp ended, ask the SuperNode for the next task
 #: every HOT_TASK_POLL_S for HOT_WINDOW_S seconds (the next round's message is near), then at
@@ -101,8 +103,6 @@ HOT_TASK_POLL_S, HOT_WINDOW_S = 0.01, 2.0
 #: with ``--wake-port`` (the node wakes the loop when it stored a message): the loop's fallback
 #: poll, at least this many seconds (Flower's default interval)
 WAKE_POLL_S = 1.0
-#: benchmarks only: a file each forked ClientApp appends one JSON line of timings to
-TIMING_ENV = "FLOWER_VFL_TIMING"
 #: at most this many bundles' modules are kept imported in the warm process (oldest dropped)
 MAX_PRELOADED_APPS = 4
 
@@ -304,17 +304,12 @@ def serverapp_forkable() -> bool:
         try:
             rt, srv, lg = (importlib.import_module(m) for m in
                            (SERVER_RUNTIME, SERVER_LOADER, "flwr.supercore.logger"))
-            ok = all(callable(getattr(m, n, None)) for m, n in (
+            missing = [f"{m.__name__}.{n}" for m, n in (
                 (rt, "run_serverapp"), (rt, "install_from_fab"), (srv, "load_app"),
-                (lg, "mirror_output_to_queue"), (lg, "restore_output")))
+                (lg, "mirror_output_to_queue"), (lg, "restore_output")) if not callable(getattr(m, n, None))]
         except ImportError:
-            ok = False
-        if not ok:
-            import warnings
-            warnings.warn("flower_vfl.deploy.warm_exec: this Flower's ServerApp process code is not the one this "
-                          "was read in (flwr.superlink.runtime.run_serverapp); each run starts a new "
-                          "flwr-serverapp instead of a forked one", stacklevel=2)
-        _FORKABLE.append(ok)
+            missing = [SERVER_RUNTIME]
+        _FORKABLE.append(applicable("serverapp-fork", missing, stacklevel=3))
     return _FORKABLE[0]
 
 
@@ -329,9 +324,10 @@ def patch_serverapp_flush() -> bool:
     in; returns whether it was."""
     import importlib
     rt = importlib.import_module(SERVER_RUNTIME)
-    if not _is_flowers_flush(getattr(rt, "flush_logs", None)):
+    if not applicable("serverapp-flush", [] if _is_flowers_flush(getattr(rt, "flush_logs", None))
+                      else [f"flush_logs ending in {FLOWER_FLUSH_SLEEP}"]):
         return False
-    rt.flush_logs = _drained_flush
+    replace("serverapp-flush", rt, "flush_logs", _drained_flush)
     return True
 
 
@@ -435,7 +431,7 @@ def _report_bundle_modules(preloaded, wfd: int, bundles: bool = True, learn=(), 
         except OSError:
             pass
 
-    cu.load_app = load_app
+    replace("app-preload", cu, "load_app", load_app)
     return report
 
 
@@ -529,71 +525,7 @@ def _reuse_installed_fabs(runtime=CLIENT_RUNTIME) -> None:
             pass
         return path
 
-    rc.install_from_fab = install_from_fab
-
-
-def _time_clientapp_calls(rec: dict) -> None:
-    """In a forked child with $FLOWER_VFL_TIMING: note when the ClientApp's handler starts/ends."""
-    import time
-
-    from flwr.clientapp import ClientApp
-
-    call = ClientApp.__call__
-
-    def timed(self, *args, **kwargs):
-        rec["t_call0"] = time.time()
-        try:
-            return call(self, *args, **kwargs)
-        finally:
-            rec["t_call1"] = time.time()
-
-    ClientApp.__call__ = timed
-    # the stages of Flower's run_clientapp (seconds spent in each, summed)
-    import flwr.supernode.runtime.run_clientapp as rc
-
-    rec["t_run"] = time.time()
-    _time_stages(rec, CLIENT_RUNTIME, CLIENT_STAGES)
-    # the Runtime API client's construction and the heartbeat thread's start
-    client_cls, hb_cls = getattr(rc, "RuntimeHttpClient", None), getattr(rc, "HeartbeatSender", None)
-    if isinstance(client_cls, type) and callable(getattr(client_cls, "from_server_address", None)):
-        rc.RuntimeHttpClient = type("RuntimeHttpClient", (client_cls,), {
-            "from_server_address": classmethod(lambda cls, *a, **k: _timed_stage(rec, "client", client_cls.from_server_address)(*a, **k))})
-    if isinstance(hb_cls, type) and callable(getattr(hb_cls, "start", None)):
-        rc.HeartbeatSender = type("HeartbeatSender", (hb_cls,), {
-            "start": lambda self: _timed_stage(rec, "heartbeat_start", hb_cls.start)(self),
-            "stop": lambda self: _timed_stage(rec, "heartbeat_stop", hb_cls.stop)(self)})
-    load = getattr(rc, "get_load_client_app_fn", None)
-    if callable(load):
-        rc.get_load_client_app_fn = lambda *a, **k: _timed_stage(rec, "load_client_app", load(*a, **k))
-    _time_heartbeats_and_exit(rec, rc)
-
-
-def _time_heartbeats_and_exit(rec: dict, rc) -> None:
-    """In a forked child with $FLOWER_VFL_TIMING: each task heartbeat ([sent, answered, ok] in
-    ``rec['hb']``) and when Flower's ``flwr_exit`` began (``t_flwr_exit``); a child that
-    Flower's force exit ends (:func:`watch_force_exit`) writes its line then (``t_force_exit``)."""
-    import time
-
-    make_hb = getattr(rc, "make_task_heartbeat_fn_http", None)
-    if callable(make_hb):
-        def make_task_heartbeat_fn_http(*a, **k):
-            fn = make_hb(*a, **k)
-
-            def beat():
-                t0, ok = time.time(), False
-                try:
-                    ok = fn()
-                    return ok
-                finally:
-                    rec.setdefault("hb", []).append([round(t0, 3), round(time.time(), 3), bool(ok)])
-            return beat
-        rc.make_task_heartbeat_fn_http = make_task_heartbeat_fn_http
-    fexit = getattr(rc, "flwr_exit", None)
-    if callable(fexit):
-        def flwr_exit(*a, **k):
-            rec["t_flwr_exit"] = time.time()
-            return fexit(*a, **k)
-        rc.flwr_exit = flwr_exit
+    replace("fab-reuse", rc, "install_from_fab", install_from_fab)
 
 
 #: what :func:`watch_force_exit` logs (task id, seconds)
@@ -605,22 +537,38 @@ FORCE_EXIT_LINE = ("[warm_exec] task %d: Flower ended the ClientApp %.1f s into 
                    "(docs/benchmarks.md, 10M rows)")
 
 
-def watch_force_exit(task_id: int, rec: dict | None = None) -> bool:
+def _observe(info) -> list:
+    """In a forked task: each observer of :data:`flower_vfl.deploy.hooks.FORK` called with ``info``;
+    the ``finish`` callables they returned (an observer that fails is skipped)."""
+    out = []
+    for observe in hooks.FORK if info is not None else ():
+        try:
+            done = observe(dict(info))
+        except Exception:                          # noqa: BLE001 - an observer never fails a task
+            continue
+        if callable(done):
+            out.append(done)
+    return out
+
+
+def watch_force_exit(task_id: int, on_force_exit=()) -> bool:
     """In a forked ClientApp: Flower's ``flwr_exit`` runs the ClientApp's exit handlers (among
     them the push of the task's final status and context, ``push_task_output``) after starting a
     thread that ends the process with ``os._exit`` 5 s later. When that thread fires, log
     :data:`FORCE_EXIT_LINE` (one ERROR line in the executor's log; the child never returns to say
-    it otherwise) and, with ``rec`` ($FLOWER_VFL_TIMING), write the child's timing line. Returns
+    it otherwise) and call each of ``on_force_exit`` with ``(code, force=True)`` (the observers of
+    :data:`flower_vfl.deploy.hooks.FORK`, e.g. a benchmark's timing line). Returns
     False (nothing watched) on a Flower whose exit module is not the one this was read in."""
     import time
 
-    import flwr
     try:
         import flwr.supercore.exit.exit as fx
     except ImportError:
-        return False
-    if not getattr(flwr, "__version__", "?").startswith(PATCHED_FLWR) or getattr(fx, "os", None) is not os \
-            or "os._exit(sys_exit_code)" not in _source(fx):
+        fx = None
+    if not applicable("force-exit-watch", ["flwr.supercore.exit.exit"] if fx is None else
+                      [m for m, ok in (("exit.os as the os module", getattr(fx, "os", None) is os),
+                                       ("os._exit(sys_exit_code)", "os._exit(sys_exit_code)" in _source(fx)))
+                       if not ok]):
         return False
     import flwr.supercore.exit.signal_handler as sh
     import flwr.supernode.runtime.run_clientapp as rc
@@ -632,7 +580,7 @@ def watch_force_exit(task_id: int, rec: dict | None = None) -> bool:
                 nonlocal began
                 began = time.monotonic()
                 return _flwr_exit(*a, **k)
-            mod.flwr_exit = timed_exit
+            replace("force-exit-watch", mod, "flwr_exit", timed_exit)
 
     class _Os:
         def __getattr__(self, name):
@@ -647,11 +595,14 @@ def watch_force_exit(task_id: int, rec: dict | None = None) -> bool:
                 log(ERROR, FORCE_EXIT_LINE, task_id, time.monotonic() - began)
                 sys.stdout.flush()
                 sys.stderr.flush()
-                if rec is not None:
-                    _timing_line({**rec, "t_force_exit": time.time(), "t_exit": time.time(), "exit": code})
+                for done in on_force_exit:
+                    try:
+                        done(code, force=True)
+                    except Exception:              # noqa: BLE001 - the exit goes on
+                        pass
             finally:
                 os._exit(code)
-    fx.os = _Os()
+    replace("force-exit-watch", fx, "os", _Os())
     return True
 
 
@@ -661,61 +612,6 @@ def _source(mod) -> str:
         return inspect.getsource(mod)
     except (OSError, TypeError):
         return ""
-
-
-#: the stages of Flower's run_clientapp timed in a forked ClientApp with $FLOWER_VFL_TIMING
-CLIENT_STAGES = ("pull_task_input", "install_from_fab", "push_message", "push_task_output", "event",
-                 "start_parent_process_monitor", "cleanup_app_runtime_environment", "register_signal_handlers")
-#: the stages of Flower's run_serverapp timed in a forked ServerApp with $FLOWER_VFL_TIMING
-SERVER_STAGES = ("install_from_fab", "get_fab_metadata", "get_project_config", "get_fused_config_from_dir",
-                 "run_", "flush_logs", "start_log_uploader", "stop_log_uploader", "event",
-                 "start_parent_process_monitor", "cleanup_app_runtime_environment", "register_signal_handlers")
-
-
-def _timed_stage(rec: dict, name: str, fn):
-    """``fn`` wrapped to add the seconds each call takes to ``rec[name]`` and note when the first
-    call began (``rec['t0_<name>']``)."""
-    import time
-
-    def wrapped(*args, **kwargs):
-        t = time.time()
-        rec.setdefault("t0_" + name, t)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            rec[name] = rec.get(name, 0.0) + time.time() - t
-    return wrapped
-
-
-def _time_stages(rec: dict, module: str, names) -> None:
-    """In a forked child with $FLOWER_VFL_TIMING: each of ``names`` (functions looked up in
-    ``module``) timed with :func:`_timed_stage`."""
-    import importlib
-
-    mod = importlib.import_module(module)
-    for name in names:
-        if callable(getattr(mod, name, None)):
-            setattr(mod, name, _timed_stage(rec, name, getattr(mod, name)))
-
-
-def _timing_line(rec: dict, tops_at_fork=None) -> None:
-    """Also the child's peak and current RSS (MB) and, with ``tops_at_fork``, the top-level
-    modules it imported that the warm process had not."""
-    import json
-    try:
-        with open("/proc/self/status") as fh:
-            status = fh.read().splitlines()
-        for key, name in (("VmHWM:", "peak_rss_mb"), ("VmRSS:", "rss_mb")):
-            rec[name] = next(int(x.split()[1]) for x in status if x.startswith(key)) / 1024
-    except (OSError, StopIteration, ValueError):
-        pass
-    if tops_at_fork is not None:
-        rec["new_modules"] = sorted({m.split(".")[0] for m in sys.modules} - tops_at_fork)
-    try:
-        with open(os.environ[TIMING_ENV], "a") as fh:
-            fh.write(json.dumps(rec) + "\n")
-    except OSError:
-        pass
 
 
 def preload_installed(preloader: AppPreloader, module: str) -> int:
@@ -806,10 +702,11 @@ def _fork_executor(clock=None, preloader=None, learn=False):
             # as Flower's launch does (spec.suppress_output: stdout/stderr to DEVNULL; its SuperLink
             # asks it for ServerApps, whose output reaches the SuperLink by the log upload instead)
             kept = _silence_output() if getattr(spec, "suppress_output", False) else None
-            timing = {"who": "serverapp" if server else "party", "task": spec.task_id, "pid": os.getpid(),
-                      "t_fork": t_fork} \
-                if os.environ.get(TIMING_ENV) else None
-            tops = {m.split(".")[0] for m in sys.modules} if timing is not None else None
+            # what the observers of flower_vfl.deploy.hooks get (none in the product; benchmarks' timing)
+            info = {"who": "serverapp" if server else "party", "task": spec.task_id, "pid": os.getpid(),
+                    "t_fork": t_fork, "modules_at_fork": {m.split(".")[0] for m in sys.modules}} \
+                if hooks.FORK else None
+            finish = []
             if rfd is not None:
                 os.close(rfd)
             try:                          # the child: what flwr-clientapp's (flwr-serverapp's) main does
@@ -823,13 +720,11 @@ def _fork_executor(clock=None, preloader=None, learn=False):
                 _reuse_installed_fabs(SERVER_RUNTIME if server else CLIENT_RUNTIME)
                 if server:
                     patch_serverapp_flush()
-                    if timing is not None:
-                        _time_stages(timing, SERVER_RUNTIME, SERVER_STAGES)
+                    finish = _observe(info)
                     _run_serverapp(spec, certificates)
                 else:
-                    if timing is not None:
-                        _time_clientapp_calls(timing)
-                    watch_force_exit(spec.task_id, timing)
+                    finish = _observe(info)
+                    watch_force_exit(spec.task_id, finish)
                     run_clientapp(runtime_api_address=spec.runtime_api_address, token=spec.token,
                                   insecure=spec.insecure, certificates=certificates, parent_pid=spec.parent_pid,
                                   runtime_dependency_install=spec.runtime_dependency_install)
@@ -844,8 +739,8 @@ def _fork_executor(clock=None, preloader=None, learn=False):
                     log(INFO, "[warm_exec] task %d: forked %s and its exit handlers done in %.3f s "
                         "(exit %s)", spec.task_id, "ServerApp" if server else "ClientApp", time.monotonic() - t0,
                         code)
-                    if timing is not None:
-                        _timing_line({**timing, "t_exit": time.time(), "exit": code}, tops)
+                    for done in finish:
+                        done(code)
                     if report is not None and code == 0:
                         report()
                     if self._clock is not None:
@@ -954,16 +849,11 @@ def main(argv=None) -> None:
     import time
     import warnings
 
-    import flwr
     import flwr.supercore.superexec.run_superexec as rs
 
-    version = getattr(flwr, "__version__", "?")
-    if not version.startswith(PATCHED_FLWR) or FLOWER_TASK_SLEEP not in inspect.getsource(rs) \
-            or not callable(getattr(rs, "get_executor", None)):
-        warnings.warn(f"flower_vfl.deploy.warm_exec: flwr {version} is not a release this was read in "
-                      f"({', '.join(v + 'x' for v in PATCHED_FLWR)}) or its SuperExec loop changed; running "
-                      "Flower's SuperExec unpatched (a new flwr-clientapp process per message)", stacklevel=1)
-    else:
+    missing = [FLOWER_TASK_SLEEP if FLOWER_TASK_SLEEP not in inspect.getsource(rs) else "",
+               "" if callable(getattr(rs, "get_executor", None)) else "run_superexec.get_executor"]
+    if applicable("superexec-fork", missing, stacklevel=1):
         accountants = "off" if args.lean or args.app == "serverapp" else args.accountants or "auto"
         for mod in SERVER_WARM_IMPORTS if args.app == "serverapp" else WARM_IMPORTS:
             importlib.import_module(mod)
@@ -994,8 +884,8 @@ def main(argv=None) -> None:
                     log(INFO, "[warm_exec] imported %d modules of the app in %s here in %.3f s (--preload-package %s: "
                         "the first task is forked with them)", n, next(iter(preloader.apps)), time.monotonic() - t, mod)
         executor = _fork_executor(clock, preloader, learn=accountants == "auto")
-        rs.get_executor = lambda *a, **k: executor     # the ClientApp launch
-        rs.time = clock                                # the task poll: hot after a launch / an exit
+        replace("superexec-fork", rs, "get_executor", lambda *a, **k: executor)   # the ClientApp launch
+        replace("superexec-fork", rs, "time", clock)   # the task poll: hot after a launch / an exit
     rs.run_superexec(runtime_api_address=args.runtime_api_address, insecure=args.insecure,
                      root_certificates_path=args.root_certificates, parent_pid=args.parent_pid,
                      runtime_dependency_install=False)

@@ -1,4 +1,4 @@
-"""One warm process that forks a loopback deployment's SuperNodes and warm executors (issue 23.5).
+"""One warm process that forks a loopback deployment's SuperNodes and warm executors.
 
 Each party of ``flower-vfl deploy-local`` is two long-lived processes: flower-vfl's SuperNode
 (Flower's ``flower-supernode``: flwr, httpx, grpc, cryptography, pydantic... ~105 MB PSS each) and

@@ -16,8 +16,20 @@ delivered that Flower would not deliver on its next tick; only the wait goes.
 
 On another Flower release, or where that loop's source no longer sleeps on ``f_stop.wait(``, the
 wake is skipped and :func:`warn_if_absent` says so once (rounds then wait for Flower's
-tick, as before). ``$FLOWER_VFL_SIM_WAKE=0`` turns it off (benchmarks: the same run measured with
-and without). The central node's process only: a party's code is not touched.
+tick, as before): the patch ``sim-delivery-wake`` of :mod:`flower_vfl.flower_patches`, whose one
+version check and warning this uses.
+
+Why the thread's private attributes (``Thread._target`` / ``_args`` / ``_kwargs``, ``Event._cond``):
+no public API does this. ``threading.Event`` has no way to wake a waiter without setting its flag
+(``set()`` would end Flower's loop: it runs ``while not f_stop.is_set()``), and ``threading.Thread``
+does not expose what it runs. The one alternative, replacing ``vce_api.add_messages_to_queue``
+with a loop that sleeps on something we can wake, only works if the replacement is in place before
+the engine starts that thread; the ServerApp (our code) is loaded in a thread of the same process
+while the engine starts, so that would race it. Reading a running thread is read-only: on any
+doubt (another release, another loop, no such thread) nothing is touched.
+
+``$FLOWER_VFL_SIM_WAKE=0`` turns it off (benchmarks: the same run measured with and without).
+The central node's process only: a party's code is not touched.
 """
 
 from __future__ import annotations
@@ -27,8 +39,10 @@ import os
 import threading
 import warnings
 
-#: Flower releases whose simulation delivery loop this was read in
-PATCHED_FLWR = ("1.41.", "1.42.")
+from flower_vfl.flower_patches import applicable, known_release
+
+#: the entry of :data:`flower_vfl.flower_patches.PATCHES` this is
+PATCH = "sim-delivery-wake"
 #: "0": do not wake Flower's delivery thread (benchmarks)
 ENV = "FLOWER_VFL_SIM_WAKE"
 #: what the loop must sleep on for the wake to apply
@@ -41,20 +55,26 @@ _CONDITION = type(threading.Condition())
 _found: dict = {"thread": None, "event": None, "usable": None, "warned": False, "woken": 0}
 
 
+def _missing() -> list[str]:
+    """What Flower's delivery loop lacks of the one this was read in (empty: it is that loop)."""
+    try:
+        from flwr.server.superlink.fleet.vce import vce_api
+        cand = getattr(vce_api, "add_messages_to_queue", None)
+        if callable(cand) and LOOP_SLEEP in inspect.getsource(cand) \
+                and list(inspect.signature(cand).parameters)[3:4] == ["f_stop"]:
+            return []
+    except Exception:                   # no simulation extra, or a source that cannot be read
+        pass
+    return ["vce_api.add_messages_to_queue(state, queue, nodes_mapping, f_stop) sleeping on f_stop.wait"]
+
+
 def _usable():
     """Flower's delivery loop function when this release's loop is the one read, else None."""
     if _found["usable"] is None:
         fn = None
-        try:
-            import flwr
+        if known_release(name=PATCH) and not _missing():
             from flwr.server.superlink.fleet.vce import vce_api
-            cand = getattr(vce_api, "add_messages_to_queue", None)
-            if (getattr(flwr, "__version__", "?").startswith(PATCHED_FLWR) and callable(cand)
-                    and LOOP_SLEEP in inspect.getsource(cand)
-                    and list(inspect.signature(cand).parameters)[3:4] == ["f_stop"]):
-                fn = cand
-        except Exception:               # no simulation extra, or a source that cannot be read
-            fn = None
+            fn = vce_api.add_messages_to_queue
         _found["usable"] = fn or False
     return _found["usable"] or None
 
@@ -111,13 +131,11 @@ def warn_if_absent() -> None:
     if _found["warned"] or _off() or _delivery_event() is not None:
         return
     _found["warned"] = True
+    if _usable() is None:                # one line naming the patch and the Flower version
+        applicable(PATCH, _missing(), stacklevel=2)
+        return
     import flwr
     version = getattr(flwr, "__version__", "?")
-    if _usable() is None:
-        why = (f"Flower's simulation delivery loop in flwr {version} is not the one this was read in "
-               f"({', '.join(v + 'x' for v in PATCHED_FLWR)}: a thread running vce_api.add_messages_to_queue "
-               "that sleeps on f_stop.wait)")
-    else:
-        why = (f"no thread running Flower's simulation delivery loop (flwr {version}, "
-               "vce_api.add_messages_to_queue) was found in the ServerApp's process")
-    warnings.warn(f"flower-vfl: {why}; each round waits for Flower's 0.1 s delivery tick", stacklevel=2)
+    warnings.warn(f"flower-vfl: no thread running Flower's simulation delivery loop (flwr {version}, "
+                  "vce_api.add_messages_to_queue) was found in the ServerApp's process; each round waits for "
+                  "Flower's 0.1 s delivery tick", stacklevel=2)
