@@ -6,27 +6,43 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+from flwr.serverapp.strategy import Result
 
 from flower_vfl import VerticalADMM
 from flower_vfl.apps import client as ca
 from flower_vfl.apps import server as sa
-from flower_vfl.baselines import VerticalSGD
+from flower_vfl.routes.vertical_sgd.reference import VerticalSGD
 from flower_vfl.cli import main as cli
-from flower_vfl.clients.vertical_sgd import SGD_HANDLERS
+from flower_vfl.routes.vertical_sgd.party import SGD_HANDLERS
 from flower_vfl.io.data import labels, party_block
 from flower_vfl.deploy.local_grid import LocalGrid
 from flower_vfl.reporting.plots import plot_runs, privacy_curves, read_metrics
-from flower_vfl.strategies import VerticalSGDStrategy
+from flower_vfl.routes.vertical_sgd.central import VerticalSGDStrategy
 
 KW = dict(lr=0.3, lr_schedule="inverse", lr_decay=0.01, batch_size=64, max_epochs=4, init_scale=0.1)
+
+
+def started(st, grid):
+    """``st`` after Flower's ``start(grid, initial_arrays)``, its Result checked against ``st``:
+    the intercept, each epoch's history row, its test metrics."""
+    res = st.start(grid, ArrayRecord())
+    assert isinstance(res, Result)
+    assert res.arrays["intercept"].numpy().tolist() == [st.central.b]
+    assert sorted(res.train_metrics_clientapp) == [row["round"] for row in st.history_]
+    for row in st.history_:
+        assert dict(res.train_metrics_clientapp[row["round"]]) == pytest.approx(
+            {k: v for k, v in row.items() if not k.startswith("test_")}, rel=0, abs=0)
+        test = {k: v for k, v in row.items() if k.startswith("test_")}
+        assert dict(res.evaluate_metrics_clientapp.get(row["round"], {})) == pytest.approx(test, rel=0, abs=0)
+    return st
 
 
 def run_sgd_flower(seed=7, on_reply=None, eval_every=1):
     rc = {"dataset": "breast_cancer", "num-parties": 3, "lam": 1e-2}
     grid = LocalGrid(SGD_HANDLERS, {100 + i: {"partition-id": i} for i in range(3)}, rc, on_reply=on_reply)
     y, yt = labels("breast_cancer")
-    return VerticalSGDStrategy(y, yt, num_parties=3, seed=seed, eval_every=eval_every, **KW).start(grid)
+    return started(VerticalSGDStrategy(y, yt, num_parties=3, seed=seed, eval_every=eval_every, **KW), grid)
 
 
 def test_flower_sgd_equals_the_engine():
@@ -63,13 +79,44 @@ def test_flower_sgd_messages_carry_only_batch_vectors_and_a_resent_message_is_no
     np.testing.assert_array_equal(x1, ctx.state["vfl.sgd"]["x"].numpy())
 
 
+def test_sgd_start_keeps_flowers_contract():
+    """num_rounds sets the epochs; what the label owner cannot send or run is refused, naming the fix."""
+    rc = {"dataset": "breast_cancer", "num-parties": 3, "lam": 1e-2}
+    y, yt = labels("breast_cancer")
+    grid = LocalGrid(SGD_HANDLERS, {100 + i: {"partition-id": i} for i in range(3)}, rc)
+    st = VerticalSGDStrategy(y, yt, num_parties=3, seed=7, **KW)
+    res = st.start(grid, ArrayRecord(), num_rounds=2)
+    assert sorted(res.train_metrics_clientapp) == [1, 2] and st.final_["rounds"] == 2
+    ref = run_sgd_flower()                                     # the first 2 of 4 epochs are the same
+    assert st.history_[1]["objective"] == ref.history_[1]["objective"]
+    with pytest.raises(ValueError, match=r"^initial_arrays holds \['x'\]; vertical SGD has no global model to "
+                                         r"send \(each party draws its own x_m from the seed\): pass ArrayRecord\(\)$"):
+        VerticalSGDStrategy(y, num_parties=3).start(grid, ArrayRecord({"x": Array(ref.decision_test_)}))
+    with pytest.raises(ValueError, match=r"^evaluate_config holds \['a'\]; the parties take no settings"):
+        VerticalSGDStrategy(y, num_parties=3).start(grid, ArrayRecord(), evaluate_config=ConfigRecord({"a": 1}))
+    with pytest.raises(ValueError, match=r"^evaluate_fn: the label owner holds no model to evaluate"):
+        VerticalSGDStrategy(y, num_parties=3).start(grid, ArrayRecord(), evaluate_fn=lambda t, a: None)
+
+
+def test_the_old_import_paths_are_the_route_folders_objects():
+    from flower_vfl import baselines
+    from flower_vfl.baselines import sgd
+    from flower_vfl.clients import VerticalSGDPartyClient
+    from flower_vfl.clients import vertical_sgd as old_party
+    from flower_vfl.routes.vertical_sgd import party, reference
+    from flower_vfl.strategies import VerticalSGDStrategy as Old
+    assert Old is VerticalSGDStrategy and VerticalSGDPartyClient is party.VerticalSGDPartyClient
+    assert old_party.SGD_HANDLERS is SGD_HANDLERS and baselines.VerticalSGD is sgd.VerticalSGD is VerticalSGD
+    assert sgd.init_coef is reference.init_coef
+
+
 def test_sgd_party_refuses_misaligned_rows():
     rc = {"dataset": "breast_cancer", "num-parties": 2, "lam": 1e-2}
     grid = LocalGrid(SGD_HANDLERS, {100: {"partition-id": 0}, 101: {"partition-id": 1}}, rc)
     y, _ = labels("breast_cancer")
     with pytest.raises(ValueError, match=r"party 0 \(node 100\) holds 426 rows but the labels have 425; "
                                          r"the parties' samples are not aligned"):
-        VerticalSGDStrategy(y[:-1], num_parties=2).start(grid)
+        started(VerticalSGDStrategy(y[:-1], num_parties=2), grid)
 
 
 # --------------------------------------------------------------- metric names and pictures
@@ -142,4 +189,30 @@ def test_sgd_node_without_partition_id_is_refused_naming_the_fix():
     from flower_vfl.strategies.exchange import PartyFailed
     with pytest.raises(PartyFailed, match=r"node 100 failed in the identify query: ValueError: .*node config has "
                                           r"no partition-id: start it with --node-config"):
-        VerticalSGDStrategy(y, num_parties=1).start(grid)
+        started(VerticalSGDStrategy(y, num_parties=1), grid)
+
+
+def test_the_route_registry_builds_the_sgd_clientapp_and_refuses_clashes():
+    """The vertical-sgd route's ClientApp comes from the registry (its folder's handlers) and runs the
+    same trajectory as the handlers called directly; two routes of one app cannot claim one message
+    type; an unknown route is named with the registered ones."""
+    from flower_vfl import routes
+    from flower_vfl.routes.route import Route
+    app = routes.client_app("vertical-sgd")
+    rc = {"dataset": "breast_cancer", "num-parties": 3, "lam": 1e-2}
+    handlers = {m: (lambda msg, ctx: app(msg, ctx)) for m in routes.get("vertical-sgd").messages}
+    y, yt = labels("breast_cancer")
+    st = started(VerticalSGDStrategy(y, yt, num_parties=3, seed=7, **KW),
+                 LocalGrid(handlers, {100 + i: {"partition-id": i} for i in range(3)}, rc))
+    ref = run_sgd_flower()
+    assert [r["objective"] for r in st.history_] == [r["objective"] for r in ref.history_]
+    np.testing.assert_array_equal(st.decision_test_, ref.decision_test_)
+    twin = Route("twin", "", "vertical", "m:C", "m:P", "m:R", ("query.ssp_release",))
+    with pytest.raises(ValueError, match=r"^routes 'stacked-ssp' and 'twin' of the vertical app both claim the "
+                                         r"message type 'query.ssp_release'$"):
+        routes._check((*routes.REGISTRY, twin))
+    with pytest.raises(KeyError, match=r"no route 'sgd'; the registered routes are admm, horizontal-dpiadmm, "
+                                       r"moment, stacked-ssp, vertical-sgd"):
+        routes.get("sgd")
+    with pytest.raises(ValueError, match=r"^route 'admm' is served by the vertical app, not by handlers of its own$"):
+        routes.client_app("admm")

@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import Result
 
 from flower_vfl.clients import DPIADMMClient
 from flower_vfl.clients.dpiadmm import agent_privacy_from_node_config
@@ -32,6 +33,16 @@ def data():
 
 
 CAP = {"dp-max-epsilon": 1e3}          # a node-level budget no test here reaches
+
+
+def started(st, grid):
+    """``st`` after Flower's ``start(grid, initial_arrays)`` (its Result checked against ``st``)."""
+    res = st.start(grid, ArrayRecord())
+    assert isinstance(res, Result)
+    assert sorted(res.train_metrics_clientapp) == [row["t"] for row in st.history_]
+    if st.history_:
+        np.testing.assert_array_equal(res.arrays["w"].numpy(), st.w)
+    return st
 
 
 def _grid(data, node_cfg, replay=False, seeds=None):
@@ -61,8 +72,8 @@ def test_flower_path_equals_engine(data, variant, eps):
     Xp, yp, Xte, yte = data
     T, seeds = 25, [11, 22, 33, 44]
     cfg = (lambda i: {"dp-eps-bar": eps, **CAP}) if eps else (lambda i: {})
-    st = DPIADMMStrategy(variant, P, Xp[0].shape[1], K, T, a=1.0, beta=1e-4, X_test=Xte, y_test=yte,
-                         eval_every=5).start(_grid(data, cfg, replay=True, seeds=seeds))
+    st = started(DPIADMMStrategy(variant, P, Xp[0].shape[1], K, T, a=1.0, beta=1e-4, X_test=Xte, y_test=yte,
+                         eval_every=5), _grid(data, cfg, replay=True, seeds=seeds))
     res = run_dpiadmm(Xp, yp, DPIADMMParams(variant=variant, eps_bar=eps, beta=1e-4), T, [seeds], K=K,
                       X_test=Xte, y_test=yte, eval_every=5, stream=1)     # LocalGrid's run id is 1
     assert np.max(np.abs(st.w - res.W[0])) <= 1e-9
@@ -82,7 +93,7 @@ def test_flower_path_equals_engine(data, variant, eps):
 def test_agent_duals_match_server(data):
     Xp, *_ = data
     grid = _grid(data, lambda i: {"dp-eps-bar": 1.0, **CAP})
-    st = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 6, beta=1e-4).start(grid)
+    st = started(DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 6, beta=1e-4), grid)
     for nid, ctx in grid.contexts.items():
         lam_agent = ctx.state["hz.agent"]["lam"].numpy()
         np.testing.assert_allclose(lam_agent, st.Lam[st.node_to_agent[nid]], atol=1e-12)
@@ -98,7 +109,7 @@ def test_privacy_comes_from_node_config_and_no_seed_is_accepted(data):
     seen = []
     grid = _grid(data, lambda i: {"dp-eps-bar": 0.5, **CAP})
     grid.on_reply = lambda m, r: seen.append(r)
-    st = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(grid)
+    st = started(DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4), grid)
     assert st.params.eps_bar == 0.5
     for rep in seen:
         assert set(rep.content.keys()) <= {"identity", "release", "privacy"}
@@ -109,7 +120,7 @@ def test_privacy_comes_from_node_config_and_no_seed_is_accepted(data):
 def test_replay_of_an_old_round_is_refused(data):
     Xp, yp, *_ = data
     grid = _grid(data, lambda i: {"dp-eps-bar": 1.0, **CAP})
-    DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(grid)
+    started(DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4), grid)
     ctx = grid.contexts[100]
     msg = Message(RecordDict({"config": ConfigRecord({"t": 2, "rho": 7.0, "variant": "objt", "a": 1.0,
                                                       "beta": 1e-4, "box": 1.0, "trust": "paper", "I": 450,
@@ -124,7 +135,7 @@ def test_replay_of_an_old_round_is_refused(data):
 def test_agents_with_different_eps_bar_are_rejected(data):
     Xp, *_ = data
     with pytest.raises(ValueError, match=r"the agents' eps_bar differ"):
-        DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 2).start(
+        started(DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 2), 
             _grid(data, lambda i: {"dp-eps-bar": 1.0 if i else 2.0, **CAP}))
 
 
@@ -155,8 +166,8 @@ def test_ledger_persists_across_runs_and_caps_the_total(data, tmp_path):
     from flower_vfl.privacy import epsilon_for_events
     Xp, *_ = data
     cfg = lambda i: {"dp-eps-bar": 0.5, **CAP}  # noqa: E731
-    DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(_store_grid(data, tmp_path, cfg, 1)[0])
-    st2 = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(_store_grid(data, tmp_path, cfg, 2)[0])
+    started(DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4), _store_grid(data, tmp_path, cfg, 1)[0])
+    st2 = started(DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4), _store_grid(data, tmp_path, cfg, 2)[0])
     rep = st2.privacy_[0]
     assert rep["totals"]["releases"] == 3 and rep["totals"]["epsilon_basic"] == pytest.approx(1.5)
     assert rep["totals_all_runs"]["releases"] == 6 and rep["totals_all_runs"]["mechanisms"] == {"laplace": 6}
@@ -165,7 +176,7 @@ def test_ledger_persists_across_runs_and_caps_the_total(data, tmp_path):
     assert rep["totals_all_runs"]["epsilon_pld"] < 3.0                 # below basic composition 6 x 0.5
     cap = (total(7) + total(8)) / 2
     grid3, _ = _store_grid(data, tmp_path, lambda i: {"dp-eps-bar": 0.5, "dp-max-epsilon": cap}, 3)
-    st3 = DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4).start(grid3)
+    st3 = started(DPIADMMStrategy("objt", P, Xp[0].shape[1], K, 3, beta=1e-4), grid3)
     assert f"above its dp-max-epsilon={cap:g}; already spent epsilon={total(7):.4g} over 7 release(s); " \
            "refused" in st3.stopped_reason_
     assert len(st3.history_) == 1                            # one round, nothing past the cap
@@ -178,7 +189,7 @@ def test_restarted_agent_replays_from_disk_and_resumes(data, tmp_path):
     Xp, *_ = data
     cfg = lambda i: {"dp-eps-bar": 1.0, **CAP}  # noqa: E731
     seeds = [77, 78, 79, 80]                                # the same draws in both runs (in-process)
-    ref = DPIADMMStrategy("objp", P, Xp[0].shape[1], K, 5, beta=1e-4).start(
+    ref = started(DPIADMMStrategy("objp", P, Xp[0].shape[1], K, 5, beta=1e-4), 
         _store_grid(data, tmp_path / "a", cfg, seeds=seeds)[0])
     grid, stores = _store_grid(data, tmp_path / "b", cfg, seeds=seeds)
     handler = grid.handlers["train"]
@@ -196,7 +207,7 @@ def test_restarted_agent_replays_from_disk_and_resumes(data, tmp_path):
         return rep
 
     grid.handlers["train"] = flaky
-    st = DPIADMMStrategy("objp", P, Xp[0].shape[1], K, 5, beta=1e-4).start(grid)
+    st = started(DPIADMMStrategy("objp", P, Xp[0].shape[1], K, 5, beta=1e-4), grid)
     assert calls["n"] == 1
     np.testing.assert_allclose(st.w, ref.w, atol=1e-12)
     client = DPIADMMClient(0, Xp[0], data[1][0], K, agent_privacy_from_node_config(cfg(0)), store=stores[0])
@@ -224,9 +235,51 @@ def test_flower_path_equals_engine_on_unequal_agents(data):
     assert len({len(v) for v in yd}) > 1
     data_d = (Xd, yd, Xte, yte)
     seeds = [5, 6, 7, 8]
-    st = DPIADMMStrategy("objp", P, Xd[0].shape[1], K, 15, beta=1e-4).start(
+    st = started(DPIADMMStrategy("objp", P, Xd[0].shape[1], K, 15, beta=1e-4), 
         _grid(data_d, lambda i: {"dp-eps-bar": 0.7, **CAP}, seeds=seeds))
     res = run_dpiadmm(Xd, yd, DPIADMMParams(variant="objp", eps_bar=0.7, beta=1e-4), 15, [seeds], K=K, stream=1)
     assert np.max(np.abs(st.Z - res.Z[0])) <= 1e-9
     for p in range(P):
         assert st.privacy_[p]["totals"]["epsilon_pld"] == pytest.approx(res.privacy()[p]["epsilon_pld"], rel=1e-9)
+
+
+def test_start_keeps_flowers_contract(data):
+    """Flower's ``Strategy.start``: num_rounds overrides T, the Result holds the final w and each
+    round's row; evaluate_fn sees w after every round (its metrics in evaluate_metrics_serverapp);
+    an initial w is the first w the agents receive; settings Flower would send to the agents are refused."""
+    Xp, *_ = data
+    J = Xp[0].shape[1]
+    cfg = lambda i: {"dp-eps-bar": 1.0, **CAP}  # noqa: E731
+    seen = []
+
+    def evaluate_fn(t, arrays):
+        seen.append((t, arrays["w"].numpy().copy()))
+        return MetricRecord({"w_norm": float(np.abs(arrays["w"].numpy()).sum())})
+
+    st = DPIADMMStrategy("objt", P, J, K, 9, beta=1e-4)
+    res = st.start(_grid(data, cfg, seeds=[1, 2, 3, 4]), ArrayRecord(), num_rounds=3, evaluate_fn=evaluate_fn)
+    assert len(st.history_) == 3 and [t for t, _ in seen] == [1, 2, 3]
+    np.testing.assert_array_equal(seen[-1][1], res.arrays["w"].numpy())
+    assert res.evaluate_metrics_serverapp[3]["w_norm"] == pytest.approx(float(np.abs(st.w).sum()), rel=1e-12)
+    assert dict(res.train_metrics_clientapp[2]) == {k: float(v) for k, v in st.history_[1].items()}
+    # an initial w is the first w the agents receive (the paper's default: w^1 = 0)
+    w0 = np.full((J, K), 0.01)
+    sent = []
+    grid0 = _grid(data, cfg, seeds=[1, 2, 3, 4])
+    grid0.on_reply = lambda m, r: sent.append(m.content["arrays"]["w"].numpy()) if m.metadata.message_type == "train" \
+        else None
+    DPIADMMStrategy("objt", P, J, K, 1, beta=1e-4).start(grid0, ArrayRecord({"w": Array(w0)}))
+    assert len(sent) == P and all(np.array_equal(w, w0) for w in sent)
+    sent.clear()
+    grid0 = _grid(data, cfg, seeds=[1, 2, 3, 4])
+    grid0.on_reply = lambda m, r: sent.append(m.content["arrays"]["w"].numpy()) if m.metadata.message_type == "train" \
+        else None
+    DPIADMMStrategy("objt", P, J, K, 1, beta=1e-4).start(grid0, ArrayRecord())
+    assert len(sent) == P and all(not w.any() for w in sent)
+    with pytest.raises(ValueError, match=r"^train_config holds \['lr'\]; an agent takes only the protocol's t, "
+                                         r"rho_t and the strategy's public settings \(a, beta, box, trust\): pass None$"):
+        DPIADMMStrategy("objt", P, J, K, 2).start(_grid(data, cfg), ArrayRecord(), train_config=ConfigRecord({"lr": 1.0}))
+    with pytest.raises(ValueError, match=rf"^initial_arrays\['w'\] has shape \(2, 2\); expected finite \({J}, {K}\)$"):
+        DPIADMMStrategy("objt", P, J, K, 2).start(_grid(data, cfg), ArrayRecord({"w": Array(np.zeros((2, 2)))}))
+    with pytest.raises(ValueError, match=r"^num_rounds=0; expected an integer >= 1 \(iterations T\)$"):
+        DPIADMMStrategy("objt", P, J, K, 2).start(_grid(data, cfg), ArrayRecord(), num_rounds=0)

@@ -15,6 +15,7 @@ import os
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from flower_vfl import routes
 from flower_vfl.clients import psi_party
 from flower_vfl.clients.source import declared_source, party_node_config  # noqa: F401  (re-exported)
 from flower_vfl.errors import install_log_filter, reply_user_errors
@@ -64,7 +65,7 @@ def _party_setup(context: Context):
         # The folder is the node config's data-dir only (the run config's is the label owner's)
         D, D_test = cached_party_block(source.dataset, party, num_parties, source.data_dir or None,
                                        nc.get("state-dir") or None)
-    privacy = privacy_from_config(party, rc, nc)
+    privacy = privacy_from_config(party, rc, nc, n_rows=D.shape[0])    # dp-lam unset: from its own N
     return rc, nc, party, num_parties, source, D, D_test, privacy
 
 
@@ -140,25 +141,31 @@ moment_evaluate = _handler("moment_evaluate", make_moment_client, "evaluate",
                            "The moment route's evaluation-row scores (flower_vfl.clients.party_moment).")
 
 
-# Flower calls every handler through reply_user_errors (flower_vfl.errors): a data or config
-# error is one line on this node and an error reply naming it, never a traceback (called
-# directly, as the tests do, the handlers raise)
-app.query("identify")(reply_user_errors(identify))
-app.train()(reply_user_errors(train))
-app.evaluate()(reply_user_errors(evaluate))
-app.query("secagg_keys")(reply_user_errors(secagg_keys))      # secure aggregation: the key advert
-# the stacked SSP route (route='stacked-ssp', docs/privacy_parties.md): one SSP release per private party
-app.query("ssp_identify")(reply_user_errors(ssp_identify))
-app.query("ssp_release")(reply_user_errors(ssp_release))
-# the moment route (route='moment', docs/privacy_parties.md): one moment release, then ADMM on the pool
-app.query("moment_identify")(reply_user_errors(moment_identify))
-app.query("moment_release")(reply_user_errors(moment_release))
-app.train("moment")(reply_user_errors(moment_train))
-app.evaluate("moment")(reply_user_errors(moment_evaluate))
 # own data (flower_vfl.clients.psi_party): PSI alignment, the saved model, prediction; save_model
 # builds the party through make_client, handed over here (clients never import apps)
 psi_party.CLIENT_FACTORY = make_client
-app.query("psi_answer")(reply_user_errors(psi_party.psi_answer))
-app.query("psi_order")(reply_user_errors(psi_party.psi_order))
-app.query("save_model")(reply_user_errors(psi_party.save_model))
-app.query("predict")(reply_user_errors(psi_party.predict))
+
+#: message type -> this app's handler, for every message type of the routes it serves
+HANDLERS = {
+    # the ADMM route (route='admm'), with secure aggregation's key advert and own data
+    "query.identify": identify, "train": train, "evaluate": evaluate, "query.secagg_keys": secagg_keys,
+    "query.psi_answer": psi_party.psi_answer, "query.psi_order": psi_party.psi_order,
+    "query.save_model": psi_party.save_model, "query.predict": psi_party.predict,
+    # the stacked SSP route (route='stacked-ssp', docs/privacy_parties.md): one SSP release per private party
+    "query.ssp_identify": ssp_identify, "query.ssp_release": ssp_release,
+    # the moment route (route='moment', docs/privacy_parties.md): one moment release, then ADMM on the pool
+    "query.moment_identify": moment_identify, "query.moment_release": moment_release,
+    "train.moment": moment_train, "evaluate.moment": moment_evaluate,
+}
+_SERVED = [m for r in routes.for_app("vertical") if r.handlers is None for m in r.messages]
+if sorted(_SERVED) != sorted(HANDLERS):
+    raise RuntimeError(f"apps/client.py answers {sorted(HANDLERS)} but the vertical routes of flower_vfl.routes "
+                       f"without handlers of their own send {sorted(_SERVED)}")
+# the ClientApp, built from the route registry (a route folder's own handlers, else this app's).
+# Flower calls every handler through reply_user_errors (flower_vfl.errors): a data or config error
+# is one line on this node and an error reply naming it, never a traceback (called directly, as
+# the tests do, the handlers raise)
+for _route in routes.for_app("vertical"):
+    _handlers = HANDLERS if _route.handlers is None else _route.load("handlers")
+    for _message_type in _route.messages:
+        routes.register(app, _message_type, reply_user_errors(_handlers[_message_type]))

@@ -25,11 +25,12 @@ import os
 from logging import INFO
 from pathlib import Path
 
-from flwr.app import Context, Message
+from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from flower_vfl import routes
 from flower_vfl.clients.dpiadmm import DPIADMMClient, agent_privacy_from_node_config
 from flower_vfl.clients.source import agent_source
 from flower_vfl.config.schema import parse_agent_node_config, parse_horizontal_run_config
@@ -69,10 +70,14 @@ def train(msg: Message, context: Context) -> Message:
     return make_agent(context).train(msg, context)
 
 
-# registered through reply_user_errors (flower_vfl.errors): a refusal or a data error is one line
-# on the agent's node and an error reply naming it; called directly, the handlers raise
-client.query("identify")(reply_user_errors(identify))
-client.train()(reply_user_errors(train))
+#: message type -> this app's handler, for every message type of the routes it serves
+HANDLERS = {"query.identify": identify, "train": train}
+# the ClientApp, built from the route registry (flower_vfl.routes: the routes of the "horizontal"
+# app); registered through reply_user_errors (flower_vfl.errors): a refusal or a data error is one
+# line on the agent's node and an error reply naming it; called directly, the handlers raise
+for _route in routes.for_app("horizontal"):
+    for _message_type in _route.messages:
+        routes.register(client, _message_type, reply_user_errors(HANDLERS[_message_type]))
 
 
 def make_server_strategy(run_config) -> DPIADMMStrategy:
@@ -111,8 +116,9 @@ def main(grid: Grid, context: Context) -> None:
     out = parse_horizontal_run_config(context.run_config)["out-dir"]
     if out:
         writable_out_dir(out)                  # before any round: the run's output has somewhere to go
-    st = make_server_strategy(context.run_config).start(
-        grid, progress=lambda t, row: log(INFO, "round %d: %s", t, row) if "test_error" in row else None)
+    st = make_server_strategy(context.run_config)
+    st.progress = lambda t, row: log(INFO, "round %d: %s", t, row) if "test_error" in row else None
+    st.start(grid=grid, initial_arrays=ArrayRecord())
     for agent, rep in sorted(st.privacy_.items()):
         tot = rep.get("totals")
         if tot:   # the agent's own ledger, accounted by the agent

@@ -11,6 +11,7 @@ from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from flower_vfl import routes
 from flower_vfl.config.settings import run_setting
 from flower_vfl.errors import install_log_filter
 from flower_vfl.config.schema import parse_run_config
@@ -21,6 +22,7 @@ from flower_vfl.reporting.report import write_report
 from flower_vfl.strategies import own_data
 from flower_vfl.strategies.moment import MomentStrategy
 from flower_vfl.strategies.stacked_ssp import StackedSSPStrategy
+from flower_vfl.strategies.config import StrategyConfig
 from flower_vfl.strategies.vertical_admm import VerticalADMMStrategy
 
 app = ServerApp()
@@ -38,35 +40,23 @@ def make_strategy(run_config, y=None, y_test=None, ids=None) -> VerticalADMMStra
     if bool(get("dp")):                        # unknown party ids: an error, never a silent non-private run
         from flower_vfl.config.settings import dp_party_ids
         dp_party_ids(run_config, int(get("num-parties")))
-    if str(get("route")) == "stacked-ssp":
-        return make_stacked_strategy(cfg, y, y_test)
-    if str(get("route")) == "moment":
-        return make_moment_strategy(cfg, y, y_test)
-    rho = float(get("rho"))
-    out, state = get("out-dir"), get("state-dir")
+    route = routes.get(str(get("route")))         # its own builder (a route folder), else this app's
+    build = STRATEGIES[route.name] if route.build is None else route.load("build")
+    return build(cfg, y, y_test, ids)
+
+
+def make_admm_strategy(cfg: dict, y, y_test, ids=None) -> VerticalADMMStrategy:
+    """The ADMM route's strategy (route='admm') from the checked run config ``cfg``."""
+    get = cfg.__getitem__
+    state = get("state-dir")
     # label DP: the labels are drawn once per source and ID and reused (privacy/label_dp.py), in
     # the label owner's state-dir when the run config names one, else its default_state_dir() (an
     # out-dir changes from run to run: a store there would draw afresh every run)
     source = (label_source(path=get("labels-path"), id_column=get("id-column"), label_column=get("label-column"),
                            ids=ids) if get("labels-path") else label_source(dataset=str(get("dataset"))))
-    return VerticalADMMStrategy(y, y_test, num_parties=int(get("num-parties")), loss=str(get("loss")),
-                                rho=rho if rho > 0 else "auto", alpha=float(get("alpha")),
-                                fit_intercept=bool(get("fit-intercept")), max_rounds=int(get("max-rounds")),
-                                tol=float(get("tol")), eval_every=int(get("eval-every")),
-                                timeout=get("round-timeout"), party_wait=get("party-wait"),
-                                stragglers=get("stragglers"), max_staleness=get("max-staleness"),
-                                state_dir=state or (str(Path(out) / "state") if out else None),
-                                resume=get("resume") or None, party_keys=get("party-keys") or None,
-                                label_epsilon=float(get("label-epsilon")) or None,
-                                label_source=source, label_store=state or None,
-                                max_release=float(get("max-release")),
-                                penalty=str(get("penalty")),   # acceleration is on only where the engine's is
-                                acceleration=str(get("acceleration")), variant=str(get("variant")),
-                                secagg=bool(get("secagg")),     # secure aggregation (docs/secagg.md)
-                                wire_dtype=str(get("wire-dtype")),  # the N-vectors' dtype on the wire
-                                # the parties' settings that define the run too (checkpoint record)
-                                run_settings={"lam": float(get("lam")), "x-solver": str(get("x-solver")),
-                                              "dataset": "" if get("labels-path") else str(get("dataset"))})
+    # every setting from the run config through the one parameter table (strategies/config.py)
+    return VerticalADMMStrategy(y, y_test, StrategyConfig.from_run_config(cfg),
+                                label_source=source, label_store=state or None)
 
 
 #: run-config keys of the ADMM route that the stacked SSP route has no use for: a value other than
@@ -106,7 +96,7 @@ def check_route(cfg: dict, own: bool = False) -> None:
                           "coefficient > 0 (3e-4 is the choice at dp-epsilon=1; docs/privacy_parties.md)")
 
 
-def make_moment_strategy(cfg: dict, y, y_test) -> MomentStrategy:
+def make_moment_strategy(cfg: dict, y, y_test, ids=None) -> MomentStrategy:
     """The moment route's strategy (route='moment', docs/privacy_parties.md) from the checked run
     config ``cfg`` (:func:`check_route` passed): ``lam`` the pool objective's L2 coefficient,
     ``rho`` its ADMM penalty (0: 0.1 / pool rows), ``max-rounds`` the rounds per fit, ``tol`` the
@@ -117,12 +107,22 @@ def make_moment_strategy(cfg: dict, y, y_test) -> MomentStrategy:
                           party_keys=cfg["party-keys"] or None, max_release=float(cfg["max-release"]))
 
 
-def make_stacked_strategy(cfg: dict, y, y_test) -> StackedSSPStrategy:
+def make_stacked_strategy(cfg: dict, y, y_test, ids=None) -> StackedSSPStrategy:
     """The stacked SSP route's strategy (route='stacked-ssp', docs/privacy_parties.md) from the
     checked run config ``cfg`` (:func:`check_route` passed)."""
     return StackedSSPStrategy(y, y_test, num_parties=int(cfg["num-parties"]), timeout=float(cfg["round-timeout"]),
                               party_wait=float(cfg["party-wait"]), party_keys=cfg["party-keys"] or None,
                               max_release=float(cfg["max-release"]))
+
+
+#: route -> its central node's builder from the checked run config, for every route this ServerApp
+#: serves without a builder of its own (flower_vfl.routes: the routes of the "vertical" app, picked
+#: by the run config's route)
+STRATEGIES = {"admm": make_admm_strategy, "stacked-ssp": make_stacked_strategy, "moment": make_moment_strategy}
+if sorted(STRATEGIES) != sorted(r.name for r in routes.for_app("vertical") if r.build is None):
+    raise RuntimeError(f"apps/server.py builds the routes {sorted(STRATEGIES)} but flower_vfl.routes registers "
+                       f"{sorted(r.name for r in routes.for_app('vertical') if r.build is None)} for the vertical "
+                       "app without a builder of their own")
 
 
 def writable_folders(run_config) -> None:
@@ -224,8 +224,10 @@ def main(grid: Grid, context: Context) -> None:
             elif isinstance(strategy, MomentStrategy):        # pool rounds: no training loss to show
                 log(INFO, "moment route: fit %d round %d, primal_residual=%.3g, dual_residual=%.3g, change=%.3g",
                     row["fit"], row["fit_round"], row["primal_residual"], row["dual_residual"], row["max_change"])
-            else:
+            elif isinstance(strategy, VerticalADMMStrategy):
                 log_round(k, row)
+            else:                                             # a route folder's central node
+                log(INFO, "route %s: round %d: %s", cfg["route"], k, row)
             writer = getattr(strategy, "writer", None)
             if writer is None:
                 write_outputs(strategy, context.run_config, {"rounds": k, "running": True})

@@ -1,6 +1,6 @@
 """Centralized and local-only L2 logistic regression with scikit-learn at the project's lam.
 
-The project's objective (docs/math.md §1, DESIGN.md §4) is
+The project's objective (docs/math.md §1) is
 
     (1/N) sum_i log(1 + exp(-y_i f_i)) + lam/2 ||w||^2,     f = X w + b (b unpenalized),
 

@@ -133,16 +133,17 @@ class DPIADMMClient:
         context.state[STATE_META] = ConfigRecord({"json": json.dumps(meta)})
 
     def _params(self, cfg) -> DPIADMMParams:
-        from flower_vfl.privacy.boundary import InvalidMessage, _scalar
+        from flower_vfl.privacy.boundary import InvalidMessage, parse_scalar
         pv = self.privacy
         who = f"agent {self.agent_id}"
         for key in ("variant", "trust"):
             if not isinstance(cfg.get(key) if hasattr(cfg, "get") else None, str):
                 raise InvalidMessage(f"{who}: config[{key!r}]={cfg.get(key)!r} must be a string", field=f"config.{key}")
         try:      # a, beta, box: finite numbers in the protocol's ranges, then the math's own checks
-            return DPIADMMParams(variant=cfg["variant"], eps_bar=pv["eps_bar"], a=_scalar(cfg, "a", 0.0, 1e12, who),
-                                 beta=_scalar(cfg, "beta", -1.0, 1e12, who),
-                                 box=_scalar(cfg, "box", 0.0, 1e12, who), trust=cfg["trust"],
+            return DPIADMMParams(variant=cfg["variant"], eps_bar=pv["eps_bar"],
+                                 a=parse_scalar(cfg, "a", 0.0, 1e12, who),
+                                 beta=parse_scalar(cfg, "beta", -1.0, 1e12, who),
+                                 box=parse_scalar(cfg, "box", 0.0, 1e12, who), trust=cfg["trust"],
                                  delta_bar=pv["delta_bar"], sensitivity=pv["sensitivity"],
                                  x_l1_max=pv["x_l1_max"]).validate()
         except ValueError as exc:
@@ -152,15 +153,15 @@ class DPIADMMClient:
 
     def _round(self, msg):
         """(t, rho, I, P, w, final) from a train message, each typed and range-checked before use."""
-        from flower_vfl.privacy.boundary import InvalidMessage, _field, _scalar, parse_count, parse_flag
+        from flower_vfl.privacy.boundary import InvalidMessage, parse_count, parse_field, parse_flag, parse_scalar
         who = f"agent {self.agent_id}"
-        cfg = _field(msg.content, "config", "message")
+        cfg = parse_field(msg.content, "config", "message")
         t = parse_count(cfg, "t", who, default=None, lo=1, hi=10**6)
-        rho = _scalar(cfg, "rho", 0.0, 1e12, who)
+        rho = parse_scalar(cfg, "rho", 0.0, 1e12, who)
         n = len(self.y)
         I = parse_count(cfg, "I", who, default=None, lo=n, hi=10**12, why=f" (at least this agent's {n} samples)")
         P = parse_count(cfg, "P", who, default=None, lo=1, hi=10**5)
-        arr = _field(_field(msg.content, "arrays", "message"), "w", "arrays")
+        arr = parse_field(parse_field(msg.content, "arrays", "message"), "w", "arrays")
         w = arr.numpy() if hasattr(arr, "numpy") else np.asarray(arr)
         J = self.X.shape[1]
         if w.shape != (J, self.K) or w.dtype.kind not in "fiu" or not np.all(np.isfinite(w)):

@@ -20,7 +20,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from flower_vfl.errors import UserError
 from flower_vfl.horizontal.admm import DPIADMMParams, dual_step, rho_schedule, server_step
@@ -56,11 +56,13 @@ class DPIADMMStrategy(Strategy):
     party_wait : float, default=0
         Seconds to wait for a missing agent (at identify, and for a lost node to come back), as
         :class:`~flower_vfl.strategies.exchange.Exchange`.
+    progress : callable, optional
+        ``progress(t, row)`` after each round (also settable as the attribute ``progress``).
     """
 
     def __init__(self, variant="objt", num_agents=10, num_features=784, num_classes=10, num_iterations=100,
                  a=1.0, beta=1e-6, box=1.0, c1=2.0, c2=5.0, Tc=1e4, rho_max=1e9, trust="paper",
-                 X_test=None, y_test=None, eval_every=10, timeout=600.0, party_wait=0.0):
+                 X_test=None, y_test=None, eval_every=10, timeout=600.0, party_wait=0.0, progress=None):
         self.public = DPIADMMParams(variant=variant, a=a, beta=beta, box=box, c1=c1, c2=c2, Tc=Tc,
                                     rho_max=rho_max, trust=trust).validate()
         if int(num_agents) < 1 or int(num_iterations) < 1:
@@ -75,6 +77,7 @@ class DPIADMMStrategy(Strategy):
         self.history_: list[dict] = []
         self.privacy_: dict[int, dict] = {}
         self.stopped_reason_: str | None = None
+        self.progress = progress
 
     def summary(self) -> None:
         p = self.public
@@ -155,21 +158,43 @@ class DPIADMMStrategy(Strategy):
         return None
 
     # ------------------------------------------------------------------ loop
-    def start(self, grid: Grid, timeout: float | None = None, progress=None):
-        """Identify the agents, then run T rounds (stops cleanly on an agent's refusal)."""
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
+              timeout: float | None = None, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn=None) -> Result:
+        """Identify the agents, then run ``num_rounds`` rounds (None: ``num_iterations``; stops
+        cleanly on an agent's refusal); Flower's ``Strategy.start`` contract.
+
+        ``initial_arrays``: empty (w^1 from z_p^0 = 0, as the paper), or ``{"w": (J, K)}``, the
+        first w sent to the agents (the server's copy of every z_p^0 starts there, so w^1 = w; the
+        agents' own z_p^0 stay 0); ``train_config`` / ``evaluate_config`` empty (an agent takes
+        only the protocol's t, rho_t and the public settings); ``evaluate_fn(t, ArrayRecord({"w"}))``:
+        Flower's central evaluation of w after each round, its metrics in the Result's
+        ``evaluate_metrics_serverapp``. ``timeout``: seconds per request (None: the constructor's).
+        Returns Flower's ``Result``: ``arrays`` the final w; ``train_metrics_clientapp[t]`` round t's
+        history row. ``history_``, ``final_``, ``privacy_`` and ``stopped_reason_`` are kept as before."""
+        w0 = self._check_start(initial_arrays, num_rounds, train_config, evaluate_config)
+        if num_rounds is not None:
+            self.T = int(num_rounds)
         if timeout is not None:
             self.timeout = timeout
         t0 = time.perf_counter()
         self.summary()
         self.identify(grid)
-        self.Z = np.zeros((self.num_agents, self.J, self.K))
+        self.Z = np.zeros((self.num_agents, self.J, self.K)) + (0.0 if w0 is None else w0[None])
         self.Lam = np.zeros_like(self.Z)
+        result = Result()
         try:
             for t in range(1, self.T + 1):
                 got = self.exchange.send_messages(self.configure_train(t, None, None, grid), f"round {t} (train)")
                 self.aggregate_train(t, got.values())
-                if progress is not None:
-                    progress(t, self.history_[-1])
+                row = self.history_[-1]
+                result.train_metrics_clientapp[t] = MetricRecord({k: float(v) for k, v in row.items()})
+                if evaluate_fn is not None:
+                    res = evaluate_fn(t, ArrayRecord({"w": Array(self.w)}))
+                    if res is not None:
+                        result.evaluate_metrics_serverapp[t] = res
+                if self.progress is not None:
+                    self.progress(t, row)
         except AgentRefused as exc:
             self.stopped_reason_ = str(exc)
             log(WARNING, "stopping: %s", exc)
@@ -177,4 +202,26 @@ class DPIADMMStrategy(Strategy):
                        "wall_time_s": time.perf_counter() - t0}
         if self.stopped_reason_:
             self.final_["stopped_reason"] = self.stopped_reason_
-        return self
+        if self.history_:
+            result.arrays = ArrayRecord({"w": Array(self.w)})
+        return result
+
+    def _check_start(self, initial_arrays, num_rounds, train_config, evaluate_config):
+        """Flower's start() arguments: refused, naming the fix, when DP-IADMM cannot honour them;
+        the initial w (or None)."""
+        if num_rounds is not None and (isinstance(num_rounds, bool) or not isinstance(num_rounds, int)
+                                       or num_rounds < 1):
+            raise ValueError(f"num_rounds={num_rounds!r}; expected an integer >= 1 (iterations T)")
+        for name, cfg in (("train_config", train_config), ("evaluate_config", evaluate_config)):
+            if cfg is not None and len(cfg):
+                raise ValueError(f"{name} holds {sorted(cfg.keys())}; an agent takes only the protocol's t, rho_t "
+                                 "and the strategy's public settings (a, beta, box, trust): pass None")
+        if initial_arrays is None or not len(initial_arrays):
+            return None
+        if set(initial_arrays.keys()) != {"w"}:
+            raise ValueError(f"initial_arrays holds {sorted(initial_arrays.keys())}; give ArrayRecord() or one "
+                             f"array 'w' of shape ({self.J}, {self.K})")
+        w = initial_arrays["w"].numpy()
+        if w.shape != (self.J, self.K) or not np.all(np.isfinite(w)):
+            raise ValueError(f"initial_arrays['w'] has shape {w.shape}; expected finite ({self.J}, {self.K})")
+        return np.asarray(w, dtype=float)
