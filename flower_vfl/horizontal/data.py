@@ -11,11 +11,31 @@ from __future__ import annotations
 
 import numpy as np
 
+from flower_vfl.errors import UserError
+
 __all__ = ["split_indices", "split_arrays", "agent_partition", "fashion_mnist_split"]
 
 
+class MissingExtraError(UserError, ImportError):
+    """The horizontal reproduction's optional dependencies are not installed."""
+
+
+def _require_flwr_datasets():
+    """flwr-datasets (and the ``datasets`` it brings) or a :class:`MissingExtraError` naming the extra:
+    only the horizontal reproduction splits with it, so a plain install leaves it out."""
+    try:
+        import datasets  # noqa: F401
+        import flwr_datasets.partitioner as partitioner
+    except ImportError as exc:
+        raise MissingExtraError(f"the horizontal reproduction splits Fashion-MNIST with flwr-datasets, which is not "
+                                f"installed ({exc}): pip install 'flower-vfl[horizontal]' (from a checkout: "
+                                "pip install -e '.[horizontal]')") from None
+    return partitioner
+
+
 def _partitioner(kind: str, num_agents: int, alpha: float, seed: int):
-    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+    partitioner = _require_flwr_datasets()
+    DirichletPartitioner, IidPartitioner = partitioner.DirichletPartitioner, partitioner.IidPartitioner
     if kind == "iid":
         return IidPartitioner(num_partitions=num_agents)
     if kind == "dirichlet":
@@ -32,6 +52,7 @@ def split_indices(y, num_agents: int, kind: str = "iid", alpha: float = 0.5, see
     ``dirichlet``: :class:`~flwr_datasets.partitioner.DirichletPartitioner` over the label
     (concentration ``alpha``; smaller is more heterogeneous).
     """
+    _require_flwr_datasets()
     from datasets import Dataset
     if int(num_agents) < 1 or int(num_agents) > len(y):
         raise ValueError(f"num_agents={num_agents!r}; must be in [1, {len(y)}]")
