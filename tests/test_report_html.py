@@ -1,6 +1,6 @@
 """Issue 22: one self-contained HTML page per run (report.html next to report.json: curves,
 each party's protection and ledger, settings) and `flower-vfl report` overlaying several runs,
-checked in a real headless browser (Debian's chromium, installed by scripts/install.sh): the
+checked in a real headless browser (Debian's chromium-headless-shell, installed by scripts/setup-tests.sh): the
 screenshot's size and ink, and the elements of the DOM chromium built."""
 
 import json
@@ -16,9 +16,10 @@ import pytest
 
 from flower_vfl.cli.commands import main as cli   # not flower_vfl.cli.main: it sets PYTHONWARNINGS here
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian package `chromium`, "
-                                                             "installed by scripts/install.sh)")
+CHROMIUM = (shutil.which("chromium") or shutil.which("chromium-headless-shell")
+            or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None))
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no headless browser (Debian package "
+                                                             "`chromium-headless-shell`, installed by scripts/setup-tests.sh)")
 
 
 @pytest.fixture(scope="module")
