@@ -10,15 +10,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from flower_vfl.config.settings import RUN_DEFAULTS, privacy_from_config
 from flower_vfl.config.schema import SCHEMA, ConfigError, check_value, parse_run_config
+from flower_vfl.cli.checks import cli_words
 from flower_vfl.cli.own import absolute
 from flower_vfl.errors import UserError
 
@@ -47,9 +50,11 @@ SET_BY_COMMAND = {"mode": "flower-vfl predict", "labels-path": "--labels", "labe
 PARTY_FLAGS = tuple(k for k, s in SCHEMA.items() if s.scope == "party" and k != "dp-seed")
 
 
-def _run_config(args) -> dict:
+def _run_config(args, command: str | None = None) -> dict:
     """The run config the command line sets (only the flags given, and ``--run-config``), every
-    value checked by the schema before anything runs; paths made absolute."""
+    value checked by the schema before anything runs; paths made absolute. With ``command``
+    ('fit', 'simulate', 'deploy-local'), also :func:`flower_vfl.cli.checks.preflight`: what
+    would fail later (outputs, data, private settings) is refused now, naming the flag."""
     rc = {}
     for key in SCHEMA:
         attr = key.replace("-", "_")
@@ -74,6 +79,9 @@ def _run_config(args) -> dict:
     if getattr(args, "party", None) is not None or hasattr(args, "labels"):
         from flower_vfl.cli.own import check_own_flags
         check_own_flags(args)
+    if command is not None:
+        from flower_vfl.cli.checks import preflight
+        preflight(cfg, _party_flags(args), args, command)
     for key in PATH_KEYS:
         if isinstance(rc.get(key), str):
             rc[key] = absolute(rc[key])
@@ -145,14 +153,18 @@ def cmd_fit(args):
     from flower_vfl.io.data import labels, party_block
     from flower_vfl.reporting.report import write_report
 
-    rc = _run_config(args)
+    rc = _run_config(args, "fit")
     party = _party_flags(args)
     if getattr(args, "party", None):     # own data: party files aligned on their IDs
+        from flower_vfl.cli.checks import check_label_values
         from flower_vfl.cli.own import own_blocks
         train, y, test, yt, info = own_blocks(args)
         pres, ids = info.pop("_preprocessors"), info.pop("_ids")
         n = len(train)
         cfg = parse_run_config(dict(rc, **{"num-parties": n}))
+        check_label_values(y, cfg["loss"], f"the label owner's file {args.labels} (--labels)")
+        if yt is not None:
+            check_label_values(yt, cfg["loss"], f"the label owner's held-out file {args.labels_test} (--labels-test)")
     else:
         cfg = parse_run_config(rc)
         n = cfg["num-parties"]
@@ -163,7 +175,8 @@ def cmd_fit(args):
     if cfg["dp"]:
         nodes = local_node_configs(dict(rc, **party), n)
         seed = {"dp-seed": party["dp-seed"]} if "dp-seed" in party else {}
-        privacy = [privacy_from_config(m, {}, {**nodes[m], **seed}) if len(nodes[m]) > 1 else None
+        privacy = [privacy_from_config(m, {}, {**nodes[m], **seed}, n_rows=train[m].shape[0]) if len(nodes[m]) > 1
+                   else None
                    for m in range(n)]
     if cfg["eval-every"] and cfg["dp"]:
         raise ConfigError("--eval-every with --dp: every intermediate evaluation would be one more privacy "
@@ -185,8 +198,9 @@ def cmd_fit(args):
     metric = get_loss(cfg["loss"]) if model.loss_.name == "logistic_rr" else model.loss_
     if test is not None:
         f, t = model.decision_function(test), metric.encode_labels(yt)
-        final.update(test_loss=metric.mean(f, t), test_accuracy=float(np.mean(metric.predict(f) == metric.predict(t))))
-    shown = ("n_aligned", "n_owner", "widths", "round", "objective", "train_score", "test_loss", "test_accuracy")
+        final.update(held_out_metrics(metric, f, t))
+    shown = ("n_aligned", "n_owner", "widths", "round", "objective", "train_score", "test_loss", "test_accuracy",
+             "test_r2")
     print(json.dumps({k: final[k] for k in shown if k in final}))
     from flower_vfl.privacy.outcome import FIX_API, FIX_CLI, dp_hurts_message
     msg = None
@@ -203,19 +217,43 @@ def cmd_fit(args):
     if privacy_report:
         print_privacy_summary(privacy_report)
     if cfg["out-dir"]:
-        path = write_report(cfg["out-dir"], rc, model.history_, final,
-                            extra={"engine": "in-process", "privacy": privacy_report})
-        print(f"wrote {path} and metrics.csv")
+        written = []
+        report_rc = dict(rc, data=own_files(args)) if info else rc
+        write_report(cfg["out-dir"], report_rc, model.history_, final,
+                     extra={"engine": "in-process", "privacy": privacy_report}, key="out-dir", written=written)
         if info:                           # own data: the estimator, for `flower-vfl model show`
-            from pathlib import Path
-            print(f"wrote {model.save(Path(cfg['out-dir']) / 'model.npz')}")
+            written.append(model.save(Path(cfg['out-dir']) / 'model.npz'))
+        print(f"wrote {cfg['out-dir']}/: " + ", ".join(Path(p).name for p in written))
+    elif not (info and cfg["model-dir"]):
+        print("wrote no files (give --out-dir DIR for report.json, metrics.csv, run.png and report.html)")
     if info and (cfg["model-dir"] or cfg["out-dir"]):   # and the files `flower-vfl predict --model-dir` reads
         from flower_vfl.cli.own import save_flower_model
         model_dir = cfg["model-dir"] or cfg["out-dir"]
-        save_flower_model(model_dir, model, train, pres, ids, cfg["loss"], rc)
+        save_flower_model(model_dir, model, train, pres, ids, cfg["loss"], dict(rc, data=own_files(args)))
         print(f"wrote {model_dir}/label-owner.npz and party-0..{n - 1}.npz (flower-vfl predict --model-dir "
               f"{model_dir})")
     return 0
+
+
+def held_out_metrics(metric, f, t) -> dict:
+    """The held-out metrics of decisions ``f`` against encoded labels ``t``: the loss, and the
+    accuracy for a classification loss or R² (scikit-learn's ``r2_score``) for 'squared'."""
+    out = {"test_loss": metric.mean(f, t)}
+    if metric.name == "squared":
+        from sklearn.metrics import r2_score
+        out["test_r2"] = float(r2_score(np.asarray(t).ravel(), np.asarray(f).ravel()))
+    else:
+        out["test_accuracy"] = float(np.mean(metric.predict(f) == metric.predict(t)))
+    return out
+
+
+def own_files(args) -> str:
+    """The report's ``data`` entry of an own-data run: the files it read (not a bundled dataset)."""
+    parts = [f"--labels {absolute(args.labels)}", *(f"--party {absolute(p)}" for p in args.party)]
+    if getattr(args, "labels_test", ""):
+        parts += [f"--labels-test {absolute(args.labels_test)}",
+                  *(f"--party-test {absolute(p)}" for p in args.party_test or [])]
+    return "own files: " + " ".join(parts)
 
 
 def _eval_callback(every, test_blocks, y_test):
@@ -227,9 +265,7 @@ def _eval_callback(every, test_blocks, y_test):
     def callback(k, model):
         if k % every == 0:
             f = model.decision_function(test_blocks)
-            t = model.loss_.encode_labels(y_test)
-            model.history_[-1].update(test_loss=model.loss_.mean(f, t),
-                                      test_accuracy=float(np.mean(model.loss_.predict(f) == model.loss_.predict(t))))
+            model.history_[-1].update(held_out_metrics(model.loss_, f, model.loss_.encode_labels(y_test)))
     return callback
 
 
@@ -280,10 +316,14 @@ def print_privacy_summary(reports):
               f"{sum(e['kind'] == 'eval' for e in led)}), noise multiplier z={r['noise_multiplier']:.4g}, "
               f"σ∈{sig[:3]}{'…' if len(sig) > 3 else ''}")
         print("    ε spent: " + ", ".join(f"{k}={v:.4g}" for k, v in tot.items()))
+        from flower_vfl.reporting.report import paper_inf_note
+        if paper_inf_note(tot):
+            print("    (" + paper_inf_note(tot) + ")")
 
 
-#: tries of a simulate job whose Ray node did not start (flower_vfl.deploy.local.ray_did_not_start)
-SIMULATE_ATTEMPTS = 3
+#: tries of a simulate job whose Ray node did not start (flower_vfl.deploy.local.ray_did_not_start):
+#: one retry, said in one line
+SIMULATE_ATTEMPTS = 2
 
 
 def simulation_federation(num_parties: int) -> str:
@@ -296,7 +336,7 @@ def simulation_federation(num_parties: int) -> str:
 
 
 def cmd_simulate(args):
-    rc = _run_config(args)
+    rc = _run_config(args, None if getattr(args, "mode", "train") == "predict" else "simulate")
     if rc.get("mode") == "predict" and not getattr(args, "party", None):
         raise ConfigError("flower-vfl predict needs the files: --labels (the IDs to score) and one --party per party")
     flags = _party_flags(args)
@@ -316,10 +356,14 @@ def cmd_simulate(args):
     # local SuperLink would keep the environment of the run that started it, on fixed ports.
     import shutil
     import tempfile
-    from pathlib import Path
 
     from flower_vfl.cli.app import app_dir
+    from flower_vfl.cli.job import FoldTracebacks, output_note, ray_env, written_note
     from flower_vfl.deploy import local
+    t_start = time.monotonic()
+    predict = rc.get("mode") == "predict"
+    if not predict:
+        print(output_note(rc.get("out-dir", "")))
     workdir = Path(tempfile.mkdtemp(prefix="flower-vfl-simulate-"))
     path = workdir / "node-config.json"
     own = any(len(cfg) > 1 for cfg in nodes.values())       # folders, privacy settings or own-data files
@@ -333,28 +377,52 @@ def cmd_simulate(args):
     app = app_dir()
     federation = simulation_federation(num_parties)
     print(f"flwr run {app} --federation-config \"{federation}\" --run-config \"{run_config}\"")
+    # Ray's own time-outs, longer for a loaded machine (flower_vfl.cli.job.RAY_LOADED_MACHINE), unless set
+    env = {"FLOWER_VFL_NODE_CONFIG": str(path), **ray_env(os.environ)}
+    folded = 0
     for attempt in range(1, SIMULATE_ATTEMPTS + 1):
-        with local.simulation_superlink(workdir, {"FLOWER_VFL_NODE_CONFIG": str(path)}) as link:
+        log_path = workdir / "logs" / f"run{'' if attempt == 1 else attempt}.log"
+        try:
+            link = local.simulation_superlink(workdir, env).__enter__()
+        except RuntimeError as exc:        # the SuperLink did not start (its log named): one line, not a traceback
+            print(f"flower-vfl: error: {exc}\n  (this job's folder, kept: {workdir})", file=sys.stderr)
+            return 1
+        with contextlib.ExitStack() as stack:
+            stack.push(link.__exit__)
             warm = getattr(link, "warm_flwr", None)        # Flower's CLI, imported while the SuperLink started
-            run_id = local.submit(app, link.connection, run_config, link.env, federation_config=federation,
-                                  **({"warm": warm} if warm is not None else {}))
-            # the log's lines on stdout as they come, the rounds' bar under them on stderr
-            with local.RoundProgress(_max_rounds(rc), echo=sys.stdout) as progress:
-                record = local.wait_run(run_id, link.connection, link.env, workdir / "logs" / "run.log",
-                                        echo=progress, on_line=progress)
+            try:
+                run_id = local.submit(app, link.connection, run_config, link.env, federation_config=federation,
+                                      **({"warm": warm} if warm is not None else {}))
+            except RuntimeError as exc:    # `flwr run` refused the job (Flower's message): one line
+                print(f"flower-vfl: error: {exc}\n  (this job's folder, kept: {workdir})", file=sys.stderr)
+                return 1
+            # the log's lines on stdout as they come (each traceback folded to one line, the whole log kept
+            # in this job's folder), the rounds' bar under them on stderr
+            shown = FoldTracebacks(sys.stdout, log_path)
+            with local.RoundProgress(_max_rounds(rc), echo=shown) as progress:
+                record = local.wait_run(run_id, link.connection, link.env, log_path, echo=progress,
+                                        on_line=progress)
+            shown.close()
+            folded += shown.folded
         record.setdefault("run-id", run_id)
         if not (local.exit_code(record) and local.ray_did_not_start(record)) or attempt == SIMULATE_ATTEMPTS:
             break
         # Ray (Flower's simulation engine) gives its node a fixed 30 s to start; on a loaded machine it may
-        # not, before any ClientApp ran (so no party released anything): start the job again
+        # not, before any ClientApp ran (so no party released anything): start the job again, once
         print(f"run {run_id}: Ray's node did not start within its 30 s (load {os.getloadavg()[0]:.1f}); "
               f"starting the job again (attempt {attempt + 1} of {SIMULATE_ATTEMPTS})", file=sys.stderr)
     code = local.exit_code(record)
     print(f"run {run_id}: {record.get('status')}"
-          + (f" ({record['status-details']})" if record.get("status-details", "N/A") != "N/A" else ""))
+          + (f" ({record['status-details']})" if record.get("status-details", "N/A") != "N/A" else "")
+          + f" in {time.monotonic() - t_start:.0f} s")
     if code:
-        print("flower-vfl: error: " + local.failure_message(record) + f"\n  (this job's folder, kept: {workdir})",
-              file=sys.stderr)
+        print("flower-vfl: error: " + cli_words(local.failure_message(record), getattr(args, "_flags", set()))
+              + f"\n  (this job's folder, kept: {workdir})", file=sys.stderr)
+        return code
+    if not predict:
+        print(written_note(rc.get("out-dir", "")) or "wrote no files (no --out-dir)")
+    if folded:
+        print(f"({folded} traceback(s) folded above; the job's full logs are kept in {workdir / 'logs'})")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return code
@@ -370,7 +438,7 @@ def cmd_deploy_local(args):
     one job, the report collected, every process started stopped; non-zero unless it completed."""
     from flower_vfl.cli.app import app_dir
     from flower_vfl.deploy.local import RoundProgress, deploy_local
-    rc = _run_config(args)
+    rc = _run_config(args, "deploy-local")
     flags = _party_flags(args)
     if getattr(args, "party", None):     # own data: each party's files become its SuperNode's node config
         from flower_vfl.cli.own import own_node_configs
@@ -437,7 +505,9 @@ def _shared_local_superlink() -> str:
 
 
 def cmd_epsilon(args):
+    from flower_vfl.cli.checks import check_epsilon_args
     from flower_vfl.privacy import available_methods, epsilon_spent
+    check_epsilon_args(args)
     for method in available_methods():
         print(f"{method:>6}: ε = {epsilon_spent(args.noise_multiplier, args.rounds, args.delta, method):.4f}")
     return 0
@@ -447,7 +517,9 @@ def cmd_audit(args):
     from flower_vfl.io.data import labels, party_block
     from flower_vfl.estimator.audit import audit_private_run
     from flower_vfl.privacy.party import PrivacyConfig
+    from flower_vfl.cli.checks import check_audit_args
 
+    check_audit_args(args)
     n = args.num_parties
     blocks = [party_block(args.dataset, m, n, args.data_dir or None)[0] for m in range(n)]
     y, _ = labels(args.dataset, args.data_dir or None)
@@ -466,9 +538,10 @@ def cmd_audit(args):
 
 
 def main(argv=None):
+    from flower_vfl.cli.checks import CLIParser, parser_flags
     from flower_vfl.cli.own import add_own_args, cmd_model_show
-    ap = argparse.ArgumentParser(prog="flower-vfl", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    # no abbreviated flags (--max-round is not --max-rounds): every sub-command's parser is a CLIParser too
+    ap = CLIParser(prog="flower-vfl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("fit", help="in-process engine (progress bar, report.json + metrics.csv)")
     _add_run_args(p, flower=False)
@@ -526,13 +599,16 @@ def main(argv=None):
     p.add_argument("--data-dir", default="")
     p.set_defaults(fn=cmd_audit)
     __import__("flower_vfl.cli.report", fromlist=["add_parser"]).add_parser(sub)   # flower_vfl/cli/report.py
+    __import__("flower_vfl.cli.certs", fromlist=["add_parser"]).add_parser(sub)    # flower_vfl/cli/certs.py
     args = ap.parse_args(argv)
+    flags = parser_flags(ap, args.cmd)        # errors name this command's flags, not config keys
+    args._flags = flags
     try:
         return args.fn(args)
     except ConfigError as exc:       # a bad value: the key and what is allowed, no traceback
-        ap.exit(2, f"flower-vfl: error: {exc}\n")
+        ap.exit(2, f"flower-vfl: error: {cli_words(str(exc), flags)}\n")
     except UserError as exc:         # bad data, a refusal, a missing party: one line (flower_vfl.errors)
-        ap.exit(1, f"flower-vfl: error: {type(exc).__name__}: {exc}\n")
+        ap.exit(1, f"flower-vfl: error: {type(exc).__name__}: {cli_words(str(exc), flags)}\n")
 
 
 if __name__ == "__main__":
