@@ -49,7 +49,7 @@ def test_the_page_app_runs_and_gives_the_engines_model(tmp_path, monkeypatch):
         record = local.wait_run(run_id, link.connection, link.env, work / "run.log", timeout=900)
     log = (work / "run.log").read_text()
     assert record.get("status") == "finished:completed", log[-4000:]
-    # a line for every round (the page's progress callback), and the page's final line
+    # a line for every round (the strategy's own log line), and the page's final line
     assert sorted({int(k) for k in re.findall(r"round (\d+): train_loss=", log)}) == list(range(1, rounds + 1)), \
         log[-3000:]
     assert "final: test_loss=" in log
