@@ -23,7 +23,7 @@ from flower_vfl.strategies import own_data
 from flower_vfl.strategies.moment import MomentStrategy
 from flower_vfl.strategies.stacked_ssp import StackedSSPStrategy
 from flower_vfl.strategies.config import StrategyConfig
-from flower_vfl.strategies.vertical_admm import VerticalADMMStrategy
+from flower_vfl.strategies.vertical_admm import VerticalADMMStrategy, log_round
 
 app = ServerApp()
 install_log_filter()     # our user-facing errors: one line, no traceback; the run still fails (flower_vfl.errors)
@@ -166,13 +166,6 @@ def outputs_snapshot(strategy):
     if hasattr(strategy, "decision_test_"):
         snap.decision_test_ = np.array(strategy.decision_test_, copy=True)
     return snap
-
-
-def log_round(k: int, row: dict) -> None:
-    """One line per round in the ServerApp's log (what `flwr run --stream` shows)."""
-    extra = "".join(f", {key}={row[key]:.4f}" for key in ("test_loss", "test_accuracy") if key in row)
-    log(INFO, "round %d: train_loss=%.6f, primal_residual=%.3g, dual_residual=%.3g, parties=%d%s",
-        k, row["train_loss"], row["primal_residual"], row["dual_residual"], row.get("parties", 0), extra)
 
 
 def log_final(strategy: VerticalADMMStrategy) -> None:

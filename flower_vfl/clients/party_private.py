@@ -6,7 +6,14 @@ drawn), whose :class:`~flower_vfl.privacy.ledger.Ledger` lives in the party's
 :class:`~flower_vfl.privacy.store.PartyStore` (``state-dir``) under the data source its node
 config declares (:mod:`flower_vfl.clients.source`), shared by every run and every view of
 that data. The iterate is kept there too, so a restarted node resumes. The model is released
-once (x~, after the final update) and every score is post-processing of it. Glue only.
+once (x~, after the final update) and every score is post-processing of it.
+
+A run is admitted to a **plan** when it identifies (or at its first release): the party's plan
+(``dp-train-rounds`` + ``dp-eval-rounds`` releases) is reserved on its disk, so a second run that
+would not fit beside it is refused before any round, naming the run that holds it. The identify
+reply gives the plan's token; a resumed run presents it (the identify query's ``plans``) and
+continues that plan: its releases, its iterate, its allowance, no second charge and no new check.
+Glue only.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from flwr.app import ConfigRecord, Context
 from flower_vfl.clients.party_base import PartyClient
 from flower_vfl.core.scoring import released_scores
 from flower_vfl.privacy.boundary import Refused, inputs_hash
+from flower_vfl.privacy.ledger import BudgetReserved, PlanUnaffordable
 from flower_vfl.privacy.store import _STORES, party_store  # noqa: F401  (re-exported: one store per process)
 
 __all__ = ["PrivatePartyClient"]
@@ -52,6 +60,12 @@ class PrivatePartyClient(PartyClient):
 
     def _build(self, context: Context, n_outputs: int, plain: bool = False):
         # ``plain`` is never read: the server's hint does not change a private party's x-update
+        party = self._party(context)
+        party.admit()                  # the run's plan (admitted at identify; else reserved now, or refused)
+        return party
+
+    def _party(self, context: Context):
+        """The party object of this Flower run, not yet admitted to a plan."""
         from flower_vfl.privacy.party import PrivateParty
         from flower_vfl.privacy.distributed import DistributedParty
         src = self.source
@@ -60,11 +74,35 @@ class PrivatePartyClient(PartyClient):
                     store=party_store(self.state_dir), run=str(context.run_id),
                     source=src.key if src is not None else f"partition:{self.party_id}",
                     about=src.about if src is not None else None, **extra)
-        party.restore()                # the iterate is in the store (a restarted node resumes)
         return party
 
+    def identify(self, msg, context: Context):
+        """Identify, admitting this run to a plan: the token of a plan to continue comes from the
+        query's ``config['plans']`` (a JSON object party -> token, sent by a resumed run); a token
+        that names none of this party's plans is ignored (a new plan is reserved, if it fits)."""
+        self._token = None
+        try:
+            plans = json.loads(str(msg.content["config"]["plans"]))
+            token = plans.get(str(self.party_id)) if isinstance(plans, dict) else None
+            self._token = token if isinstance(token, str) and len(token) <= 200 else None
+        except Exception:
+            self._token = None
+        return super().identify(msg, context)
+
     def _identity(self, context: Context) -> dict:
-        return self._build(context, 1).affordability()
+        party = self._party(context)
+        c, eps = self.privacy, float(self.privacy.epsilon)
+        try:
+            plan, how = party.admit(getattr(self, "_token", None))
+        except BudgetReserved as exc:
+            return {"epsilon": eps, "spent_before_run": float(party.ledger.spent()), "affordable": False,
+                    "refused": str(exc)}
+        except PlanUnaffordable:
+            return {"epsilon": eps, "spent_before_run": float(party.ledger.spent()), "affordable": False}
+        before = [e for e in party.ledger.entries if e.run != plan.plan]
+        return {"epsilon": eps, "spent_before_run": float(party.ledger.epsilon_of(before)), "affordable": True,
+                "plan": plan.token, "continued": how == "continued",
+                "plan_made": int(plan.made), "plan_size": int(c.train_rounds + c.eval_rounds)}
 
     def _train_release(self, inputs, meta, context):
         if self.distributed and self._sum_plan is not None:
@@ -98,7 +136,7 @@ class PrivatePartyClient(PartyClient):
                 raise Refused(f"party {self.party_id} is private and releases its model once, after its "
                               "final update; evaluation before that is refused (no budget spent)")
             self.party.final_update(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
-            self.party.release_model(inputs.round, inputs_hash(context.run_id, "eval", inputs))
+            self.party.release_model(inputs.round, inputs_hash(self.party.run, "eval", inputs))
         return released_scores(self.D_test, self.party.x_released, private=True)    # x~: free
 
     def _reply_extra(self, content, refusal):

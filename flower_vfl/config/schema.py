@@ -46,6 +46,7 @@ import numpy as np
 
 from flower_vfl.errors import UserError
 from flower_vfl.core.accel import ACCELERATIONS
+from flower_vfl.core.blocks import KINDS as PARTY_MODELS, SETTINGS as PARTY_MODEL_SETTINGS
 from flower_vfl.core.losses import LOSSES
 from flower_vfl.core.xsolve import METHODS as X_SOLVERS
 from flower_vfl.core.penalties import PENALTIES
@@ -223,6 +224,13 @@ SCHEMA: dict[str, Key] = dict([
     _k("moment-pool", str, "none", "node", "route='moment': 'test' lets this party's held-out rows serve as the "
                                            "unlabelled pool (their scores go to the label owner every round, not "
                                            "DP-protected); 'none' refuses the route", choices=("none", "test")),
+    # --- a party's block model (core/blocks.py, docs/party-models.md): the run config may suggest the
+    # kind, the party's node config wins; the kind's settings are the node config's
+    _k("party-model", str, "linear", "node-first", "the party's block model: 'linear', feature maps 'rff', "
+                                                  "'spline', 'bins' (data-independent), 'nystroem' (non-private "
+                                                  "parties only) or 'mlp' (torch)", choices=tuple(PARTY_MODELS)),
+    *(_k(s.name, s.type, s.default, "node", f"party-model {'/'.join(s.kinds)}: {s.help}", lo=s.lo, hi=s.hi)
+      for s in PARTY_MODEL_SETTINGS.values()),
     # --- own data (flower_vfl.strategies.own_data, flower_vfl.clients.psi_party; docs/own-data.md)
     _k("mode", str, "train", "run", "own data: 'train' or 'predict'", choices=("train", "predict")),
     _k("labels-path", str, "", "run", "own data: the label owner's labelled training file"),

@@ -29,9 +29,13 @@ from flower_vfl.privacy.accounting import (
     epsilon_for_events,
 )
 from flower_vfl.privacy.boundary import Refused
-from flower_vfl.privacy.store import Answer, PartyStore
+from flower_vfl.privacy.store import Answer, PartyStore, Plan
 
-__all__ = ["Budget", "BudgetExceeded", "KINDS", "Ledger"]
+__all__ = ["Budget", "BudgetExceeded", "BudgetReserved", "KINDS", "PlanUnaffordable", "Ledger", "PLAN_EXPIRY"]
+
+#: seconds without a release or an identify after which an open plan's reservation lapses (node config
+#: ``dp-plan-expiry``): a run that died and is never resumed does not hold the party's budget forever
+PLAN_EXPIRY = 86400.0
 
 KINDS = ("train", "eval")
 # float slack so a σ calibrated to the budget is not refused on its last round
@@ -44,7 +48,7 @@ class BudgetExceeded(Refused):
     code = "budget"
 
     def __init__(self, party_id, *, round, kind, noise_multiplier, requested, spent,
-                 budget, delta, method, releases):
+                 budget, delta, method, releases, reserved=None):
         self.party_id = party_id
         self.round = round
         self.kind = kind
@@ -60,7 +64,21 @@ class BudgetExceeded(Refused):
             f"(noise multiplier z={noise_multiplier:.4g}): it would bring the total to "
             f"ε={requested:.4g}, above the budget ε={budget:g} (δ={delta:g}, "
             f"method={method!r}); already spent ε={spent:.4g} over {releases} release(s)"
+            + ("" if reserved is None else f"; with what other runs' open plans reserved, ε={reserved:.4g} "
+               "of the budget is taken")
         )
+
+
+class BudgetReserved(Refused):
+    """A new run's plan does not fit beside the plans other runs reserved (two runs at once)."""
+
+    code = "budget"
+
+
+class PlanUnaffordable(Refused):
+    """A new run's plan does not fit in what the releases already made left of the budget."""
+
+    code = "budget"
 
 
 @dataclass(frozen=True)
@@ -138,10 +156,12 @@ class Ledger:
 
     def affordable(self, plan: list[tuple[str, float]], exclude_run=None) -> dict:
         """Whether the releases ``plan`` ((mechanism, z) each) fit on top of what releases of
-        other runs than ``exclude_run`` spent (identify: can this run's plan be afforded?)."""
+        other runs than ``exclude_run`` spent and what other runs' open plans reserved (identify:
+        can this run's plan be afforded?)."""
         before = [e for e in self.entries if str(e.run) != str(exclude_run)]
         b = self.budget
-        after = epsilon_for_events(_events(before) + list(plan), b.delta, b.accountant)
+        reserved = self.store.reserved_events(self.source, exclude_plan=exclude_run)
+        after = epsilon_for_events(_events(before) + reserved + list(plan), b.delta, b.accountant)
         return {"epsilon": float(b.epsilon), "spent_before_run": float(self.epsilon_of(before)),
                 "affordable": bool(after <= b.epsilon * (1 + _RTOL))}
 
@@ -160,19 +180,65 @@ class Ledger:
     def put_state(self, run, arrays: dict):
         self.store.put_state(self.source, run, arrays)
 
+    # ------------------------------------------------------------------ plans
+    def plan_of(self, run) -> Plan | None:
+        """The plan the Flower run ``run`` was admitted to, or None."""
+        return self.store.plan_of(self.source, run)
+
+    def admit(self, run, *, train: int, eval: int, noise_multiplier: float, mechanism="gaussian", token=None,
+              expiry=PLAN_EXPIRY) -> tuple[Plan, str]:
+        """Admit the Flower run ``run``: its plan of ``train`` + ``eval`` releases at ``noise_multiplier``
+        is reserved, or the plan ``token`` names is continued (a resume: its releases, its allowance,
+        nothing re-checked), or the run was admitted before. Returns ``(plan, how)``
+        (:meth:`PartyStore.admit_plan`). A new plan that does not fit beside the releases made and
+        the other open plans is refused: :class:`BudgetReserved` naming the runs that hold the
+        reservations, or :class:`PlanUnaffordable` when nothing is reserved."""
+        b, n = self.budget, int(train) + int(eval)
+        new = [(mechanism, float(noise_multiplier))] * n
+
+        def decide(entries, open_plans):
+            events = _events(entries)
+            reserved = [e for p in open_plans for e in p.reserved_events()]
+            after = epsilon_for_events(events + reserved + new, b.delta, b.accountant)
+            if after <= b.epsilon * (1.0 + _RTOL):
+                return
+            spent = epsilon_for_events(events, b.delta, b.accountant)
+            holders = [p for p in open_plans if p.reserved_events()]
+            if not holders:
+                raise PlanUnaffordable(
+                    f"party {self.party_id!r} refuses run {run}: its plan of {n} release(s) would bring its total to "
+                    f"ε={after:.4g}, above the budget ε={b.epsilon:g} (δ={b.delta:g}, method={b.accountant!r}); "
+                    f"already spent ε={spent:.4g} over {len(entries)} release(s)")
+            held = epsilon_for_events(events + reserved, b.delta, b.accountant)
+            names = ", ".join(f"run {p.runs[-1] if p.runs else p.plan} ({p.made} of {p.train + p.eval} planned "
+                              "releases made)" for p in holders)
+            raise BudgetReserved(
+                f"party {self.party_id!r} refuses run {run}: its budget is reserved by {names}. With that "
+                f"reservation ε={held:.4g} of its budget ε={b.epsilon:g} is taken (δ={b.delta:g}, "
+                f"method={b.accountant!r}; spent ε={spent:.4g}), and this run's plan of {n} release(s) would "
+                f"bring it to ε={after:.4g}. Wait for that run to end, or resume it (resume='<its state-dir>'); "
+                f"a reservation whose run made no release or identify for dp-plan-expiry={float(expiry):g} s "
+                "(the party's node config) lapses")
+
+        return self.store.admit_plan(self.source, run, mechanism=mechanism, noise_multiplier=float(noise_multiplier),
+                                     train=int(train), eval=int(eval), token=token, decide=decide, expiry=expiry)
+
     # ------------------------------------------------------------------ the one charge
-    def check(self, entries, *, round, kind, mechanism, noise_multiplier):
+    def check(self, entries, *, round, kind, mechanism, noise_multiplier, reserved=()):
         """Raise :class:`BudgetExceeded` if one more release at ``noise_multiplier`` on top of
-        ``entries`` would exceed the budget; return the total after it."""
+        ``entries`` (and the ``reserved`` events of other runs' open plans) would exceed the
+        budget; return the total after it."""
         b = self.budget
         events = _events(entries)
         if noise_multiplier == 0:
             return epsilon_for_events(events, b.delta, b.accountant)
-        after = epsilon_for_events(events + [(mechanism, noise_multiplier)], b.delta, b.accountant)
+        after = epsilon_for_events(events + list(reserved) + [(mechanism, noise_multiplier)], b.delta, b.accountant)
         if not after <= b.epsilon * (1.0 + _RTOL):
+            held = epsilon_for_events(events + list(reserved), b.delta, b.accountant) if reserved else None
             raise BudgetExceeded(self.party_id, round=round, kind=kind, noise_multiplier=noise_multiplier,
                                  requested=after, spent=epsilon_for_events(events, b.delta, b.accountant),
-                                 budget=b.epsilon, delta=b.delta, method=b.accountant, releases=len(entries))
+                                 budget=b.epsilon, delta=b.delta, method=b.accountant, releases=len(entries),
+                                 reserved=held)
         return after
 
     def commit(self, run, round, kind, inputs_hash, *, unit, noise_multiplier, sigma, sensitivity,
@@ -188,7 +254,9 @@ class Ledger:
             z = _check_positive("noise_multiplier", noise_multiplier)
 
         def check(entries):
-            self.check(entries, round=round, kind=kind, mechanism=mechanism, noise_multiplier=z)
+            # what other runs' open plans reserved is not this release's to spend (inside the write lock)
+            self.check(entries, round=round, kind=kind, mechanism=mechanism, noise_multiplier=z,
+                       reserved=self.store.reserved_events(self.source, exclude_plan=run))
 
         return self.store.commit_release(self.source, run, round, kind, inputs_hash, unit=unit, mechanism=mechanism,
                                          noise_multiplier=z, sigma=sigma, sensitivity=sensitivity, payload=payload,

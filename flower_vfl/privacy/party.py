@@ -33,7 +33,7 @@ from flower_vfl.core.scoring import normalize_rows, released_scores
 from flower_vfl.core.penalties import Ball, get_penalty
 from flower_vfl.privacy.accounting import noise_multiplier_for
 from flower_vfl.privacy.boundary import InvalidMessage, Refused, RoundInputs, inputs_hash
-from flower_vfl.privacy.ledger import Budget, Ledger
+from flower_vfl.privacy.ledger import PLAN_EXPIRY, Budget, Ledger
 from flower_vfl.privacy.store import PartyStore
 from flower_vfl.privacy.mechanism import GaussianOutputMechanism
 from flower_vfl.privacy.sensitivity import (NEIGHBOURING_RELATIONS, paper_sensitivity, strict_param_sensitivity,
@@ -58,6 +58,9 @@ class PrivacyConfig:
         target at the default rho with 2 parties.
     lam : the party's own L2 coefficient for its block (None: the run's lam). A larger lam
         lowers the sensitivity of x_m (C_x = 2 rho_x (b1 + c_v) / lam) at the cost of bias.
+    plan_expiry : seconds without a release or identify after which a Flower run's open plan
+        stops holding its reservation (node config ``dp-plan-expiry``; docs/privacy.md, "A failure
+        does not spend the budget").
     seed : in-process experiments only (the figures, the README's numbers): the noise of
         (party, round, kind) is then the seed's stream, the same in every run. A Flower
         party never has one (its node config's ``dp-seed`` is refused; docs/privacy.md).
@@ -75,6 +78,7 @@ class PrivacyConfig:
     c_s: float = 10.0
     seed: int | None = None
     lam: float | None = None
+    plan_expiry: float = PLAN_EXPIRY
 
     def validate(self):
         if self.calibration not in ("strict", "paper"):
@@ -94,6 +98,9 @@ class PrivacyConfig:
             raise ValueError("train_rounds + eval_rounds must be >= 1 (a party that never releases "
                              f"needs no budget); got train_rounds={self.train_rounds!r}, "
                              f"eval_rounds={self.eval_rounds!r}")
+        if not (isinstance(self.plan_expiry, (int, float)) and np.isfinite(self.plan_expiry)
+                and self.plan_expiry >= 0):
+            raise ValueError(f"plan_expiry must be a finite number >= 0 (seconds); got plan_expiry={self.plan_expiry!r}")
         if self.lam is not None and not (isinstance(self.lam, (int, float)) and np.isfinite(self.lam)
                                          and self.lam > 0):
             raise ValueError(f"lam must be a finite number > 0 or None; got lam={self.lam!r}")
@@ -230,7 +237,8 @@ class PrivateParty:
         self.ledger.check(self.ledger.entries, round=inputs.round, kind="train", mechanism="gaussian",
                           noise_multiplier=self.z)     # refuse before any work; re-checked in commit
         before = {k: np.array(v, copy=True) for k, v in self.update.get_state().items()}, self.update.rho_x
-        s = self.update.step(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
+        s = self.update.step(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta,   # v: clipped there
+                             v=inputs.v, q_norm=inputs.q_norm)
         if self.config.noise_form == "paper":
             s_tilde = self.mechanism.release(round=inputs.round, kind="train", D=self.D, x=self.update.x)
             s_tilde = s + sigma * (s_tilde - s)        # mechanism drew at sigma=1: rescale
@@ -253,8 +261,9 @@ class PrivateParty:
         training rows, so it costs nothing); the model release perturbs this x."""
         if self.x_released is not None:
             return                                     # the model is already out: x stays as released
+        # not stored: the model release that follows in the same request stores it (a crash before
+        # it restarts from the last training round's state, so the final step is never taken twice)
         self.update.step(q, y, rho, alpha, theta)
-        self.ledger.put_state(self.run, self.update.get_state())
 
     def release_model(self, round, inputs_digest="model"):
         """Draw x~ = x + N(0, sigma_e^2 I) once, charge it, store it; later calls return it."""
@@ -306,6 +315,21 @@ class PrivateParty:
         state = state if state is not None else self.ledger.get_state(self.run)
         if state:
             self.update.set_state(state)
+
+    def admit(self, token=None):
+        """Admit this Flower run (``run``) to a plan on the party's disk: its own plan reserved, or
+        the plan ``token`` names continued (a resume), or the one it was admitted to before. From
+        then on ``run`` is the plan's ledger run (a resumed run's releases are the plan's) and the
+        plan's iterate is restored. Returns ``(plan, how)`` (:meth:`Ledger.admit`); refuses with
+        :class:`~flower_vfl.privacy.ledger.BudgetReserved` /
+        :class:`~flower_vfl.privacy.ledger.PlanUnaffordable` when a new plan does not fit."""
+        c = self.config
+        plan, how = self.ledger.admit(self.run, train=c.train_rounds, eval=c.eval_rounds, noise_multiplier=self.z,
+                                      token=token, expiry=c.plan_expiry)
+        self.run = plan.plan
+        self._x_tilde = None
+        self.restore()
+        return plan, how
 
     def affordability(self) -> dict:
         """Whether the budget left after every other run covers this run's plan (identify)."""

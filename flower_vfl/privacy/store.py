@@ -35,6 +35,7 @@ import hashlib
 import io
 import json
 import os
+import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ import numpy as np
 
 from flower_vfl.errors import UserError
 
-__all__ = ["Answer", "CountJournal", "StateDirRequired", "deployed_supernode", "open_journaled", "LedgerMissing", "PartyStore", "StoreDiskError", "StoreError", "accept_reset",
+__all__ = ["Answer", "CountJournal", "Plan", "StateDirRequired", "deployed_supernode", "open_journaled", "LedgerMissing", "PartyStore", "StoreDiskError", "StoreError", "accept_reset",
            "default_state_dir", "disk_errors", "journal_check", "pack_arrays", "party_store", "unpack_arrays"]
 
 #: bumped when the tables change; a file of another version is refused, never silently reused
@@ -69,8 +70,17 @@ CREATE TABLE IF NOT EXISTS secagg_answers (
     party TEXT NOT NULL, run TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, digest BLOB NOT NULL,
     masked BLOB NOT NULL, round INTEGER NOT NULL, plain BLOB NOT NULL, updated REAL NOT NULL,
     PRIMARY KEY (party, run, kind));
+CREATE TABLE IF NOT EXISTS plans (
+    source TEXT NOT NULL, plan TEXT NOT NULL, ticket TEXT NOT NULL, mechanism TEXT NOT NULL,
+    noise_multiplier REAL NOT NULL, train INTEGER NOT NULL, eval INTEGER NOT NULL, status TEXT NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL, PRIMARY KEY (source, plan));
+CREATE TABLE IF NOT EXISTS plan_runs (
+    source TEXT NOT NULL, run TEXT NOT NULL, plan TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (source, run));
+CREATE TABLE IF NOT EXISTS secagg_rosters (
+    party TEXT PRIMARY KEY, names TEXT NOT NULL, created REAL NOT NULL);
 """
-#: (the two secagg tables came after schema 2 without changing it: an older file gets them when it
+#: (the plan and secagg tables came after schema 2 without changing it: an older file gets them when it
 #: opens, and an older version of this code ignores them)
 
 #: runs whose last masked answers a party keeps (the most recently answered); the sums record of
@@ -432,6 +442,51 @@ class Answer:
 _COLS = "run, round, kind, unit, mechanism, inputs_hash, noise_multiplier, sigma, sensitivity"
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A private party's plan: the releases one run (and every resume of it) may make, reserved
+    on the party's disk when the run is admitted (:meth:`PartyStore.admit_plan`).
+
+    ``plan`` is the ledger run of its releases (the Flower run that opened it), ``ticket`` the
+    random half of the token a resume must present (:attr:`token`), ``status`` 'open' (its unmade
+    releases are reserved), 'closed' (its model is out), 'lapsed' (idle past the party's
+    ``dp-plan-expiry``) or 'released' (by the party's operator); ``runs`` the Flower runs admitted
+    to it; ``made_train`` / ``made_eval`` its releases so far."""
+
+    plan: str
+    ticket: str
+    mechanism: str
+    noise_multiplier: float
+    train: int
+    eval: int
+    status: str
+    created: float
+    updated: float
+    runs: tuple
+    made_train: int
+    made_eval: int
+
+    @property
+    def token(self) -> str:
+        return f"{self.plan}#{self.ticket}"
+
+    @property
+    def made(self) -> int:
+        return self.made_train + self.made_eval
+
+    @property
+    def complete(self) -> bool:
+        """Its model is out (or, a plan without one, every training release made)."""
+        return self.made_eval >= self.eval and (self.eval > 0 or self.made_train >= self.train)
+
+    def reserved_events(self) -> list[tuple[str, float]]:
+        """(mechanism, z) of each planned release not made yet (none unless open)."""
+        if self.status != "open" or self.complete:
+            return []
+        n = max(0, self.train - self.made_train) + max(0, self.eval - self.made_eval)
+        return [(self.mechanism, self.noise_multiplier)] * n
+
+
 class PartyStore:
     """A party's releases and answers in ``<state_dir>/party.sqlite`` (or a given file).
 
@@ -594,6 +649,7 @@ class PartyStore:
                         float(noise_multiplier), float(sigma), float(sensitivity), pack_arrays(payload), now))
             if state is not None:
                 db.execute("INSERT OR REPLACE INTO state VALUES (?,?,?,?)", (source, str(run), pack_arrays(state), now))
+            self._plan_made(source, str(run), now)
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -640,6 +696,26 @@ class PartyStore:
                                (str(party), str(run), str(kind))).fetchone()
         return None if row is None else (int(row[0]), unpack_arrays(row[1])["value"])
 
+    def claim_secagg_roster(self, party, names: str) -> str:
+        """The one roster (``'name,name,...'``) ``party`` answers secure sums over, ever: the
+        recorded one, else ``names``, recorded now (durable, one transaction) and returned. Keyed
+        by the party alone (its node config's identity), not by the run."""
+        row = self._db.execute("SELECT names FROM secagg_rosters WHERE party=?", (str(party),)).fetchone()
+        if row is not None:                 # recorded once, never changed: no write lock needed
+            return str(row[0])
+        with disk_errors(self.path, "record the secure-aggregation roster in the party's store"):
+            db, party = self._db, str(party)
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("INSERT OR IGNORE INTO secagg_rosters VALUES (?,?,?)", (party, str(names), time.time()))
+                row = db.execute("SELECT names FROM secagg_rosters WHERE party=?", (party,)).fetchone()
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        return str(row[0])
+
     def commit_secagg(self, party, run, kind, key, digest: bytes, masked, slots: dict, check,
                       plain: tuple[int, np.ndarray]) -> np.ndarray:
         """Record a masked answer before it leaves, in one durable transaction.
@@ -676,6 +752,112 @@ class PartyStore:
                     db.execute("ROLLBACK")
                 raise
         return np.asarray(masked, dtype=np.uint64)
+
+    # ------------------------------------------------------------------ plans (reservations)
+    def _plan_rows(self, source, where: str = "", args: tuple = ()) -> list[Plan]:
+        rows = self._db.execute("SELECT plan, ticket, mechanism, noise_multiplier, train, eval, status, created, updated "
+                                f"FROM plans WHERE source=? {where} ORDER BY created, plan", (source, *args)).fetchall()
+        out = []
+        for r in rows:
+            made = dict(self._db.execute("SELECT kind, COUNT(*) FROM releases WHERE source=? AND run=? GROUP BY kind",
+                                         (source, r[0])))
+            runs = tuple(x[0] for x in self._db.execute("SELECT run FROM plan_runs WHERE source=? AND plan=? "
+                                                        "ORDER BY created, rowid", (source, r[0])))
+            out.append(Plan(r[0], r[1], r[2], float(r[3]), int(r[4]), int(r[5]), r[6], float(r[7]), float(r[8]),
+                            runs, int(made.get("train", 0)), int(made.get("eval", 0))))
+        return out
+
+    def plans(self, source) -> list[Plan]:
+        """Every plan on ``source``, oldest first."""
+        return self._plan_rows(source)
+
+    def plan_of(self, source, run) -> Plan | None:
+        """The plan the Flower run ``run`` was admitted to (None: not admitted)."""
+        row = self._db.execute("SELECT plan FROM plan_runs WHERE source=? AND run=?", (source, str(run))).fetchone()
+        if row is None:
+            return None
+        plans = self._plan_rows(source, "AND plan=?", (row[0],))
+        return plans[0] if plans else None
+
+    def reserved_events(self, source, exclude_plan=None) -> list[tuple[str, float]]:
+        """The releases the open plans on ``source`` (other than ``exclude_plan``) reserved and have
+        not made yet, as (mechanism, z) events: what no other plan may spend."""
+        return [e for p in self._plan_rows(source, "AND status='open'") if p.plan != str(exclude_plan)
+                for e in p.reserved_events()]
+
+    def _plan_made(self, source, plan, now):
+        """After a release of ``plan`` (inside the commit's transaction): note the activity, and
+        close the plan once its model is out (its reservation is then released)."""
+        self._db.execute("UPDATE plans SET updated=? WHERE source=? AND plan=?", (now, source, plan))
+        for p in self._plan_rows(source, "AND plan=? AND status='open'", (plan,)):
+            if p.complete:
+                self._db.execute("UPDATE plans SET status='closed' WHERE source=? AND plan=?", (source, plan))
+
+    def admit_plan(self, source, run, *, mechanism, noise_multiplier, train, eval, token=None, decide=None,
+                   expiry=None) -> tuple[Plan, str]:
+        """Admit the Flower run ``run`` to a plan, in one durable transaction; returns (plan, how).
+
+        ``how`` is ``'attached'`` (the run was admitted before: identify re-sent, a later message),
+        ``'continued'`` (``token`` names one of this source's plans, ``'<plan>#<ticket>'``, as its
+        identify reply gave it: a resume continues that plan, its releases and its allowance; nothing
+        is re-checked, since a plan can never release more than it planned) or ``'new'`` (a plan of
+        ``train`` + ``eval`` releases at ``noise_multiplier``, reserved now). Before a new plan,
+        ``decide(entries, blocking)`` gets every release on the source and the open plans, and raises
+        to refuse (nothing written). Open plans without a release or identify for ``expiry`` seconds
+        lapse first (their unmade releases are no longer reserved)."""
+        with disk_errors(self.path, "reserve a plan in the party's ledger"):
+            db, run = self._db, str(run)
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                now = time.time()
+                if expiry is not None:
+                    db.execute("UPDATE plans SET status='lapsed' WHERE source=? AND status='open' AND updated < ?",
+                               (source, now - float(expiry)))
+                how, plan = "attached", self.plan_of(source, run)
+                if plan is None and token:
+                    name, _, ticket = str(token).rpartition("#")
+                    found = self._plan_rows(source, "AND plan=? AND ticket=?", (name, ticket)) if name else []
+                    if found:
+                        how, plan = "continued", found[0]
+                        db.execute("INSERT INTO plan_runs VALUES (?,?,?,?)", (source, run, plan.plan, now))
+                        if plan.status == "lapsed":
+                            db.execute("UPDATE plans SET status='open' WHERE source=? AND plan=?", (source, plan.plan))
+                if plan is None:
+                    how = "new"
+                    if decide is not None:
+                        decide(self.entries(source), self._plan_rows(source, "AND status='open'"))
+                    db.execute("INSERT INTO plans VALUES (?,?,?,?,?,?,?,?,?,?)",
+                               (source, run, secrets.token_hex(8), str(mechanism), float(noise_multiplier), int(train),
+                                int(eval), "open", now, now))
+                    db.execute("INSERT INTO plan_runs VALUES (?,?,?,?)", (source, run, run, now))
+                db.execute("UPDATE plans SET updated=? WHERE source=? AND plan=?",
+                           (now, source, run if plan is None else plan.plan))
+                plan = self.plan_of(source, run)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        return plan, how
+
+    def release_plan(self, source, plan) -> bool:
+        """The party's operator gives up the reservation of ``plan`` (its releases stay charged)."""
+        with disk_errors(self.path, "release a plan in the party's ledger"):
+            cur = self._db.execute("UPDATE plans SET status='released' WHERE source=? AND plan=? AND status='open'",
+                                   (source, str(plan)))
+        return cur.rowcount > 0
+
+    def alias(self, source, run, plan) -> None:
+        """Admit the (ledger) run ``run`` to the stored release of ``plan`` (a one-release route's
+        re-run that asked for the same release): nothing charged, nothing reserved."""
+        with disk_errors(self.path, "note a re-served release in the party's ledger"):
+            self._db.execute("INSERT OR IGNORE INTO plan_runs VALUES (?,?,?,?)", (source, str(run), str(plan),
+                                                                                   time.time()))
+
+    def aliased(self, source, run) -> str | None:
+        """The ledger run whose stored release ``run`` was admitted to (:meth:`alias`), or None."""
+        row = self._db.execute("SELECT plan FROM plan_runs WHERE source=? AND run=?", (source, str(run))).fetchone()
+        return None if row is None else str(row[0])
 
     def note_source(self, source, info: dict):
         """Remember what the source is and the budget last configured for it (``flower-vfl ledger``)."""

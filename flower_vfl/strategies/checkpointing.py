@@ -18,6 +18,11 @@ round. It holds three things:
   before anything else, so that it holds the same x_m as before the interruption; its new
   release must equal the checkpointed one, or the resume is refused (its data or settings
   changed). See :meth:`flower_vfl.strategies.vertical_rounds.FlowerRounds.resync`.
+
+It also keeps each private party's **plan token** (its identify reply): a resume sends it back
+at identify, and the party continues that plan (its releases, its iterate, no second charge)
+instead of admitting a new one. The first checkpoint (round 0) is written right after identify,
+so a crash at any later point can be resumed.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from flower_vfl.errors import UserError
 from flower_vfl.io.checkpoint import load_checkpoint, save_checkpoint
 from flower_vfl.reporting.report import to_jsonable
 
-__all__ = ["ResumeRefused", "run_record", "party_record", "check_same_run", "check_same_parties", "save",
+__all__ = ["ResumeRefused", "plans", "run_record", "party_record", "check_same_run", "check_same_parties", "save",
            "load", "restore", "replay_q"]
 
 
@@ -101,6 +106,14 @@ def replay_q(q, s_prev, theta):
     return q if s_prev is None else q - s_prev / theta
 
 
+def plans(ckpt) -> dict:
+    """party (str) -> plan token of a loaded checkpoint ``(arrays, header)`` ({} for None)."""
+    if ckpt is None:
+        return {}
+    got = ckpt[1].get("plans") or {}
+    return {str(m): str(t) for m, t in got.items()} if isinstance(got, dict) else {}
+
+
 def save(st, k, i_phase, j, stopped) -> None:
     """Checkpoint after round ``k`` (phase ``i_phase``, its round ``j``; ``stopped``: the
     stopping rule ended the phase): handed to ``st.writer`` as a snapshot; durable once
@@ -128,7 +141,8 @@ def save(st, k, i_phase, j, stopped) -> None:
               "theta": c.theta, "run": st.run_record_, "parties": party_record(st), "replay": replay,
               "node_to_party": {str(n): p for n, p in st.node_to_party.items()},
               "stale": {str(m): v for m, v in st._stale.items()},
-              "history": st.history_, "privacy": st.privacy_, "anderson": aa}
+              "history": st.history_, "privacy": st.privacy_, "anderson": aa,
+              "plans": {str(m): t for m, t in sorted(getattr(st, "party_plans_", {}).items())}}
     # a snapshot (the next round updates z, y, q and Anderson's history in place), written by
     # the strategy's RoundWriter while the parties compute the next round (io/writer.py)
     arrays = {key: np.array(v, copy=True) for key, v in arrays.items()}

@@ -53,6 +53,14 @@ __all__ = ["VerticalADMMStrategy", "PartyRefused", "PartyFailed", "PartyLost", "
 DEFAULT_MAX_RELEASE = 1e6
 
 
+def log_round(k: int, row: dict) -> None:
+    """One line per round in the ServerApp's log (what `flwr run --stream` shows)."""
+    extra = "".join(f", {key}={row[key]:.4f}" for key in ("test_loss", "test_accuracy") if key in row)
+    log(INFO, "round %d: train_loss=%.6f, primal_residual=%.3g, dual_residual=%.3g, parties=%d%s",
+        k, row.get("train_loss", float("nan")), row["primal_residual"], row["dual_residual"],
+        row.get("parties", 0), extra)
+
+
 class VerticalADMMStrategy(Strategy):
     """Central node (label owner) of vertical ADMM sharing.
 
@@ -208,8 +216,8 @@ class VerticalADMMStrategy(Strategy):
                 f"party {party} restarted and answered a message sent to its previous session from an empty state "
                 "before it was identified again (its SuperNode came back within the SuperLink's heartbeat window "
                 "and pulled it): its state is not the run's. " + (
-                    "Start a new run (secagg=true: a resume cannot re-synchronize a party whose releases the "
-                    "central node never saw)" if self.secagg is not None else
+                    "Start a new run (secagg=true: a resume cannot re-synchronize a non-private party, whose "
+                    "releases the central node never saw)" if self.secagg is not None else
                     "Resume from the checkpoint (resume='<state-dir>'): a new run re-synchronizes every party"))
         if info["private"] or info["restored"]:
             self._resync.discard(party)
@@ -477,6 +485,14 @@ class VerticalADMMStrategy(Strategy):
                          # last round, whose theta a checkpoint does not keep
                          adapt_theta=self.variant == "sharing" and self.secagg is None and self.state_dir is None
                          and self.resume is None)
+        public = [m for m in range(self.num_parties) if m not in self.private_parties]
+        if ckpt is not None and self.secagg is not None and public:
+            raise ResumeRefused(f"resume={str(self.resume)!r} with secagg=true: parties {public} are not private; a "
+                                "resumed run must re-synchronize them from their own last release, which the central "
+                                "node never saw under secure aggregation. Start a new run (only a run whose parties "
+                                "are all private, each continuing its plan from its own state-dir, can be resumed)")
+        if ckpt is None:       # round 0, before any key agreement or round: the private parties' plans, for a resume
+            checkpointing.save(self, 0, 0, 0, False)
         if self.secagg is not None:
             small = [sum(active) for _, active, _ in self.driver.phases if 0 < sum(active) < 2]
             if small or self.num_parties < 2:
@@ -496,8 +512,6 @@ class VerticalADMMStrategy(Strategy):
         rounds = FlowerRounds(self, grid)
         self.writer = RoundWriter(inline=self.write_inline)
         try:
-            if ckpt is None:                         # round 0: the private parties' plans, for a resume
-                checkpointing.save(self, 0, 0, 0, False)
             rounds.resync(range(self.num_parties))    # parties back without state: their x_m first
             self.driver.run(rounds, start=begin, t0=t0, on_round=self._on_round, on_warm_start=self._on_warm_start)
             self.writer.close()                      # the last round's checkpoint and report are on disk
@@ -508,7 +522,8 @@ class VerticalADMMStrategy(Strategy):
             self._close_writer()
             self.stopped_reason_, self.failed_ = str(exc), True
             log(ERROR, "stopping after round %d (checkpoint: %s): %s", len(self.history_),
-                "none that a resume can read under secagg=true; start a new run" if self.secagg is not None
+                "none that a resume can read under secagg=true with non-private parties; start a new run"
+                if self.secagg is not None and len(self.private_parties) < self.num_parties
                 else self.state_dir or "none, set state-dir or out-dir", exc)
             vertical_outcome.finish(self, t0)
             raise
@@ -532,6 +547,8 @@ class VerticalADMMStrategy(Strategy):
         checkpointing.save(self, k, i_phase, j, stopped)
         if self.progress is not None:
             self.progress(k, row)
+        else:                 # a custom ServerApp without a callback still sees each round in its log
+            log_round(k, row)
 
     def _on_warm_start(self, k, metrics) -> None:
         # the non-private parties alone, at the end of the warm start: the bar the private
