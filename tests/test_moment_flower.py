@@ -10,7 +10,8 @@ node with its own node config and store, a fresh Context per message in the atta
   (read back from each party's store): max |dx| <= 1e-6 and the same held-out decisions, on both
   cross-fitted pools of a9a;
 - (b) each party's ledger holds exactly one release, of dp-accounting's epsilon; a replay gets the
-  stored answer, another target and a second run are refused (exact text);
+  stored answer, and so does a new run asking for the same release (charged once); another target
+  is refused (exact text), in the run (replay) and in a new run (budget);
 - (c) attacks: no reply carries a training-row score or g~; a bad rho / kappa / fit / target is
   refused with the exact message; training before the release, a non-private party and a party
   whose node config gives no pool refuse; ADMM-only run-config keys and own data are refused;
@@ -213,14 +214,24 @@ def test_replay_other_target_and_second_run(tmp_path):
     assert ref["code"] == "replay" and ref["reason"] == (
         "party 0 already answered round 1 with another target; a second answer would reveal the noise, so it is "
         "refused")
-    ref = refusal(ca.moment_release(release_msg(v), ctx(nc, run_id=2)))
+    # a new run asking for the same release (a re-run after a crash) gets the stored draw, charged once
+    again = ca.moment_release(release_msg(v), ctx(nc, run_id=2))
+    assert again.content.metric_records["meta"]["released"] == 1 and len(ledger_entries(nc, rc())) == 1
+    s3 = ca.moment_train(train_msg(c), ctx(nc, run_id=2)).content.array_records["release"]["s_pool"].numpy()
+    assert np.array_equal(s1, s3)                          # the same g~ behind run 2's rounds
+    # another target in a new run is another release: past the budget, refused before any charge
+    ref = refusal(ca.moment_release(release_msg(v * 0.5), ctx(nc, run_id=4)))
     assert ref["code"] == "budget" and "above the budget ε=20" in ref["reason"], ref["reason"]
     assert len(ledger_entries(nc, rc())) == 1
-    # through the strategy: refused at identify, naming the budget, before any release
+    # through the strategy: party 0 is asked for another target (another clip in its node config): its
+    # budget is spent, so it refuses, nothing charged. Party 1 (a fresh ledger) made its release: stored,
+    # a re-run that asks for it again gets it free
     ncs = nodes(tmp_path)
-    with pytest.raises(PartyRefused, match=r"cannot cover its one moment release.*budget epsilon=20\b"):
+    ncs[100]["dp-clip"] = 1.0
+    with pytest.raises(PartyRefused, match=r"^party 0 refused: party 0 refuses the eval release for round 1 .*above "
+                                           r"the budget ε=20\b"):
         run_flower(rc(), ncs, run_id=3)
-    assert [len(ledger_entries(n, rc())) for n in ncs.values()] == [1, 0]
+    assert [len(ledger_entries(n, rc())) for n in ncs.values()] == [1, 1]
 
 
 # ------------------------------------------------------------------ (c) attacks through the handlers

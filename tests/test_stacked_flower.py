@@ -10,8 +10,9 @@ node config and store:
   in-process route replays the party's stored release from its store, so the noise is the same);
   the ledger's epsilon (read from the party's store) equals dp-accounting's for one Gaussian release;
 - (b) attacks through the handlers with a fresh Context per message: a replay gets the stored
-  answer; a second run on the same node config is charged to the same ledger and refused once the
-  budget is spent (naming it); run-config keys naming files or privacy are refused or ignored by
+  answer, and so does a new run asking for the same release (a re-run after a crash: one draw, charged
+  once); another target in a new run is charged to the same ledger and refused once the budget is
+  spent (naming it); run-config keys naming files or privacy are refused or ignored by
   the party; a non-finite or wrong-length target is refused before any charge; an ADMM release and
   an SSP release of the same party compose in one ledger; a non-private party refuses;
 - (c) a9a, both parties private at epsilon = 1: accuracy >= 0.840 and log-loss <= 0.345 in one run
@@ -147,7 +148,7 @@ def test_flower_path_equals_the_in_process_route_on_the_same_release(tmp_path, m
 
 
 # ------------------------------------------------------------------ (b) attacks through the handlers
-def test_replay_gets_the_stored_answer_and_a_second_run_is_refused_naming_the_budget(tmp_path):
+def test_replay_and_a_re_run_get_the_stored_answer_and_another_target_is_refused_naming_the_budget(tmp_path):
     nc = nodes(tmp_path)[100]
     v = target()
     first = ca.ssp_release(release_msg(v), ctx(nc, run_id=1))
@@ -158,15 +159,21 @@ def test_replay_gets_the_stored_answer_and_a_second_run_is_refused_naming_the_bu
     # another target in the same run: refused (a second answer would reveal the noise)
     ref = refusal(ca.ssp_release(release_msg(v * 0.5), ctx(nc, run_id=1)))
     assert ref["code"] == "replay"
-    # a new run on the same node config: the same ledger, whose budget is spent
-    ref = refusal(ca.ssp_release(release_msg(v), ctx(nc, run_id=2)))
+    # a new run asking for the same release (a re-run after a crash): the stored draw, charged once
+    c = ca.ssp_release(release_msg(v), ctx(nc, run_id=2)).content.array_records["release"]
+    assert np.array_equal(c["s_test"].numpy(), a["s_test"].numpy()) and np.array_equal(c["xg"].numpy(), a["xg"].numpy())
+    # another target in a new run: the same ledger, whose budget is spent
+    ref = refusal(ca.ssp_release(release_msg(v * 0.5), ctx(nc, run_id=4)))
     assert ref["code"] == "budget" and "above the budget ε=20" in ref["reason"], ref["reason"]
     assert len(ledger_entries(nc, rc())) == 1
-    # the same through the strategy: refused at identify, naming the budget, before any release
+    # the same through the strategy, another target (another clip in party 0's node config): refused
+    # before any charge; party 1 (a fresh ledger) makes its release, stored for a re-run
     ncs = nodes(tmp_path)
-    with pytest.raises(PartyRefused, match=r"budget epsilon=20\b"):
+    ncs[100]["dp-clip"] = 1.0
+    with pytest.raises(PartyRefused, match=r"^party 0 refused: party 0 refuses the eval release for round 1 .*above "
+                                           r"the budget ε=20\b"):
         run_flower(rc(), ncs, run_id=3)
-    assert [len(ledger_entries(n, rc())) for n in ncs.values()] == [1, 0]      # nothing released in run 3
+    assert [len(ledger_entries(n, rc())) for n in ncs.values()] == [1, 1]      # party 0: nothing more
 
 
 def test_run_config_keys_naming_files_or_privacy_are_refused_or_ignored(tmp_path):

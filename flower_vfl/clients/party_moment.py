@@ -149,7 +149,7 @@ class MomentPartyClient(OneReleasePartyClient):
     def _stored_release(self, context):
         """This run's g~ from the party's own store (what :meth:`release` committed), or None. Read
         only: the ledger itself is not touched (no charge, no new entry)."""
-        ans = party_store(self.state_dir).last_answer(self._source_key(), self._run(context), "eval")
+        ans = party_store(self.state_dir).last_answer(self._source_key(), self._ledger_run(context), "eval")
         return None if ans is None else np.asarray(ans.payload["g_tilde"], dtype=float)
 
     # ------------------------------------------------------------------ boundary and replies

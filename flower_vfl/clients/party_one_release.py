@@ -9,6 +9,12 @@ the identify reply (nothing charged), the release handler's shape, the refusal o
 party, the target's boundary checks, the privacy report and the refusal reply
 (:class:`~flower_vfl.clients.party_base.PartyClient`'s). What a route releases and replies
 (the SSP scores, the moment route's acknowledgement and ADMM rounds) stays in its own module.
+
+A crash must not spend the budget: a new run that asks for the same release as a stored one (the
+same round and clipped target, on the same declared source) is admitted to that stored draw
+(:meth:`~flower_vfl.privacy.ssp.OneReleaseParty.stored_release_of`; the party's store notes the
+new run as an alias of the release's ledger run), gets it again and is charged nothing: the same
+draw is post-processing. Another target is another release, charged (or refused past the budget).
 """
 
 from __future__ import annotations
@@ -76,11 +82,27 @@ class OneReleasePartyClient:
     def _run(self, context: Context):
         return f"{context.run_id}{self.RUN_SUFFIX}"
 
+    def _ledger_run(self, context: Context):
+        """The ledger run this Flower run's release lives under: its own, or the stored release it
+        was admitted to (a re-run that asked for the same release)."""
+        return party_store(self.state_dir).aliased(self._source_key(), self._run(context)) or self._run(context)
+
     def _build(self, context: Context):
         src = self.source
         return self._party_class()(self.D, self.privacy, party_id=self.party_id, store=party_store(self.state_dir),
-                                   run=self._run(context), source=self._source_key(),
+                                   run=self._ledger_run(context), source=self._source_key(),
                                    about=src.about if src is not None else None)
+
+    def _reuse(self, context: Context, rnd, v) -> None:
+        """A run without a release of its own that asks for the same release as a stored one is
+        admitted to it (noted on the party's disk): the same draw again, nothing charged."""
+        party = self.party
+        if party.run != self._run(context) or party.ledger.answer(party.run, rnd, "eval") is not None:
+            return                                      # admitted before, or this run's own release exists
+        stored = party.stored_release_of(rnd, v)
+        if stored is not None:
+            party.ledger.store.alias(party.ledger.source, self._run(context), stored)
+            party.run, party._answer = stored, None
 
     def _refuse_if_public(self):
         if self.privacy is None:
@@ -108,6 +130,8 @@ class OneReleasePartyClient:
             info.update(party.ledger.affordable([("gaussian", party.z)], exclude_run=party.run))
             if party.ledger.answer(party.run, self.ROUND, "eval") is not None:
                 info["affordable"] = True       # this run's release is made: a re-send gets it
+            # stored releases of this route: a run that asks for the same release gets one again, free
+            info["stored"] = sum(e.kind == "eval" and e.unit == party.UNIT for e in party.ledger.entries)
         return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
 
     def _release_reply(self, rnd, v) -> RecordDict:
@@ -119,6 +143,7 @@ class OneReleasePartyClient:
             self._refuse_if_unfit()
             rnd, v = self._parse_release(msg)
             self.party = self._build(context)
+            self._reuse(context, rnd, v)
             content = self._release_reply(rnd, v)       # the party checks v (length, finite) before any charge
         except Refused as exc:
             return self._refusal(msg, exc)

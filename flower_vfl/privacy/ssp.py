@@ -121,6 +121,25 @@ class OneReleaseParty:
             raise InvalidMessage(f"party {self.party_id}: the target has NaN or inf values", field="v")
         return np.clip(v, -self.config.c_v, self.config.c_v)
 
+    def digest(self, round, v, run=None) -> str:
+        """The inputs hash of a release of the clipped target ``v`` at ``round`` in the ledger run
+        ``run`` (default this party's): what identifies the same release in the ledger."""
+        run = self.run if run is None else str(run)
+        return hashlib.sha256(b"%s|%s|%d|" % (self.TAG.encode(), run.encode(), int(round))
+                              + np.asarray(v, dtype=float).tobytes()).hexdigest()
+
+    def stored_release_of(self, round, v) -> str | None:
+        """The ledger run of a stored release of this party's statistic on the same (round, clipped
+        target) as this request, in any run (None: there is none). Serving it again is
+        post-processing of that one draw: a re-run that asks for the same release gets it, charged
+        once; another target is another release."""
+        v = self._check_target(v)
+        for e in self.ledger.entries:
+            if e.kind == "eval" and e.unit == self.UNIT and e.round == int(round) \
+                    and e.inputs_hash == self.digest(round, v, e.run):
+                return e.run
+        return None
+
     def release(self, round, v):
         """Release the statistic of ``clip(v)`` once; an identical re-send gets the stored answer.
 
@@ -131,7 +150,7 @@ class OneReleaseParty:
         if isinstance(round, bool) or not isinstance(round, (int, np.integer)) or round < 0:
             raise InvalidMessage(f"party {self.party_id}: round={round!r} must be an integer >= 0", field="round")
         v = self._check_target(v)
-        h = hashlib.sha256(b"%s|%s|%d|" % (self.TAG.encode(), self.run.encode(), int(round)) + v.tobytes()).hexdigest()
+        h = self.digest(round, v)
         prior = self.ledger.answer(self.run, int(round), "eval")
         if prior is not None:
             if prior.inputs_hash != h:

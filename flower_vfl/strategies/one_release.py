@@ -108,7 +108,13 @@ class OneReleaseStrategy(Strategy):
         c_v = info.get("c_v")
         if isinstance(c_v, bool) or not isinstance(c_v, float) or not (np.isfinite(c_v) and 0 < c_v <= 1e6):
             raise ReplyError(f"node {nid}: identity['c_v']={c_v!r}; expected a finite number in (0, 1e6]")
-        if info.get("affordable", True) is False:
+        stored = info.get("stored", 0)
+        if info.get("affordable", True) is False and stored:
+            # its budget is spent, but a stored release may be the one this run asks for (a re-run after
+            # a crash): the party serves it again, free, or refuses another target before any charge
+            log(INFO, "party %s (node %s): budget spent, %s stored %s release(s); asking for the same one",
+                party, nid, stored, self.RELEASE)
+        elif info.get("affordable", True) is False:
             raise PartyRefused(
                 f"party {party} (node {nid}) is private and its remaining budget cannot cover its one {self.RELEASE} "
                 f"release: it has spent epsilon={float(info.get('spent_before_run', float('nan'))):.4g} of its "
