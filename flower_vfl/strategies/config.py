@@ -134,9 +134,6 @@ class StrategyConfig:
         if self.secagg and self.stragglers == "stale":
             raise ParamError("secagg=true with stragglers='stale': a secure sum needs every party of the round (a "
                              "stale party's last release is not held); use stragglers='wait'")
-        if self.secagg and self.resume:
-            raise ParamError("secagg=true with resume: resuming needs the parties' last releases, which the central "
-                             "node does not hold under secure aggregation; start a new run")
 
     @classmethod
     def build(cls, config: "StrategyConfig | None" = None, **settings) -> "StrategyConfig":
