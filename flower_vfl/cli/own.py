@@ -97,6 +97,14 @@ def own_parties(args, num_parties=None) -> list[dict]:
     if not args.labels:
         raise ConfigError("--party needs --labels (the label owner's file with the IDs and labels)")
     tests = getattr(args, "party_test", None) or []
+    for flag, files in (("--party", args.party), ("--party-test", tests)):
+        seen = {}
+        for f in files:
+            key = absolute(f)
+            if key in seen:
+                raise ConfigError(f"{flag} {f} is given twice (parties {seen[key]} and {len(seen)}): each party's "
+                                  "file once, one --party per party")
+            seen[key] = len(seen)
     if (tests or getattr(args, "labels_test", "")) and not (getattr(args, "labels_test", "") and
                                                             len(tests) == len(args.party)):
         raise ConfigError(f"held-out files: give --labels-test and one --party-test per --party ({len(args.party)} "
@@ -121,13 +129,18 @@ def own_parties(args, num_parties=None) -> list[dict]:
 def _aligned(owner, tabs, preprocessors, what):
     """Blocks and labels on the IDs common to the label owner's file and every party's file, in
     the label owner's order (one operator holds every file here: a plain intersection)."""
-    common = set(owner.ids.tolist())
+    mine = set(owner.ids.tolist())
+    common = set(mine)
     for t in tabs:
         common &= set(t.ids.tolist())
     order = [i for i in owner.ids.tolist() if i in common]
     if len(order) < 2:
         from flower_vfl.io import DataError
-        raise DataError(f"only {len(order)} IDs are common to the label owner's {what} file and every party's")
+        pairwise = ", ".join(f"party {m}: {len(mine & set(t.ids.tolist()))}" for m, t in enumerate(tabs))
+        raise DataError(f"only {len(order)} IDs are common to the label owner's {what} file and every party's "
+                        f"(IDs shared with the label owner's {len(mine)}: {pairwise}); check that every file's "
+                        "--id-column (default 'id') holds the same IDs in the same format (e.g. '00123' vs '123', "
+                        "'7' vs '7.0') and that the files cover the same people")
     blocks = []
     for t, pre in zip(tabs, preprocessors):
         pos = {v: k for k, v in enumerate(t.ids.tolist())}

@@ -41,6 +41,12 @@ def cmd_report(args):
     suffix = out.suffix.lower() if out is not None else ".html"
     if suffix not in (".html", ".htm", ".png"):
         raise ConfigError(f"-o {args.out}: give a path ending in .html (the page) or .png (the picture), or a folder")
+    if out is not None:                  # its folder, before anything is drawn
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"-o {args.out}: its folder {out.parent} cannot be made ({exc.strerror or exc}); give a "
+                              "path in a writable folder") from None
     if suffix == ".png":
         from flower_vfl.reporting.plots import plot_run, plot_runs
         path = plot_runs(args.run_dirs, out) if several else plot_run(args.run_dirs[0], out)

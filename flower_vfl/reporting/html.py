@@ -225,8 +225,10 @@ def _panels_html(runs) -> str:
 # ----------------------------------------------------------------------------- tables
 
 def _spent(rep: dict) -> str:
+    from flower_vfl.reporting.report import paper_inf_note
     tot = rep.get("totals") or {}
-    return ", ".join(f"{k}={_fmt(v)}" for k, v in tot.items() if k != "delta")
+    note = paper_inf_note(tot)
+    return ", ".join(f"{k}={_fmt(v)}" for k, v in tot.items() if k != "delta") + (f" ({note})" if note else "")
 
 
 def _runs_table(runs) -> str:

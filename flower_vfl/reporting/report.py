@@ -11,7 +11,38 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["write_report", "to_jsonable"]
+__all__ = ["write_report", "to_jsonable", "report_config", "paper_inf_note", "PAPER_INF_NOTE"]
+
+#: what ``paper=inf`` among a party's ε means (flower_vfl.privacy.accounting: the paper's route is
+#: Theorem 3 with Corollary 1, valid only for a per-round ε0 <= 1; beyond, it bounds nothing)
+PAPER_INF_NOTE = ("paper=inf: the paper's route (Theorem 3 with Corollary 1) gives no bound at this noise, since it "
+                  "holds only for a per-round ε0 <= 1; the other accountants' ε are the guarantee")
+
+
+def paper_inf_note(totals) -> str:
+    """:data:`PAPER_INF_NOTE` when a party's totals hold ``paper`` = inf (a float, or "inf" as
+    report.json stores it), else ''."""
+    v = (totals or {}).get("paper")
+    try:
+        return PAPER_INF_NOTE if v is not None and math.isinf(float(v)) else ""
+    except (TypeError, ValueError):
+        return ""
+
+
+def report_config(config: dict) -> dict:
+    """The settings a report records: the run config, except that an own-data run (its label
+    owner's files named by ``labels-path`` or ``score-ids-path``, or a ``data`` entry) does not
+    show the bundled ``dataset`` and ``data-dir`` it did not read (Flower fills them with their
+    defaults); it gets ``data`` naming its files instead."""
+    config = dict(config)
+    own = config.get("labels-path") or config.get("score-ids-path")
+    if own or config.get("data"):
+        config.pop("dataset", None)
+        config.pop("data-dir", None)
+        if "data" not in config:
+            config["data"] = (f"own files: the label owner's {own}; each party's file is named by its own node "
+                              "config (not recorded here)")
+    return config
 
 
 def to_jsonable(obj):
@@ -30,7 +61,7 @@ def to_jsonable(obj):
 
 
 def write_report(out_dir, config: dict, history: list[dict], final: dict, extra: dict | None = None,
-                 plot: bool = True, key: str | None = None):
+                 plot: bool = True, key: str | None = None, written: list | None = None):
     """Write ``report.json`` (config, per-round metrics, final metrics, timing, extras),
     ``metrics.csv`` (one row per round) and, with ``plot``, ``run.png``
     (:func:`flower_vfl.reporting.plots.plot_run`) and ``report.html``
@@ -38,10 +69,12 @@ def write_report(out_dir, config: dict, history: list[dict], final: dict, extra:
     Each file is replaced atomically (temporary file, fsync, rename): a full or read-only disk
     leaves the previous one whole. With ``key`` (the run-config key that chose ``out_dir``) such
     a failure is a :class:`flower_vfl.io.checkpoint.DiskError` naming the path and the key.
-    Returns the report path."""
+    The config is recorded as :func:`report_config` gives it. Returns the report path; with
+    ``written`` (a list), every file written is appended to it, in order."""
     from flower_vfl.io.checkpoint import atomic_write, disk_writes
     out = Path(out_dir)
-    report = {"config": config, "rounds": history, "final": final}
+    report = {"config": report_config(config), "rounds": history, "final": final}
+    done = written if written is not None else []
     if extra:
         report.update(extra)
     path = out / "report.json"
@@ -57,19 +90,21 @@ def write_report(out_dir, config: dict, history: list[dict], final: dict, extra:
         out.mkdir(parents=True, exist_ok=True)
     with guard(path, "report"):
         atomic_write(path, lambda fh: fh.write(text))        # never leave a half-written report
+    done.append(path)
     with guard(out / "metrics.csv", "metrics"):
         atomic_write(out / "metrics.csv", lambda fh: fh.write(buf.getvalue().encode()))
+    done.append(out / "metrics.csv")
     if history and plot and not (final or {}).get("running"):   # a live run rewrites per round: no PNG
         try:                     # the run's picture (flower_vfl/reporting/plots.py) must not cost its report
             from flower_vfl.reporting.plots import plot_run
-            plot_run(out)
+            done.append(Path(plot_run(out)))
         except Exception as exc:  # noqa: BLE001
             import warnings
             warnings.warn(f"run.png not written ({type(exc).__name__}: {exc}); report.json and "
                           "metrics.csv are complete", RuntimeWarning, stacklevel=2)
         try:                     # the run's page (flower_vfl/reporting/html.py): curves, ledgers, settings
             from flower_vfl.reporting.html import write_html
-            write_html([out])
+            done.append(Path(write_html([out])))
         except Exception as exc:  # noqa: BLE001
             import warnings
             warnings.warn(f"report.html not written ({type(exc).__name__}: {exc}); report.json and "
