@@ -50,7 +50,12 @@ def run_simulate(tmp: Path, timeout: float) -> dict:
                            "simulate"], cwd=tmp, capture_output=True, text=True, timeout=timeout)
     m = STATUS.findall(proc.stdout)
     err = [ln for ln in proc.stderr.splitlines() if ln.startswith(("flower-vfl: error", "  error:"))]
-    return {"status": m[-1][1] if m else "no status", "exit": proc.returncode, "error": " | ".join(err)[:500]}
+    # a job whose Ray node did not start is started once more, saying so in one line (cmd_simulate)
+    retried = sum("starting the job again" in ln for ln in proc.stderr.splitlines())
+    folded = sum(ln.startswith("[traceback folded: ") for ln in proc.stdout.splitlines())
+    return {"status": m[-1][1] if m else "no status", "exit": proc.returncode, "error": " | ".join(err)[:500],
+            "retried": retried, "folded_tracebacks": folded,
+            "stdout_lines": len(proc.stdout.splitlines()), "stderr_lines": len(proc.stderr.splitlines())}
 
 
 def run_flwr(tmp: Path, timeout: float, install: bool) -> dict:
@@ -92,24 +97,31 @@ def main(argv=None) -> int:
     try:
         for i in range(args.runs):
             with tempfile.TemporaryDirectory(prefix="bench-main-job-") as tmp:
+                load0 = os.getloadavg()[0]
                 t0 = time.monotonic()
                 try:
                     res = run_simulate(Path(tmp), args.timeout) if args.job == "simulate" else \
                         run_flwr(Path(tmp), args.timeout, install=not args.no_install)
                 except subprocess.TimeoutExpired:
                     res = {"status": "timeout", "exit": None, "error": ""}
-                res.update(run=i + 1, seconds=round(time.monotonic() - t0, 1), loadavg=os.getloadavg()[0])
+                res.update(run=i + 1, seconds=round(time.monotonic() - t0, 1), load_before=round(load0, 1),
+                           loadavg=os.getloadavg()[0])
             results.append(res)
             print(f"run {i + 1}/{args.runs}: {res['status']} (exit {res['exit']}, {res['seconds']} s, "
-                  f"load {res['loadavg']:.1f}){'  ' + res['error'] if res['error'] else ''}", flush=True)
+                  f"load {res['load_before']:.1f} -> {res['loadavg']:.1f}"
+                  f"{', retried once' if res.get('retried') else ''})"
+                  f"{'  ' + res['error'] if res['error'] else ''}", flush=True)
     finally:
         stop_load(load)
     counts: dict = {}
     for r in results:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     loads = [r["loadavg"] for r in results]
+    secs = sorted(r["seconds"] for r in results)
     summary = {"job": args.job, "install": args.job == "flwr-run" and not args.no_install, "runs": len(results),
                "completed": counts.get("finished:completed", 0), "by_status": counts, "extra_load": args.load,
+               "retried": sum(r.get("retried", 0) for r in results),
+               "seconds_min_median_max": [secs[0], secs[len(secs) // 2], secs[-1]] if secs else [],
                "loadavg_min": min(loads, default=0.0), "loadavg_max": max(loads, default=0.0), "results": results}
     print(json.dumps({k: v for k, v in summary.items() if k != "results"}))
     if args.out:

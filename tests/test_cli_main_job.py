@@ -6,6 +6,7 @@ Every CLI call goes through the real entry point flower_vfl.cli:main."""
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -180,7 +181,7 @@ def test_superlink_list_and_stop_only_recorded_process_groups(tmp_path, monkeypa
 
 def test_a_job_whose_ray_node_did_not_start_is_run_again_once_nothing_ran(tmp_path, monkeypatch, capsys):
     """Ray gives its node a fixed 30 s; on a loaded machine the simulation may fail before any
-    ClientApp ran: simulate starts the job again (at most 3 tries). After round 1 it does not."""
+    ClientApp ran: simulate starts the job again, once, saying why in one line. After round 1 it does not."""
     import re
     _fake_flower(monkeypatch, tmp_path, {})
     ray_failed = {"run-id": "42", "status": "finished:failed", "status-details": "x", "log_lines": RAY_LOG}
@@ -188,12 +189,87 @@ def test_a_job_whose_ray_node_did_not_start_is_run_again_once_nothing_ran(tmp_pa
     monkeypatch.setattr(local, "wait_run", lambda *a, **k: answers.pop(0))
     assert main(["simulate"]) == 0
     assert re.fullmatch(r"run 42: Ray's node did not start within its 30 s \(load \d+\.\d\); starting the job again "
-                        r"\(attempt 2 of 3\)\n", capsys.readouterr().err)
+                        r"\(attempt 2 of 2\)\n", capsys.readouterr().err)
     assert len(FakeLink.made) == 2              # a fresh SuperLink for the second try
     late = dict(ray_failed, log_lines=["INFO :      round 1: train_loss=0.1"] + RAY_LOG)
     answers[:] = [late, {"status": "finished:completed"}]
     assert main(["simulate"]) == 1
     assert "starting the job again" not in capsys.readouterr().err
-    answers[:] = [dict(ray_failed) for _ in range(3)] + [{"status": "finished:completed"}]
+    answers[:] = [dict(ray_failed) for _ in range(2)] + [{"status": "finished:completed"}]
     assert main(["simulate"]) == 1
-    assert capsys.readouterr().err.count("starting the job again") == 2
+    assert capsys.readouterr().err.count("starting the job again") == 1
+    assert len(answers) == 1                   # no third try
+
+
+def test_the_streamed_log_folds_each_traceback_to_one_line(tmp_path):
+    """Ray's start-up failure (the log above, ~20 lines of two chained tracebacks) is shown as the
+    lines around it and one line naming the root cause, the last exception and the full log."""
+    import io
+
+    from flower_vfl.cli.job import FoldTracebacks
+    out = io.StringIO()
+    shown = FoldTracebacks(out, tmp_path / "run.log")
+    for line in RAY_LOG + ["INFO :      after"]:
+        shown.write(line)                     # as tqdm.write gives it: the line, then its end
+        shown.write("\n")
+    shown.close()
+    assert out.getvalue().splitlines() == [
+        "INFO :      Starting Flower Simulation",
+        "ERROR :     An exception occured!! The current node timed out during startup.",
+        "[traceback folded: Exception: The current node timed out during startup. This could happen because some of "
+        "the raylet failed to startup. (then RuntimeError: An error was encountered. Ending simulation.); full log: "
+        f"{tmp_path / 'run.log'}]",
+        "ERROR :     Exit Code: 700",
+        "INFO :      after"]
+    assert shown.folded == 1
+    worker = ["(ClientAppActor pid=5) Traceback (most recent call last):", '(ClientAppActor pid=5)   File "x.py", line 1',
+              "(ClientAppActor pid=5)     y()", "(ClientAppActor pid=5) KeyError: 'y'",
+              "\x1b[92mINFO \x1b[0m:      parties: 0 -> node 1"]
+    out.truncate(0)
+    out.seek(0)
+    for line in worker:
+        shown.write(line + "\n")
+    shown.close()
+    assert out.getvalue().splitlines() == [f"[traceback folded: KeyError: 'y'; full log: {tmp_path / 'run.log'}]",
+                                           worker[-1]]
+
+
+def test_simulate_says_where_its_output_goes_and_how_long_it_took(tmp_path, monkeypatch, capsys):
+    from flower_vfl.cli.job import RAY_LOADED_MACHINE
+    nodes = {}
+
+    class Link(FakeLink):
+        def __init__(self, workdir, env_extra=None, **kw):
+            nodes["env"] = dict(env_extra or {})
+            super().__init__(workdir, env_extra, **kw)
+    _fake_flower(monkeypatch, tmp_path, {"status": "finished:completed"})
+    monkeypatch.setattr(local, "simulation_superlink", Link)
+    monkeypatch.setenv("RAY_health_check_timeout_ms", "5")            # the user's own setting is kept
+    assert main(["simulate"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("output: this terminal only (the rounds and the final test metrics below); no files are written. "
+                      "Give --out-dir DIR for report.json, metrics.csv, run.png and report.html")
+    assert re.fullmatch(r"run 42: finished:completed in \d+ s", out[-2]) and out[-1] == "wrote no files (no --out-dir)"
+    assert {k: v for k, v in nodes["env"].items() if k.startswith("RAY_")} == {
+        k: v for k, v in RAY_LOADED_MACHINE.items() if k != "RAY_health_check_timeout_ms"}
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("report.json", "metrics.csv", "run.png", "report.html"):
+        (run / name).write_text("x")          # what the ServerApp writes (faked here)
+    assert main(["simulate", "--out-dir", str(run)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"output: {run} (report.json and metrics.csv every round; run.png and report.html at the end; "
+                      f"the label owner's checkpoints in {run}/state)")
+    assert out[-1] == f"wrote {run}/: report.json, metrics.csv, run.png, report.html"
+
+
+def test_a_superlink_that_does_not_start_is_one_line(tmp_path, monkeypatch, capsys):
+    class Dead(FakeLink):
+        def __enter__(self):
+            raise RuntimeError("flower-superlink did not answer on port 1 within 60 s; see /x/logs/superlink.log")
+    _fake_flower(monkeypatch, tmp_path, {})
+    monkeypatch.setattr(local, "simulation_superlink", Dead)
+    assert main(["simulate"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "flower-vfl: error: flower-superlink did not answer on port 1 within 60 s; see /x/logs/superlink.log"
+    assert err[1].startswith("  (this job's folder, kept: ") and len(err) == 2
