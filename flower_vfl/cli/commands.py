@@ -35,7 +35,7 @@ PATH_KEYS = ("out-dir", "resume", "party-keys", "data-dir", "state-dir", "labels
 #: tests/test_every_key.py). The model and the parties' privacy: every run command
 MODEL_KEYS = ("dataset", "num-parties", "loss", "penalty", "lam", "rho", "alpha", "fit-intercept", "acceleration", "variant",
               "x-solver", "max-rounds", "tol", "eval-every", "label-epsilon", "out-dir", "data-dir", "dp",
-              "dp-parties")
+              "dp-parties", "party-model")
 #: only where Flower runs the job (simulate, predict, deploy-local): faults, checkpoints, keys
 FLOWER_KEYS = ("round-timeout", "party-wait", "stragglers", "max-staleness", "resume", "party-keys", "state-dir",
                "max-release")
@@ -145,7 +145,7 @@ def _estimator(cfg: dict, privacy, callback):
                         rho=cfg["rho"] if cfg["rho"] > 0 else "auto", alpha=cfg["alpha"],
                         fit_intercept=cfg["fit-intercept"], max_rounds=cfg["max-rounds"], tol=cfg["tol"],
                         privacy=privacy, verbose=True, acceleration=cfg["acceleration"], x_solver=cfg["x-solver"],
-                        variant=cfg["variant"],
+                        variant=cfg["variant"], party_model=cfg.get("party-model", "linear"),
                         label_epsilon=cfg["label-epsilon"] or None, callback=callback)
 
 
@@ -316,7 +316,7 @@ def print_privacy_summary(reports):
               f"{sum(e['kind'] == 'eval' for e in led)}), noise multiplier z={r['noise_multiplier']:.4g}, "
               f"σ∈{sig[:3]}{'…' if len(sig) > 3 else ''}")
         print("    ε spent: " + ", ".join(f"{k}={v:.4g}" for k, v in tot.items()))
-        from flower_vfl.reporting.report import paper_inf_note
+        from flower_vfl.reporting.notes import paper_inf_note
         if paper_inf_note(tot):
             print("    (" + paper_inf_note(tot) + ")")
 

@@ -225,7 +225,7 @@ def _panels_html(runs) -> str:
 # ----------------------------------------------------------------------------- tables
 
 def _spent(rep: dict) -> str:
-    from flower_vfl.reporting.report import paper_inf_note
+    from flower_vfl.reporting.notes import paper_inf_note
     tot = rep.get("totals") or {}
     note = paper_inf_note(tot)
     return ", ".join(f"{k}={_fmt(v)}" for k, v in tot.items() if k != "delta") + (f" ({note})" if note else "")
