@@ -4,7 +4,10 @@ One file, ``checkpoint.npz`` in the state folder, holds every array and a JSON h
 written the way SQLite teaches: write a temporary file in the same folder, flush, ``fsync``,
 rename over the old one, ``fsync`` the folder. A crash leaves either the previous checkpoint or
 the new one, never a mix. Floats are stored as float64 arrays and as ``repr``-exact JSON, so a
-resumed run continues with bitwise the same iterates.
+resumed run continues with bitwise the same iterates. A file damaged after it was written
+(truncated, a flipped byte, empty, a pickle, an array or a header field missing, a NaN) is
+:class:`CheckpointDamaged` at :func:`load_checkpoint`, naming the file, what is wrong and the fix,
+before any party is contacted; nothing in it is unpickled.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import numpy as np
 
 from flower_vfl.errors import UserError
 
-__all__ = ["CHECKPOINT", "DiskError", "atomic_write", "disk_writes", "fsync_dir", "save_checkpoint", "load_checkpoint",
-           "writable_folder"]
+__all__ = ["CHECKPOINT", "CheckpointDamaged", "DiskError", "atomic_write", "disk_writes", "fsync_dir",
+           "save_checkpoint", "load_checkpoint", "writable_folder"]
 
 CHECKPOINT = "checkpoint.npz"
 FORMAT = 1
@@ -123,15 +126,106 @@ def save_checkpoint(folder, arrays: dict, header: dict, key: str = "state-dir") 
     return path
 
 
+class CheckpointDamaged(UserError, ValueError):
+    """``checkpoint.npz`` cannot be read back as the state it was written with (truncated, a
+    flipped byte, empty, a pickle, an array or a header field missing, a non-finite value). Names
+    the file, what is wrong and the fix; nothing in it is used (a pickle is never loaded)."""
+
+
+#: what every checkpoint holds (:func:`flower_vfl.strategies.checkpointing.save`): the central
+#: node's state and the header fields a resume reads
+REQUIRED_ARRAYS = ("z", "y", "q", "b")
+REQUIRED_HEADER = ("round", "phase", "j", "phase_stopped", "rho", "replay", "stale", "history", "privacy")
+
+
+def damaged(folder, path, what: str) -> CheckpointDamaged:
+    """The one message for a checkpoint that cannot be resumed: the file, what is wrong, the fix."""
+    return CheckpointDamaged(
+        f"resume={str(folder)!r}: {path} is damaged ({what}); it cannot continue the run. The checkpoint is "
+        "replaced atomically after every round, so this is damage after it was written (a disk error, a copy "
+        "cut short, an edit): put back a copy of the whole state folder if you kept one and resume from it, "
+        "or start a new run without resume")
+
+
+class CheckpointArrays(dict):
+    """The checkpoint's arrays; asking for one it does not hold is :class:`CheckpointDamaged`
+    (naming the file and the array), never a bare ``KeyError``."""
+
+    def __init__(self, arrays, folder, path):
+        super().__init__(arrays)
+        self._where = (folder, path)
+
+    def __missing__(self, key):
+        raise damaged(*self._where, f"the array {key!r} the checkpoint's header needs is missing")
+
+
+def _read(path) -> tuple[dict, object]:
+    """Every array of ``path`` read in full (a zip member's CRC is checked at its end) and the
+    raw header; a pickled object is refused by numpy (``allow_pickle=False``)."""
+    with np.load(path, allow_pickle=False) as data:
+        if not hasattr(data, "files"):           # a bare .npy, not the zip of a checkpoint
+            raise ValueError("not a zip of named arrays (a single .npy array)")
+        names = list(data.files)
+        if "header" not in names:
+            raise KeyError("header")
+        arrays = {k[2:]: data[k] for k in names if k.startswith("a/")}
+        return arrays, data["header"]
+
+
 def load_checkpoint(folder) -> tuple[dict, dict]:
-    """``(arrays, header)`` of ``folder/checkpoint.npz``; a clear error when there is none."""
+    """``(arrays, header)`` of ``folder/checkpoint.npz``; a clear error when there is none, and
+    :class:`CheckpointDamaged` when it is not whole: unreadable, an array or a header field the
+    resume needs missing, or a non-finite value in the state (a NaN z would otherwise surface
+    rounds later as a party's bad reply)."""
+    import zipfile
+    import zlib
     path = Path(folder) / CHECKPOINT
     if not path.is_file():
         raise FileNotFoundError(f"resume={str(folder)!r}: no {CHECKPOINT} there; give the state folder of the "
                                 "run to continue (its state-dir, by default <out-dir>/state)")
-    with np.load(path, allow_pickle=False) as data:
-        header = json.loads(str(data["header"]))
-        arrays = {k[2:]: data[k] for k in data.files if k.startswith("a/")}
+    size = path.stat().st_size
+    if size == 0:
+        raise damaged(folder, path, "the file is empty")
+    try:
+        arrays, raw = _read(path)
+    except KeyError:
+        raise damaged(folder, path, "it holds no header") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, UnicodeDecodeError) as exc:
+        text = str(exc)
+        if "pickle" in text or "Object arrays" in text:
+            what = "it holds pickled data, which is never loaded"
+        elif isinstance(exc, (EOFError, zipfile.BadZipFile)) or "CRC" in text or isinstance(exc, zlib.error):
+            what = f"not a whole zip of arrays, {size} bytes: {text or type(exc).__name__}"
+        else:
+            what = f"unreadable: {text or type(exc).__name__}"
+        raise damaged(folder, path, what) from None
+    try:
+        header = json.loads(str(raw))
+    except ValueError as exc:
+        raise damaged(folder, path, f"its header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise damaged(folder, path, "its header is not a JSON object")
     if header.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {header.get('format')!r}, this version reads {FORMAT}")
-    return arrays, header
+    missing = [k for k in REQUIRED_HEADER if k not in header]
+    if missing:
+        raise damaged(folder, path, f"its header lacks {', '.join(missing)}")
+    replay = header["replay"] if isinstance(header["replay"], dict) else {}
+    needed = [*REQUIRED_ARRAYS, *(f"rq{m}" for m in replay),
+              *(r.get("y") for r in replay.values() if isinstance(r, dict))]
+    missing = [k for k in dict.fromkeys(needed) if k not in arrays]
+    if missing:
+        raise damaged(folder, path, f"the array{'s' if len(missing) > 1 else ''} "
+                      f"{', '.join(map(repr, missing))} {'are' if len(missing) > 1 else 'is'} missing")
+    for k, v in arrays.items():
+        if v.dtype.kind not in "fiub":
+            raise damaged(folder, path, f"the array {k!r} has dtype {v.dtype}, not numbers")
+        # Anderson's history ('aa...') may keep unused buffer columns; every other array is state
+        if v.dtype.kind == "f" and not k.startswith("aa") and not np.all(np.isfinite(v)):
+            bad = int(v.size - np.isfinite(v).sum())
+            raise damaged(folder, path, f"the array {k!r} holds {bad} NaN/inf value{'s' if bad > 1 else ''}")
+    shape = arrays["z"].shape
+    for k in ("y", "q", *(f"s{m}" for m in range(len(arrays)) if f"s{m}" in arrays)):
+        if arrays[k].shape != shape:
+            raise damaged(folder, path, f"the array {k!r} has shape {arrays[k].shape}, z has {shape}")
+    return CheckpointArrays(arrays, folder, path), header
