@@ -198,7 +198,7 @@ class CentralUpdate:
             G -= P
             G -= nrho * b                            # G = N * dF/dw
             s, sg = _bordered(E, G, nrho, n, P)      # P = 1/D, D = N * d2F/dw2
-            if not s > 0.0:
+            if not s > S_MIN:                       # (nearly) every sample saturated: b ill-posed here
                 return None
             db = -(gb + rho * sg) / (rho * s)
             gb_step, gb = gb, 0.0
@@ -376,6 +376,13 @@ CUBIC_MAX_STEP = 1.0
 #: full Newton steps the fast z-update takes while they do not halve (far from the root), each
 #: with a smaller Newton decrement than the one before (:meth:`CentralUpdate._newton_fast`)
 FAR_STEPS = 6
+
+#: the fast z-update leaves to the damped path a step whose Schur sum s = sum h/D (the samples'
+#: share of curvature in the b-direction) is below this: there a full Newton step moves b by
+#: ~1/s, and a noisy release (a private party's s~, sigma >> its clip) once took b to 2.8e32 in
+#: one step, "certified" by a gradient that had lost every digit. Normal runs stay far above it
+#: (breast cancer at lam 1e-8: 0.095; a9a: 1.6e4)
+S_MIN = 1e-6
 
 
 def _decrement(dw, P, scratch, nrho, db, n, gb) -> float:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PrivatePartyHurts", "dp_hurts_message", "noise_loss_bound", "FIX_NODE", "FIX_CLI", "FIX_API"]
+__all__ = ["PrivatePartyHurts", "dp_hurts_message", "noise_divergence_cause", "noise_loss_bound", "FIX_NODE",
+           "FIX_CLI", "FIX_API"]
 
 #: how to fix it, in the words of each path's settings
 FIX_NODE = ("raise the private parties' dp-lam (node config), lower their dp-train-rounds, or give them a "
@@ -29,6 +30,29 @@ def dp_hurts_message(loss_with, loss_without, *, measured="test loss", fix=FIX_N
     return (f"the private parties made the model worse: {measured} {float(loss_with):.4g} with them vs "
             f"{float(loss_without):.4g} for the non-private parties alone. Their noise outweighs their "
             f"columns at these settings: {fix}")
+
+
+def noise_divergence_cause(reports: dict, fix: str = FIX_NODE) -> str | None:
+    """Why a run with private parties diverged, from their privacy reports (party -> report, what
+    the central node keeps): each private party's training-release noise sigma against the clip
+    of its values (c_s), and what to change; None when no private party released a noisy
+    training round (then the noise is not the cause)."""
+    parts = []
+    for m, rep in sorted((reports or {}).items()):
+        train = [e for e in rep.get("ledger", {}).get("entries", []) if e.get("kind") == "train"]
+        if not train:
+            continue
+        cfg = rep.get("config", {})
+        sigma, clip = float(train[-1]["sigma"]), float(cfg.get("c_s", float("nan")))
+        lam = cfg.get("lam")
+        parts.append(f"party {m}'s training releases carry Gaussian noise of sigma={sigma:.4g} per value against "
+                     f"values clipped to +-{clip:g} (its dp-epsilon={float(cfg.get('epsilon', float('nan'))):g} "
+                     f"over {int(cfg.get('train_rounds', 0))} training and {int(cfg.get('eval_rounds', 0))} "
+                     f"evaluation release(s), dp-lam={'the run' + chr(39) + 's lam' if lam is None else f'{lam:g}'})")
+    if not parts:
+        return None
+    return ("a private party's noise at these settings: " + "; ".join(parts) + ". That noise enters z and y and "
+            f"every party's next x-update; {fix} (dp-train-rounds=0: it releases only its final model)")
 
 
 def noise_loss_bound(loss, f_public, t, sigma, reach, nodes=40, grid=21):

@@ -156,8 +156,10 @@ def _sizes(messages, replies) -> dict:
     """For the timing line (benchmarks): the message types and the serialized array bytes
     (``Array.data``: the values and a ~128-byte header each) sent to / received from each node."""
     def nbytes(msg) -> int:
-        try:
-            return sum(len(rec[k].data) for rec in msg.content.array_records.values() for k in rec)
+        try:                       # ArrayRecords, and the .npy bytes a packed message carries in a ConfigRecord
+            return sum(len(rec[k].data) for rec in msg.content.array_records.values() for k in rec) + \
+                sum(len(v) for rec in msg.content.config_records.values() for v in rec.values()
+                    if isinstance(v, bytes))
         except Exception:          # an error reply has no content
             return 0
     try:
@@ -178,9 +180,13 @@ def _timing_line(rec: dict) -> None:
 
 
 def check_release(rep: Message, party: int, key: str, shape: tuple, what: str,
-                  bound: float | None = None) -> np.ndarray:
+                  bound: float | None = None, cause: str | None = None) -> np.ndarray:
     """The vector ``release[key]`` of a reply, checked: present, floating, of ``shape``, finite,
-    and (``bound``: the run config's ``max-release``) every entry within +-``bound``."""
+    and (``bound``: the run config's ``max-release``) every entry within +-``bound``.
+
+    ``cause``: what most likely drove a value out of range (a private party's noise at these
+    settings, :func:`~flower_vfl.privacy.outcome.noise_divergence_cause`); a NaN/inf or
+    out-of-range release then names it and what to change, instead of the bound alone."""
     node = rep.metadata.src_node_id
     where = f"party {party} (node {node}), {what}: release[{key!r}]"
     if "release" not in rep.content.array_records:
@@ -199,13 +205,18 @@ def check_release(rep: Message, party: int, key: str, shape: tuple, what: str,
         raise ReplyError(f"{where} has shape {v.shape}; expected {tuple(shape)} (one value per aligned row)")
     if not np.all(np.isfinite(v)):
         raise ReplyError(f"{where} holds {int(np.size(v) - np.isfinite(v).sum())} NaN/inf values; refused "
-                         "(it would poison z for every later round)")
+                         "(it would poison z for every later round)"
+                         + ("" if cause is None else f". The run diverged; the likely cause is {cause}"))
     if bound is not None:
         big = np.abs(v) > bound
         if big.any():
             at = np.unravel_index(int(np.flatnonzero(big)[0]), v.shape)
-            raise ReplyError(f"{where} holds {int(big.sum())} value(s) beyond +-{bound:g} (e.g. {float(v[at])!r} at "
-                             f"row {at[0]}); refused: the central node's max-release={bound:g} (run config) bounds "
+            head = (f"{where} holds {int(big.sum())} value(s) beyond +-{bound:g} (e.g. {float(v[at])!r} at "
+                    f"row {at[0]}); refused")
+            if cause is not None:
+                raise ReplyError(f"{head}: the run diverged (max-release={bound:g}, run config, bounds every "
+                                 f"released value); the likely cause is {cause}")
+            raise ReplyError(f"{head}: the central node's max-release={bound:g} (run config) bounds "
                              "every released value; raise it only if the parties' values can be that large")
     return np.asarray(v, dtype=np.float64)
 

@@ -201,8 +201,8 @@ class VerticalADMMStrategy(Strategy):
         (``last_train`` >= 0) is left as it is."""
         if first and info["private"]:
             self.private_parties[party] = info["train_rounds"]
-            if info.get("plan"):       # the party's plan token, checkpointed: a resume continues that plan
-                self.party_plans_[party] = info["plan"]
+        if first and info.get("plan"):  # a private party's plan token, a non-private party's resume token under
+            self.party_plans_[party] = info["plan"]   # secagg (party_secagg.py): checkpointed, sent back by a resume
         if first:
             self.party_data[party] = info["data"]
         elif info["data"] != self.party_data.get(party, info["data"]):
@@ -216,8 +216,8 @@ class VerticalADMMStrategy(Strategy):
                 f"party {party} restarted and answered a message sent to its previous session from an empty state "
                 "before it was identified again (its SuperNode came back within the SuperLink's heartbeat window "
                 "and pulled it): its state is not the run's. " + (
-                    "Start a new run (secagg=true: a resume cannot re-synchronize a non-private party, whose "
-                    "releases the central node never saw)" if self.secagg is not None else
+                    "Resume from the checkpoint (resume='<state-dir>'): each non-private party restores its own "
+                    "state of the checkpoint's round from its state-dir" if self.secagg is not None else
                     "Resume from the checkpoint (resume='<state-dir>'): a new run re-synchronizes every party"))
         if info["private"] or info["restored"]:
             self._resync.discard(party)
@@ -225,8 +225,8 @@ class VerticalADMMStrategy(Strategy):
         if self.secagg is not None and not first:
             raise ResumeRefused(f"party {party} came back without its state (a restarted SuperNode) and secagg=true: "
                                 "re-synchronizing it needs its own last release s_m, which the central node does "
-                                "not hold under secure aggregation; start a new run (a private party, whose "
-                                "iterate is in its state-dir, can rejoin)")
+                                "not hold under secure aggregation; resume the run (resume='<state-dir>'): the "
+                                "party restores its state of the checkpoint's round from its own state-dir")
         self._stateless.add(party)
         if float(getattr(self.central, "alpha", 1.0)) != 1.0:
             log(WARNING, "party %s restarts from x = 0: re-synchronizing a stateless party needs alpha = 1", party)
@@ -243,6 +243,8 @@ class VerticalADMMStrategy(Strategy):
         query = {"want": "party"}
         if getattr(self, "resume_plans_", None):     # a resume: each private party continues its plan
             query["plans"] = json.dumps(self.resume_plans_, sort_keys=True)
+            if self.secagg is not None:     # a non-private party restores its own state of this round
+                query["resume-round"] = int(self.resume_round_)
         self.exchange.identify("query.identify", RecordDict({"config": ConfigRecord(query)}),
                                lambda nid, rep: read_identity(self, nid, rep))
         return self.node_to_party
@@ -290,7 +292,8 @@ class VerticalADMMStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Alg. 1 line 12: every party of the round gets q = a_hat - z, y and the scalars.
+        """Alg. 1 line 12: every party of the round gets q = a_hat - z, y and the scalars (at alpha = 1,
+        once it answered a round, its x-update target v alone: :func:`~.vertical_rounds.sends_target`).
 
         ``arrays`` and ``config`` are Flower's global model and free-form config: vertical
         training has neither (x_m stays on its party; a party takes its settings from its own
@@ -464,6 +467,7 @@ class VerticalADMMStrategy(Strategy):
         # another run's checkpoint is refused before any party is contacted
         ckpt = checkpointing.load(self.resume, self.run_record_) if self.resume else None
         self.resume_plans_ = checkpointing.plans(ckpt)
+        self.resume_round_ = int(ckpt[1]["round"]) if ckpt is not None else None
         self.identify(grid)
         if ckpt is not None and self._stateless and float(self.central.alpha) != 1.0:
             raise ResumeRefused(f"resume={str(self.resume)!r}: parties {sorted(self._stateless)} came back without "
@@ -486,11 +490,14 @@ class VerticalADMMStrategy(Strategy):
                          adapt_theta=self.variant == "sharing" and self.secagg is None and self.state_dir is None
                          and self.resume is None)
         public = [m for m in range(self.num_parties) if m not in self.private_parties]
-        if ckpt is not None and self.secagg is not None and public:
-            raise ResumeRefused(f"resume={str(self.resume)!r} with secagg=true: parties {public} are not private; a "
-                                "resumed run must re-synchronize them from their own last release, which the central "
-                                "node never saw under secure aggregation. Start a new run (only a run whose parties "
-                                "are all private, each continuing its plan from its own state-dir, can be resumed)")
+        lost = sorted(set(public) & self._stateless)
+        if ckpt is not None and self.secagg is not None and lost and self.resume_round_ > 0:
+            raise ResumeRefused(f"resume={str(self.resume)!r} with secagg=true: non-private parties {lost} hold no "
+                                f"state of round {self.resume_round_} under the checkpoint's resume token (their "
+                                "state-dir, partition-id or secagg-name is not the run's, or the run kept no token): "
+                                "re-synchronizing them needs their own last release, which the central node never "
+                                "saw under secure aggregation. Resume with the parties' original node configs and "
+                                "state-dirs, or start a new run without resume")
         if ckpt is None:       # round 0, before any key agreement or round: the private parties' plans, for a resume
             checkpointing.save(self, 0, 0, 0, False)
         if self.secagg is not None:
@@ -522,9 +529,7 @@ class VerticalADMMStrategy(Strategy):
             self._close_writer()
             self.stopped_reason_, self.failed_ = str(exc), True
             log(ERROR, "stopping after round %d (checkpoint: %s): %s", len(self.history_),
-                "none that a resume can read under secagg=true with non-private parties; start a new run"
-                if self.secagg is not None and len(self.private_parties) < self.num_parties
-                else self.state_dir or "none, set state-dir or out-dir", exc)
+                self.state_dir or "none, set state-dir or out-dir", exc)
             vertical_outcome.finish(self, t0)
             raise
         except BaseException:
