@@ -69,6 +69,62 @@ def test_a_private_party_refuses_a_multinomial_run_at_identify(tmp_path, handler
     assert not (tmp_path / "party.sqlite").exists()
 
 
+# --------------------------------------------------------------- a private party's rho without min-rho / max-rho
+def _charged(state) -> int:
+    close_stores()
+    return PartyStore(state).count() if (state / "party.sqlite").exists() else 0
+
+
+@pytest.mark.parametrize("rho", [1e150, 5e-324, 1e3 / N * 1.0001, 1e-3 / N * 0.9999])
+@pytest.mark.parametrize("handler, kind", [(ca.train, "train"), (ca.evaluate, "evaluate")])
+def test_a_private_party_without_rho_bounds_refuses_a_rho_far_from_its_scale(tmp_path, rho, handler, kind):
+    """No min-rho / max-rho in its node config: the party's default range 1e-3/N .. 1e3/N from its
+    own N (426 rows) refuses rho = 1e150 (a release of no use, charged) and rho = 5e-324 (before:
+    a ZeroDivisionError in the calibration), before anything is charged; a fresh Context each."""
+    state = tmp_path / "state"
+    rep = dict(send(handler, ctx(node(state)), {"rho": rho, "final_update": kind == "evaluate"},
+                    kind=kind).content["refusal"])
+    assert rep == {"party": 1, "code": "invalid", "field": "config.rho", "reason": (
+        f"party 1: config['rho']={rho!r} is outside the range this party accepts [{1e-3 / N:g}, {1e3 / N:g}] (its "
+        "node config's min-rho / max-rho where set, else a private party's default 0.001/N .. 1000/N for its "
+        f"N={N} rows: a rho far from the loss's scale 1/N buys no accuracy for the budget it spends; set min-rho "
+        "/ max-rho in its node config to accept another); refused, nothing charged")}
+    assert _charged(state) == 0
+
+
+def test_the_default_range_is_inclusive_and_a_node_config_bound_replaces_one_end(tmp_path):
+    state = tmp_path / "state"
+    assert "release" in send(ca.train, ctx(node(state)), {"rho": 1e3 / N}).content         # inclusive
+    assert _charged(state) == 1
+    nc = node(tmp_path / "s2", **{"max-rho": 10.0})          # its own max; the default min stays
+    assert "release" in send(ca.train, ctx(nc), {"rho": 5.0}).content
+    rep = dict(send(ca.train, ctx(node(tmp_path / "s3", **{"max-rho": 10.0})), {"rho": 1e-9}).content["refusal"])
+    assert rep["reason"].startswith(f"party 1: config['rho']=1e-09 is outside the range this party accepts "
+                                    f"[{1e-3 / N:g}, 10] (its node config's min-rho / max-rho where set, else")
+    # a node config that sets both bounds is the party's own choice, and named as such
+    rep = dict(send(ca.train, ctx(node(tmp_path / "s4", **{"min-rho": 0.0, "max-rho": 10.0})),
+                    {"rho": 20.0}).content["refusal"])
+    assert rep["reason"] == ("party 1: config['rho']=20.0 is outside the range this party accepts [0, 10] (its node "
+                             "config's min-rho / max-rho); refused, nothing charged")
+
+
+def test_a_subnormal_rho_the_node_config_allows_is_refused_not_a_zero_division(tmp_path):
+    """min-rho=0 (the party's own choice) lets 5e-324 through the range check; the calibration
+    then refuses it (lam * rho underflows to 0: no finite sensitivity), nothing charged."""
+    state = tmp_path / "state"
+    nc = node(state, **{"min-rho": 0.0, "max-rho": 1.0, "dp-lam": 1e-2})    # lam * 1e-323 rounds to 0
+    rep = dict(send(ca.train, ctx(nc), {"rho": 5e-324}).content["refusal"])
+    assert rep == {"party": 1, "code": "invalid", "field": "config.rho", "reason": (
+        "party 1: the train release at rho=5e-324 would have a non-finite sensitivity; refused, nothing charged "
+        "(the party's node config can narrow the accepted rho with min-rho / max-rho)")}
+    assert _charged(state) == 0
+
+
+def test_a_non_private_party_keeps_the_protocol_range(tmp_path):
+    nc = {"partition-id": 1, "state-dir": str(tmp_path)}
+    assert "release" in send(ca.train, ctx(nc), {"rho": 1e6}).content
+
+
 # --------------------------------------------------------------- evaluate's config values
 @pytest.mark.parametrize("private", [True, False])
 @pytest.mark.parametrize("cfg, text", [

@@ -67,10 +67,15 @@ GUESSES = [f"c{v:05d}" for v in range(10_000)]
 
 def test_ten_thousand_guessed_ids_are_refused(party):
     nc, held = party
-    with pytest.raises(PsiBoundError, match=r"this request holds 10000 items, 10000 of them never asked before; "
-                                            r"with the 0 distinct .* would pass this party's cap of 3000 "
-                                            r"\(psi-max-asked=1 × its 3000 IDs\)"):
+    with pytest.raises(PsiBoundError) as err:
         ask(ctx(nc, 1), GUESSES)
+    source = f"{Path(nc['data-path']).resolve()}#id=id"
+    assert str(err.value) == (
+        f"PSI bound: this request holds 10000 items, 10000 of them never asked before; with the 0 membership tests "
+        f"already answered for {source} (0 encrypted IDs in PSI requests, 0 IDs of agreed orders it does not hold) "
+        "that would pass this party's cap of 3000 (psi-max-asked=1 × its 3000 IDs; one cap for PSI requests and "
+        "agreed orders). Refused, across all runs: raise the node-config key psi-max-asked if the label owner "
+        "really holds that many rows")
     # the refusal counted nothing: an honest request of the party's own size still passes
     assert ask(ctx(nc, 2), held[:3000]) == set(held)
 
@@ -87,7 +92,8 @@ def test_five_requests_of_two_thousand_are_refused_past_the_cap(party):
             learned |= ask(ctx(nc, 100 + k), GUESSES[2000 * k:2000 * (k + 1)])
         except PsiBoundError as exc:
             refused.append(k)
-            assert "with the 2000 distinct encrypted IDs in PSI requests already answered" in str(exc)
+            assert "with the 2000 membership tests already answered for " in str(exc)
+            assert "(2000 encrypted IDs in PSI requests, 0 IDs of agreed orders it does not hold)" in str(exc)
     assert refused == [1, 2, 3, 4]
     assert learned == {h for h in held if h < "c02000"} and len(learned) < len(held)
     rows = psi_log_rows(nc["state-dir"])
@@ -115,21 +121,59 @@ def test_an_honest_label_owner_realigns_as_often_as_it_likes_with_its_kept_key(p
     rows = {r["kind"]: r for r in psi_log_rows(nc["state-dir"])}
     assert rows["request"]["distinct_asked"] == 2900 and rows["request"]["answers"] == 5
     assert rows["order"]["distinct_asked"] == 2900 and rows["order"]["refused"] == 0
+    assert "absent" not in rows                             # an honest order costs no membership test
 
 
 def test_guessed_ids_sent_as_the_agreed_order_are_counted_too(party):
-    """Accepting an order tells the requester that the party holds every ID in it: probing
-    through psi_order instead of psi_answer meets the same cap."""
+    """Refusing an order tells the requester that some ID in it is not held: probing through
+    psi_order instead of psi_answer meets the same cap (the IDs not held are the tests)."""
     nc, held = party
+    source = f"{Path(nc['data-path']).resolve()}#id=id"
     seen = 0
-    with pytest.raises(PsiBoundError, match=r"this order holds 500 items"):
+    with pytest.raises(PsiBoundError) as err:
         for k in range(20):                                 # 500 guesses per order, 10,000 in all
             try:
                 order(ctx(nc, 200 + k), GUESSES[500 * k:500 * (k + 1)])
             except psi_party.DataError:
                 pass                                         # some guess is not held: refused, counted
             seen += 500
-    assert seen == 3000
+    absent = sum(g not in set(held) for g in GUESSES[:seen])
+    assert absent > 3000 >= absent - 500                     # one order past the cap, then none
+    assert str(err.value) == (
+        f"PSI bound: this order names 500 IDs never named in an order before, and the {absent} membership tests "
+        f"already answered for {source} (0 encrypted IDs in PSI requests, {absent} IDs of agreed orders it does not "
+        "hold) are already past this party's cap of 3000 (psi-max-asked=1 × its 3000 IDs; one cap for PSI requests "
+        "and agreed orders). Refused, across all runs: raise the node-config key psi-max-asked if the label owner "
+        "really holds that many rows")
+
+
+def test_requests_and_orders_share_one_cap(party):
+    """Before, each kind had its own cap: 3,000 guessed IDs asked in requests and 3,000 more in
+    orders told the requester the membership of 6,000 IDs (twice psi-max-asked). Now the second
+    half meets the cap left by the first: what the requester learns of IDs the party does not
+    hold is bounded by one cap, across requests and orders and runs."""
+    nc, held = party
+    own = set(held)
+    learned = ask(ctx(nc, 1), GUESSES[:2800])               # 2,800 tests: the membership of 2,800 IDs
+    tested = set(GUESSES[:2800])
+    for k, g in enumerate(GUESSES[2800:]):                  # then one guessed ID per order
+        try:
+            order(ctx(nc, 10 + k), [g])
+            learned.add(g)                                   # accepted: held
+        except psi_party.DataError:
+            pass                                             # refused: not held (a test, counted)
+        except PsiBoundError:
+            break                                            # refused up front: nothing learned
+        tested.add(g)
+    rows = {r["kind"]: r for r in psi_log_rows(nc["state-dir"])}
+    assert rows["request"]["distinct_asked"] == 2800 and rows["absent"]["distinct_asked"] == 201
+    # every ID whose absence the requester learned is a test within the cap (+ the one past it)
+    assert len(tested - own) <= 3000 + 1
+    assert len(tested) < 2 * 3000 and learned <= own
+    again = sorted(learned & set(GUESSES[2800:]))[:5]       # IDs named in an accepted order before:
+    assert len(again) == 5 and order(ctx(nc, 99_999), again)["n_rows"] == 5   # no new test, answered
+    with pytest.raises(PsiBoundError, match="this order names 1 IDs never named in an order before"):
+        order(ctx(nc, 99_998), [held[0]])                    # past the cap: refused before it is compared
 
 
 def test_an_order_naming_an_id_twice_is_refused(party):

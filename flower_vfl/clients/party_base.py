@@ -17,7 +17,8 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict, ArrayRecord, Ar
 import numpy as np
 
 from flower_vfl.io.wire import PACK_REPLY_INTO, PACK_REQUEST_INTO, PACKED_FIELD, is_packed, pack, unpack
-from flower_vfl.privacy.boundary import MAX_OUTPUTS, InvalidMessage, Refused, parse_count, parse_flag, parse_round, to_wire
+from flower_vfl.privacy.boundary import (MAX_OUTPUTS, TARGET_FIELD, InvalidMessage, Refused, parse_count, parse_flag,
+                                        parse_round, private_rho_range, to_wire)
 from flower_vfl.secagg.errors import SecAggError
 
 __all__ = ["PartyClient", "STATE_META"]
@@ -55,7 +56,9 @@ class PartyClient:
         The data the node config declares: a private party's ledger key. None: the
         ``partition-id`` only (direct use from Python; a ClientApp always passes one).
     rho_range : (float, float) or None
-        The party's own bounds on the ρ it accepts (node config ``min-rho``/``max-rho``).
+        The party's own bounds on the ρ it accepts (node config ``min-rho``/``max-rho``). A
+        private party fills an unset end from its own row count
+        (:func:`~flower_vfl.privacy.boundary.private_rho_range`: 1e-3/N .. 1e3/N).
     secagg : flower_vfl.clients.party_secagg.PartySecAgg or None
         The party's secure-aggregation settings (node config ``secagg-*``); None: the defaults
         (unpinned, honest-but-curious central node only) when a message asks for a masked reply.
@@ -76,7 +79,8 @@ class PartyClient:
         self.state_dir = state_dir
         self.max_answers = int(max_answers or 0)
         self.source = source
-        self.rho_range = rho_range
+        # a private party never answers at any rho: its budget buys releases at the loss's scale only
+        self.rho_range = rho_range if privacy is None else private_rho_range(D.shape[0], rho_range)
         self.secagg = secagg
         self.party = None
         #: whether the request being answered came packed (its reply is packed then)
@@ -125,8 +129,9 @@ class PartyClient:
             return int(meta["n_outputs"])
         if str(context.run_config.get("loss", "logistic")) != "multinomial":
             return 1
-        try:
-            shape = content["vectors"]["q"].shape
+        try:                 # q, or the target v sent alone (privacy/boundary.py: TARGET_FIELD)
+            vec = content["vectors"]
+            shape = (vec["q"] if "q" in vec else vec[TARGET_FIELD]).shape
         except Exception:
             raise InvalidMessage(f"party {self.party_id}: message field vectors['q'] is missing",
                                  field="vectors.q") from None
@@ -173,6 +178,9 @@ class PartyClient:
                 "private": self.private,
                 "train_rounds": int(self.privacy.train_rounds) if self.private else 0,
                 PACKED_FIELD: ",".join(PACKED_TYPES)}
+        if not self.private:     # secure aggregation: its run's resume token, its state in a resumed run
+            from flower_vfl.clients.party_secagg import resume_identify
+            info.update(resume_identify(self, msg, context))
         info.update(self._identity(context))
         return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
 
@@ -183,7 +191,8 @@ class PartyClient:
             content = self._unpacked(msg)
             n_out = self._n_outputs(content, meta, context)
             inputs = parse_round(content, n_rows=self.D.shape[0], party=self.party_id,
-                                 needs_vectors=True, n_outputs=n_out, rho_range=self.rho_range)
+                                 needs_vectors=True, n_outputs=n_out, rho_range=self.rho_range,
+                                 accept_target=True)
             plain = self._plain_rounds(content["config"])
             self.party = self._build(context, n_out, plain)
             s = self._answer(content, context, "train", inputs.round,
@@ -195,6 +204,9 @@ class PartyClient:
         meta["n_outputs"] = n_out
         self._after_train(context)
         context.state[STATE_META] = ConfigRecord(meta)
+        if not self.private:     # secure aggregation: its state on its own disk, for a resume (party_secagg.py)
+            from flower_vfl.clients.party_secagg import keep_for_resume
+            keep_for_resume(self, content, context, meta)
         return self._reply(msg, {"s": s}, inputs.round, inputs.wire)
 
     def evaluate(self, msg: Message, context: Context) -> Message:

@@ -178,9 +178,10 @@ def _psi_fields(msg: Message, context: Context, want: dict) -> dict:
     return out
 
 
-def _psi_record(context: Context, split: str, table, kind: str, items) -> None:
+def _psi_record(context: Context, split: str, table, kind: str, items, held=None) -> None:
     """Count ``items`` in the party's PSI log for this split's file, or refuse past its cap
-    (``psi-max-asked`` × its own number of IDs, across all runs: :mod:`flower_vfl.io.psi_log`)."""
+    (``psi-max-asked`` × its own number of IDs, one cap for requests and orders, across all runs:
+    :mod:`flower_vfl.io.psi_log`); ``held``: an order's per-ID flags (held by this party)."""
     from flower_vfl.io.psi_log import PsiLog, source_key
     from flower_vfl.privacy.store import default_state_dir
     nc = node_cfg(context)
@@ -196,7 +197,7 @@ def _psi_record(context: Context, split: str, table, kind: str, items) -> None:
     log = PsiLog(nc.get("state-dir") or default_state_dir())
     try:
         log.record(source_key(src.path, src.id_column), kind, items, table.n_rows, factor,
-                   run=getattr(context, "run_id", None), split=split)
+                   run=getattr(context, "run_id", None), split=split, held=held)
     finally:
         log.close()
 
@@ -217,6 +218,10 @@ def psi_answer(msg: Message, context: Context) -> Message:
                                                     "setup": setup, "response": response})}), reply_to=msg)
 
 
+def _items(ids) -> list[str]:
+    return [str(v) for v in (ids.tolist() if isinstance(ids, np.ndarray) else ids)]
+
+
 def psi_order(msg: Message, context: Context) -> Message:
     """The agreed intersection (label owner's order): keep the matching row indices."""
     cfg = _psi_fields(msg, context, {"split": "split", "order": "bytes", "digest": "str"})
@@ -233,8 +238,10 @@ def psi_order(msg: Message, context: Context) -> Message:
         raise DataError(f"party {_party_id(context)}: the agreed {split} order names {len(order) - len(set(order))} "
                         "ID(s) more than once; each sample is one row")
     table = _table(context, split)
-    # accepting an order tells the requester that this party holds every ID in it: counted too
-    _psi_record(context, split, table, "order", order)
+    # refusing an order tells the requester that some ID in it is not held: those IDs are membership
+    # tests, counted with the requests' items against the one cap (io/psi_log.py)
+    own = set(_items(table.ids))
+    _psi_record(context, split, table, "order", order, held=[i in own for i in order])
     idx = align_rows(table.ids, order, where=f"party {_party_id(context)} ({table.path})")
     context.state[STATE_ALIGN + split] = ArrayRecord({"idx": Array(idx)})
     context.state[STATE_ALIGN_DIGEST + split] = ConfigRecord({"digest": cfg["digest"]})

@@ -17,9 +17,19 @@ What the party can count (:mod:`flower_vfl.io.psi`: the party is the PSI *server
 * ``order``: the agreed order arrives in plaintext; the party counts its distinct IDs (held or
   not: accepting an order tells the requester that the party holds every ID in it).
 
-Each kind has the cap: the requester learns the membership of at most ``cap`` IDs through
-requests and at most ``cap`` through orders, per source. An honest order is a subset of the
-party's set, so the order count never passes a cap ≥ 1.0 × the set size.
+Both count against **one cap** per source, the party's *membership tests*: every distinct
+request item, plus every distinct ID named in an agreed order that the party does not hold
+(kind ``absent``; such an order is refused, but its refusal tells the requester that some ID in
+it is not held). An order whose IDs the party all holds costs nothing more: an honest order is
+the intersection of an answered request, whose items were already counted, so an honest
+alignment spends its request's items and nothing else, and the default cap (1.0 x the party's
+own IDs) still lets an honest label owner realign as often as it likes. Once the tests have gone
+past the cap, every order naming an ID never named in an order before is refused up front,
+before it is compared with the party's IDs (so a refusal then says nothing about membership).
+What stays outside the cap is what a requester confirms by naming IDs the party does hold (at
+most the party's own IDs, and only IDs the requester already had); what it learns about any
+other ID is bounded by the cap, across requests and orders together (before: a cap per kind, so
+twice the cap).
 
 Items are stored as keyed digests (HMAC-SHA-256 under a random key of this file, 16 bytes):
 the log never holds an ID that the party does not hold itself. Each answer is written and
@@ -41,7 +51,9 @@ from flower_vfl.errors import UserError
 __all__ = ["PsiLog", "PsiBoundError", "psi_log_rows", "source_key", "FILE", "KINDS"]
 
 FILE = "psi-log.sqlite"
-KINDS = ("request", "order")
+KINDS = ("request", "order", "absent")
+#: the kinds whose distinct items are membership tests, counted against the one cap
+TESTS = ("request", "absent")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -104,34 +116,57 @@ class PsiLog:
         return int(self._db.execute("SELECT count(*) FROM asked WHERE source=? AND kind=?",
                                     (source, kind)).fetchone()[0])
 
+    def tests(self, source: str) -> tuple[int, int]:
+        """(distinct request items, distinct order IDs not held) of ``source``: its membership tests."""
+        return self.distinct(source, "request"), self.distinct(source, "absent")
+
     def record(self, source: str, kind: str, items, own_size: int, factor: float, run=None,
-               split: str = "") -> dict:
+               split: str = "", held=None) -> dict:
         """Add ``items`` to what ``source`` was asked (``kind`` 'request' or 'order'), or refuse.
 
-        Refuses with :class:`PsiBoundError` (and adds nothing) when the distinct items of this
-        kind would pass ``floor(factor × own_size)``; the refusal is logged too. Returns the
-        answer's row (``n_items``, ``n_new``, ``distinct_after``, ``cap``)."""
-        if kind not in KINDS:
-            raise ValueError(f"kind={kind!r}; choose one of {KINDS}")
+        One cap for both kinds, ``floor(factor × own_size)`` membership tests (the module doc).
+        A request is refused when its new items would take the tests past the cap; an order
+        (``held``: per item, whether the party holds that ID) is refused up front, before
+        ``held`` is read, when it names an ID never named in an order before and the tests are
+        already past the cap; otherwise its IDs not held count as tests (the caller refuses the
+        order itself). A refusal adds nothing and is logged too (:class:`PsiBoundError`).
+        Returns the answer's row (``n_items``, ``n_new``, ``distinct_after``: the tests after
+        it, ``cap``)."""
+        if kind not in KINDS[:2]:
+            raise ValueError(f"kind={kind!r}; choose one of {KINDS[:2]}")
         if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
             raise ValueError(f"psi-max-asked={factor!r} must be a number > 0 (a multiple of the party's own "
                              "number of IDs)")
+        items = list(items)
+        if kind == "order" and (held is None or len(held) != len(items)):
+            raise ValueError("an order is recorded with held=, one flag per ID")
         cap = int(math.floor(float(factor) * int(own_size)))
         digests = [(source, kind, self._digest(kind, it)) for it in items]
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            before = self.distinct(source, kind)
+            req, absent = self.tests(source)
+            before = req + absent
             t0 = db.total_changes
             db.executemany("INSERT OR IGNORE INTO asked VALUES (?, ?, ?)", digests)
             n_new = db.total_changes - t0
-            refused = before + n_new > cap
+            if kind == "request":
+                after = before + n_new
+                refused = after > cap
+            else:
+                refused = n_new > 0 and before > cap         # decided before membership is read
+                t1 = db.total_changes
+                if not refused:
+                    db.executemany("INSERT OR IGNORE INTO asked VALUES (?, ?, ?)",
+                                   [(source, "absent", self._digest("absent", it))
+                                    for it, h in zip(items, held) if not h])
+                after = before + (db.total_changes - t1)
             if refused:
                 db.execute("ROLLBACK")
                 db.execute("BEGIN IMMEDIATE")
             row = {"time": time.time(), "source": source, "kind": kind, "run": None if run is None else str(run),
                    "split": str(split), "n_items": len(digests), "n_new": int(n_new),
-                   "distinct_after": int(before if refused else before + n_new), "own_size": int(own_size),
+                   "distinct_after": int(before if refused else after), "own_size": int(own_size),
                    "cap": cap, "refused": int(refused)}
             db.execute("INSERT INTO answers (time, source, kind, run, split, n_items, n_new, distinct_after, "
                        "own_size, cap, refused) VALUES (:time, :source, :kind, :run, :split, :n_items, :n_new, "
@@ -143,26 +178,39 @@ class PsiLog:
             raise
         self._journal.note(db)            # then its count in the journal, before the party answers
         if refused:
-            what = ("encrypted IDs in PSI requests" if kind == "request" else "IDs in agreed orders")
+            so_far = (f"the {before} membership tests already answered for {source} ({req} encrypted IDs in PSI "
+                      f"requests, {absent} IDs of agreed orders it does not hold)")
+            if kind == "request":
+                head = (f"this request holds {len(digests)} items, {n_new} of them never asked before; with {so_far} "
+                        f"that would pass this party's cap of {cap}")
+            else:
+                head = (f"this order names {n_new} IDs never named in an order before, and {so_far} are already "
+                        f"past this party's cap of {cap}")
             raise PsiBoundError(
-                f"PSI bound: this {kind} holds {len(digests)} items, {n_new} of them never asked before; with the "
-                f"{before} distinct {what} already answered for {source} that would pass this party's cap of {cap} "
-                f"(psi-max-asked={factor:g} × its {own_size} IDs). Refused, across all runs: raise the node-config "
-                f"key psi-max-asked if the label owner really holds that many rows")
+                f"PSI bound: {head} (psi-max-asked={factor:g} × its {own_size} IDs; one cap for PSI requests and "
+                "agreed orders). Refused, across all runs: raise the node-config key psi-max-asked if the label "
+                "owner really holds that many rows")
         return row
 
     def rows(self) -> list[dict]:
-        """Per (source, kind): distinct items asked, answers, refusals, the last cap."""
+        """Per (source, kind): distinct items asked, answers, refusals, the last cap, and the
+        source's membership tests (``tests``, against that one cap); kind ``absent`` (order IDs
+        the party does not hold) follows its source's ``order`` row."""
         out = []
         q = ("SELECT source, kind, count(*), sum(refused), sum(n_items), max(time) FROM answers "
              "GROUP BY source, kind ORDER BY source, kind")
         for source, kind, n, refused, items, last in self._db.execute(q).fetchall():
             cap, own = self._db.execute("SELECT cap, own_size FROM answers WHERE source=? AND kind=? "
                                         "ORDER BY id DESC LIMIT 1", (source, kind)).fetchone()
+            tests = sum(self.tests(source))
             out.append({"source": source, "kind": kind, "distinct_asked": self.distinct(source, kind),
                         "answers": int(n) - int(refused or 0), "refused": int(refused or 0),
                         "items_received": int(items or 0), "own_size": int(own), "cap": int(cap),
-                        "last": float(last)})
+                        "last": float(last), "tests": tests})
+            absent = self.distinct(source, "absent")
+            if kind == "order" and absent:
+                out.append(dict(out[-1], kind="absent", distinct_asked=absent, answers=0, refused=0,
+                                items_received=absent))
         return out
 
 

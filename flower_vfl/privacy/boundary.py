@@ -22,7 +22,9 @@ import numpy as np
 from flower_vfl.errors import UserError
 
 __all__ = ["InvalidMessage", "Refused", "RoundInputs", "inputs_hash", "parse_count", "parse_flag", "parse_round",
-           "parse_wire_dtype", "to_wire", "PROTOCOL_RANGES", "MAX_OUTPUTS", "WIRE_DTYPES", "WIRE_FIELD"]
+           "parse_wire_dtype", "to_wire", "private_rho_range", "PRIVATE_RHO_N", "PROTOCOL_RANGES", "MAX_OUTPUTS",
+           "WIRE_DTYPES", "WIRE_FIELD",
+           "TARGET_FIELD", "TARGET_NORM_FIELD"]
 
 #: the most score columns (classes K) a party builds an x-update for
 MAX_OUTPUTS = 1000
@@ -30,6 +32,13 @@ MAX_OUTPUTS = 1000
 #: scalars the protocol uses (docs/privacy.md, "Trust model"): rho > 0 finite; theta is the
 #: sharing damping 1/M .. 1; alpha is Boyd's over-relaxation in (0, 2)
 PROTOCOL_RANGES = {"rho": (0.0, math.inf), "theta": (0.0, 1.0), "alpha": (0.0, 2.0)}
+
+#: a private party's default bounds on rho * N where its node config sets no min-rho / max-rho. The
+#: loss is averaged over the N aligned rows, so its curvature, and every rho the protocol picks, is
+#: of order 1/N (core/schedule.py: 0.025 c/N .. 3 c/N, residual balancing moves it by factors of 2);
+#: a rho far outside buys no accuracy for the budget it spends (its sensitivity grows as
+#: sqrt(rho / lam)), and one near 0 or the float range only breaks the calibration
+PRIVATE_RHO_N = (1e-3, 1e3)
 
 #: the dtypes N-vectors travel in (run config ``wire-dtype``), both ways: float64 (exact) or
 #: float32 (half the bytes; each value rounded once, to 24 significant bits). What arrives is
@@ -39,6 +48,10 @@ PROTOCOL_RANGES = {"rho": (0.0, math.inf), "theta": (0.0, 1.0), "alpha": (0.0, 2
 WIRE_DTYPES = ("float64", "float32")
 #: the config field telling a party in which dtype to reply (absent: float64)
 WIRE_FIELD = "wire_dtype"
+#: a train request's one N-vector at alpha = 1 (``vectors['v']``, with ``config['q_norm']``): the
+#: x-update target the central node forms from the party's last release
+#: (:func:`flower_vfl.core.party.x_update_target`), instead of ``q`` and ``y``
+TARGET_FIELD, TARGET_NORM_FIELD = "v", "q_norm"
 
 
 class Refused(UserError, RuntimeError):
@@ -70,6 +83,10 @@ class RoundInputs:
     final_update: bool
     #: the dtype the party replies in (:data:`WIRE_DTYPES`)
     wire: str = "float64"
+    #: the x-update target itself, sent instead of q and y at alpha = 1 (:data:`TARGET_FIELD`;
+    #: the party clips it as it clips the target it forms), and ||q|| beside it
+    v: np.ndarray | None = None
+    q_norm: float | None = None
 
 
 def _who(party) -> str:
@@ -95,6 +112,11 @@ def _scalar(cfg, key, lo, hi, party, *, open_hi=False):
                              f"({lo:g}, {hi:g}{')' if open_hi else ']'}; refused, nothing charged",
                              field=f"config.{key}")
     return v
+
+
+#: the two readers above under public names, for another room's party (the horizontal agent,
+#: flower_vfl/clients/dpiadmm.py) that parses its own messages with them
+parse_field, parse_scalar = _field, _scalar
 
 
 def _vector(vectors, key, n_rows, n_outputs, party):
@@ -159,12 +181,30 @@ def parse_count(cfg, key, party, *, default: int | None, lo: int, hi: int, why: 
     return int(v)
 
 
+def private_rho_range(n_rows: int, rho_range=None) -> tuple:
+    """A private party's accepted (min, max) rho: its node config's ``min-rho`` / ``max-rho``
+    (``rho_range``, either may be None) and, for an end it leaves unset, the default
+    :data:`PRIVATE_RHO_N` / N from its own row count; a third element says where the bounds come
+    from (:func:`parse_round`'s refusal names it)."""
+    lo, hi = (rho_range or (None, None))[:2]
+    if lo is not None and hi is not None:
+        return lo, hi
+    n = max(int(n_rows), 1)
+    why = (f"its node config's min-rho / max-rho where set, else a private party's default "
+           f"{PRIVATE_RHO_N[0]:g}/N .. {PRIVATE_RHO_N[1]:g}/N for its N={n} rows: a rho far from the loss's "
+           "scale 1/N buys no accuracy for the budget it spends; set min-rho / max-rho in its node config to "
+           "accept another")
+    return (PRIVATE_RHO_N[0] / n if lo is None else lo, PRIVATE_RHO_N[1] / n if hi is None else hi, why)
+
+
 def parse_round(content, *, n_rows: int, party, needs_vectors: bool, n_outputs: int = 1,
-                rho_range=None, max_round: int = 10**9) -> RoundInputs:
+                rho_range=None, max_round: int = 10**9, accept_target: bool = False) -> RoundInputs:
     """Validate a train/evaluate request; raise :class:`InvalidMessage` naming the field.
 
     ``rho_range`` = (min, max), inclusive, from the party's node config (``min-rho``/``max-rho``;
-    None for either: no bound beyond the protocol's), narrows rho.
+    None for either: no bound beyond the protocol's), narrows rho; a third element, if any, says
+    where the bounds come from (:func:`private_rho_range`). ``accept_target``: the vectors may be
+    the x-update target alone (:data:`TARGET_FIELD`, a train request at alpha = 1) instead of q, y.
     """
     cfg = _field(content, "config", "message")
     rnd = _field(cfg, "round", "config")
@@ -172,21 +212,34 @@ def parse_round(content, *, n_rows: int, party, needs_vectors: bool, n_outputs: 
         raise InvalidMessage(f"party {party}: config['round']={rnd!r} must be an integer in 0..{max_round}",
                              field="config.round")
     rho = _scalar(cfg, "rho", *PROTOCOL_RANGES["rho"], party)
-    lo, hi = rho_range if rho_range is not None else (None, None)
+    lo, hi = rho_range[:2] if rho_range is not None else (None, None)
     if (lo is not None and rho < lo) or (hi is not None and rho > hi):
+        why = rho_range[2] if len(rho_range) > 2 else "its node config's min-rho / max-rho"
         raise InvalidMessage(f"party {party}: config['rho']={rho!r} is outside the range this party accepts "
-                             f"[{'0' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}] (its node "
-                             "config's min-rho / max-rho); refused, nothing charged", field="config.rho")
+                             f"[{'0' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}] ({why}); "
+                             "refused, nothing charged", field="config.rho")
     theta = _scalar(cfg, "theta", *PROTOCOL_RANGES["theta"], party)
     alpha = _scalar(cfg, "alpha", *PROTOCOL_RANGES["alpha"], party, open_hi=True)
     final = parse_flag(cfg, "final_update", party)
     wire = parse_wire_dtype(cfg, party)
-    q = y = None
+    q = y = v = q_norm = None
     if needs_vectors:
         vectors = _field(content, "vectors", "message")
-        q = _vector(vectors, "q", n_rows, n_outputs, party)
-        y = _vector(vectors, "y", n_rows, n_outputs, party)
-    return RoundInputs(int(rnd), rho, alpha, theta, q, y, final, wire)
+        if accept_target and TARGET_FIELD in vectors and "q" not in vectors and "y" not in vectors:
+            # the target alone (alpha = 1 only: a relaxed x-update needs q and the party's z_loc)
+            if alpha != 1.0:
+                raise InvalidMessage(f"party {party}: vectors[{TARGET_FIELD!r}] (the x-update target alone) "
+                                     f"with config['alpha']={alpha!r}; the target is sent alone at alpha = 1 only, "
+                                     "else q and y; refused, nothing charged", field=f"vectors.{TARGET_FIELD}")
+            v = _vector(vectors, TARGET_FIELD, n_rows, n_outputs, party)
+            q_norm = _scalar(cfg, TARGET_NORM_FIELD, -math.inf, math.inf, party)
+            if q_norm < 0.0:
+                raise InvalidMessage(f"party {party}: config[{TARGET_NORM_FIELD!r}]={q_norm!r} is a norm; it must be "
+                                     ">= 0; refused, nothing charged", field=f"config.{TARGET_NORM_FIELD}")
+        else:
+            q = _vector(vectors, "q", n_rows, n_outputs, party)
+            y = _vector(vectors, "y", n_rows, n_outputs, party)
+    return RoundInputs(int(rnd), rho, alpha, theta, q, y, final, wire, v, q_norm)
 
 
 def inputs_hash(run, kind: str, inputs: RoundInputs) -> str:
@@ -194,7 +247,9 @@ def inputs_hash(run, kind: str, inputs: RoundInputs) -> str:
     h = hashlib.sha256()
     h.update(f"{run}|{kind}|{inputs.round}|{inputs.rho!r}|{inputs.alpha!r}|{inputs.theta!r}|"
              f"{inputs.final_update}".encode())
-    for a in (inputs.q, inputs.y):
+    if inputs.q_norm is not None:
+        h.update(f"|q_norm={inputs.q_norm!r}".encode())
+    for a in (inputs.q, inputs.y, inputs.v):
         if a is not None:
             a = np.ascontiguousarray(a, dtype=np.float64)
             h.update(f"{a.shape}".encode())

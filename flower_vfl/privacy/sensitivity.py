@@ -67,3 +67,7 @@ def _positive(**kw):
     for k, v in kw.items():
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise ValueError(f"{k} must be a finite number > 0; got {k}={v!r}")
+    if "lam" in kw and "rho_x" in kw and not kw["lam"] * kw["rho_x"] > 0.0:
+        # a subnormal rho (5e-324) makes lam * rho_x round to 0: no finite bound, not a ZeroDivisionError
+        raise ValueError(f"lam * rho_x underflows to 0 (lam={kw['lam']!r}, rho_x={kw['rho_x']!r}); no finite "
+                         "sensitivity")
