@@ -74,7 +74,10 @@ def run_case(case: str, private: bool, data_dir: str | None) -> dict:
         rc["data-dir"] = dd
     state = tempfile.mkdtemp(prefix="trajectory-")       # the private party's own ledger folder
     nodes = {100 + m: {"partition-id": m, **({"data-dir": dd} if dd else {}),
-                       **(dict(PRIVATE, **{"state-dir": state}) if private and m == c["private"] else {})}
+                       # dp-lam pinned to the run's lam, the default the references were written with
+                       # (an unset dp-lam now scales with the party's N: config/settings.py default_dp_lam)
+                       **(dict(PRIVATE, **{"state-dir": state, "dp-lam": c["lam"]}) if private and m == c["private"]
+                          else {})}
              for m in range(n)}
     out = {}
     # Flower: the ServerApp's strategy and the ClientApp's handlers through real Messages

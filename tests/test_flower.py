@@ -128,7 +128,7 @@ def test_private_flower_path_equals_in_process_engine(train_rounds, monkeypatch)
     st = run_local(rc, nodes)
     blocks = [party_block("breast_cancer", i, 3) for i in range(3)]
     y, _ = labels("breast_cancer")
-    privacy = [privacy_from_config(i, rc, nodes[100 + i]) for i in range(3)]
+    privacy = [privacy_from_config(i, rc, nodes[100 + i], n_rows=blocks[i][0].shape[0]) for i in range(3)]
     assert privacy[0] is None and privacy[2] is not None and privacy[2].seed is None
     m = VerticalADMM(lam=1e-3, max_rounds=15, tol=0, privacy=privacy).fit([b[0] for b in blocks], y)
     f = m.decision_function([b[1] for b in blocks])

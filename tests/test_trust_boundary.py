@@ -192,7 +192,7 @@ def test_a_restarted_node_resumes_its_iterate_and_ledger(tmp_path):
     from flower_vfl.privacy.party import PrivateParty
     from flower_vfl.config.settings import privacy_from_config
     D = party_block("breast_cancer", 1, 2)[0]
-    steady = PrivateParty(D, None, 1e-2, privacy_from_config(1, RC, nc), party_id=1)
+    steady = PrivateParty(D, None, 1e-2, privacy_from_config(1, RC, nc, n_rows=D.shape[0]), party_id=1)
     steady.restore(after1)
     steady.update.step(q, y, 1e-3, 1.0, 0.5)
     assert np.allclose(store.get_state(src, "1")["x"], steady.update.x, rtol=0, atol=1e-12)
@@ -352,7 +352,8 @@ def test_a_private_party_whose_budget_is_spent_stops_the_run_at_identify(tmp_pat
 
 def test_eval_every_never_spends_a_private_release_and_the_report_says_what_is_protected(tmp_path):
     rc = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 10, "eval-every": 3}
-    nodes = {100: {"partition-id": 0}, 101: node(tmp_path, **{"dp-train-rounds": 0, "dp-epsilon": 0.5})}
+    # dp-lam = lam (1e-4, the default before it scaled with N): the warning path below
+    nodes = {100: {"partition-id": 0}, 101: node(tmp_path, **{"dp-train-rounds": 0, "dp-epsilon": 0.5, "dp-lam": 1e-4})}
     seen = []
     st = _grid_run(rc, nodes, seen)
     to_private = [m.metadata.message_type for m, _ in seen if m.metadata.dst_node_id == 101]
@@ -369,13 +370,21 @@ def test_eval_every_never_spends_a_private_release_and_the_report_says_what_is_p
 def test_flower_vfl_ledger_shows_the_spend_across_runs(tmp_path, capsys):
     from flower_vfl.cli import commands as cli
 
-    nc = node(tmp_path, **{"dp-train-rounds": 1, "dp-eval-rounds": 1, "dp-epsilon": 2.0})
+    nc = node(tmp_path, **{"dp-train-rounds": 2, "dp-eval-rounds": 0, "dp-epsilon": 2.0})
     q, y = vectors()
-    train(ctx(nc, run_id=1), 1, q, y)
-    train(ctx(nc, run_id=2), 1, q, y)                                # a second run on the same data
+    c1 = ctx(nc, run_id=1)
+    ident = send(ca.identify, c1, RecordDict({"config": ConfigRecord({"want": "party"})}), "query.identify")
+    token = ident.content["identity"]["plan"]
+    train(c1, 1, q, y)
+    # run 2 on the same data: a new plan no longer fits (run 1 holds the budget); run 2 is run 1 resumed,
+    # presenting its plan token at identify, and continues that plan (its releases stay run 1's)
+    c2 = ctx(nc, run_id=2)
+    plans = ConfigRecord({"want": "party", "plans": json.dumps({"1": token})})
+    assert send(ca.identify, c2, RecordDict({"config": plans}), "query.identify").content["identity"]["continued"]
+    train(c2, 2, q, y)
     assert cli.main(["ledger", "--node-config", f"partition-id=1 state-dir='{nc['state-dir']}'", "--json"]) == 0
     (d,) = json.loads(capsys.readouterr().out)["sources"]
-    assert d["runs"] == {"1": {"train": 1, "eval": 0}, "2": {"train": 1, "eval": 0}}
+    assert d["runs"] == {"1": {"train": 2, "eval": 0}}
     from flower_vfl.privacy import epsilon_for_releases, noise_multiplier_for
     z = noise_multiplier_for(2.0, 1e-5, 2, "exact")
     assert d["spent_epsilon"] == pytest.approx(epsilon_for_releases([z, z], 1e-5, "exact"), rel=1e-9)

@@ -69,8 +69,24 @@ def _party_setup(context: Context):
     return rc, nc, party, num_parties, source, D, D_test, privacy
 
 
+def _party_model(rc, nc, party, source, privacy, D, D_test):
+    """The party's block model (core/blocks.py): ``party-model`` from its node config (the run config's
+    value only as a default), its settings from its node config; a feature map maps D and D_test once
+    here, then the party is the linear block's on the mapped rows. 'linear': the blocks as they are."""
+    from flower_vfl.core.blocks import SETTINGS, block_from_config
+    cfg = {"party-model": run_setting("party-model", rc, nc), **{k: nc[k] for k in SETTINGS if k in nc}}
+    block = block_from_config(cfg, private=privacy is not None, party=party)
+    if block.kind == "linear":
+        return D, D_test
+    if source.kind == "files":
+        raise ConfigError(f"party {party}: party-model={block.kind!r} is not yet available on own data (its saved "
+                          "model and predict job score raw columns); use party-model='linear' with own files")
+    return block.fit_features(D), None if D_test is None else block.features(D_test)
+
+
 def make_client(context: Context) -> VerticalPartyClient:
     rc, nc, party, num_parties, source, D, D_test, privacy = _party_setup(context)
+    D, D_test = _party_model(rc, nc, party, source, privacy, D, D_test)
     from flower_vfl.clients.party_secagg import PartySecAgg
     loss = str(run_setting("loss", rc, nc))
     if privacy is not None and loss == "multinomial":      # refused before any round (identify)
