@@ -16,6 +16,12 @@ Trust boundary, the same rules as a vertical party's (docs/privacy.md, "Trust mo
 - the noise comes from OS entropy; an agent never has a seed (``dp-seed`` in its node config
   is refused). ``seed=`` exists on the class for in-process experiments that compare the
   Flower path with the engine draw for draw; a ClientApp never passes it.
+
+The agent is a party like every other (:class:`~flower_vfl.clients.base.PartyBase`): identify's
+skeleton, the one entry of every message (its fields parsed by the trust boundary's readers,
+:mod:`flower_vfl.privacy.boundary`, before any math: a malformed one raises its
+:class:`~flower_vfl.privacy.boundary.InvalidMessage`, which the ClientApp's ``reply_user_errors``
+turns into an error reply) and the refusal reply (a replayed round, a spent budget).
 """
 
 from __future__ import annotations
@@ -28,10 +34,12 @@ from collections import Counter
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from flower_vfl.clients.base import PartyBase
 from flower_vfl.config.schema import ConfigError
 from flower_vfl.horizontal.admm import DPIADMMParams, agent_update, dual_step, outp_constants
 from flower_vfl.horizontal.model import local_gradient_blocks, one_hot
 from flower_vfl.horizontal.privacy import account, fresh_draw, ledger_entry, noise_multiplier, standard_draw
+from flower_vfl.privacy.boundary import InvalidMessage, Refused, parse_count, parse_field, parse_flag, parse_scalar
 from flower_vfl.privacy.ledger import Budget, BudgetExceeded, Ledger
 from flower_vfl.privacy.store import PartyStore
 
@@ -70,7 +78,7 @@ def agent_privacy_from_node_config(nc) -> dict:
             "delta": float(nc.get("dp-delta", 1e-5)), "max_epsilon": cap}
 
 
-class DPIADMMClient:
+class DPIADMMClient(PartyBase):
     """Agent p: its own samples (X_p, y_p), its z_p and lambda_p, its noise, its ledger.
 
     Parameters
@@ -92,8 +100,16 @@ class DPIADMMClient:
         engine does. A ClientApp never passes one.
     """
 
+    ROLE = "agent"
+    #: a malformed message raises (the ClientApp's error reply names the field)
+    REPLY_INVALID = False
+    #: the agent refuses a replayed round and a spent budget itself (:meth:`_step`); anything else a
+    #: user error raises to the ClientApp's error reply
+    REFUSALS = ()
+
     def __init__(self, agent_id, X, y, num_classes, privacy=None, store=None, source=None, seed=None):
         self.agent_id, self.X, self.y = int(agent_id), np.asarray(X, float), np.asarray(y)
+        self.party_id = self.agent_id
         self.K = int(num_classes)
         self.Y = one_hot(self.y, self.K)
         self.privacy = privacy or {"eps_bar": None, "delta_bar": 1e-6, "sensitivity": "eq20",
@@ -133,9 +149,8 @@ class DPIADMMClient:
         context.state[STATE_META] = ConfigRecord({"json": json.dumps(meta)})
 
     def _params(self, cfg) -> DPIADMMParams:
-        from flower_vfl.privacy.boundary import InvalidMessage, parse_scalar
         pv = self.privacy
-        who = f"agent {self.agent_id}"
+        who = self.who
         for key in ("variant", "trust"):
             if not isinstance(cfg.get(key) if hasattr(cfg, "get") else None, str):
                 raise InvalidMessage(f"{who}: config[{key!r}]={cfg.get(key)!r} must be a string", field=f"config.{key}")
@@ -151,23 +166,24 @@ class DPIADMMClient:
                 raise
             raise InvalidMessage(f"{who}: the message's settings are refused: {exc}", field="config") from None
 
-    def _round(self, msg):
-        """(t, rho, I, P, w, final) from a train message, each typed and range-checked before use."""
-        from flower_vfl.privacy.boundary import InvalidMessage, parse_count, parse_field, parse_flag, parse_scalar
-        who = f"agent {self.agent_id}"
-        cfg = parse_field(msg.content, "config", "message")
+    def _round(self, content):
+        """(cfg, t, rho, I, P, w, final, params) from a train message's ``content``, each typed and
+        range-checked before use."""
+        who = self.who
+        cfg = parse_field(content, "config", "message")
         t = parse_count(cfg, "t", who, default=None, lo=1, hi=10**6)
         rho = parse_scalar(cfg, "rho", 0.0, 1e12, who)
         n = len(self.y)
         I = parse_count(cfg, "I", who, default=None, lo=n, hi=10**12, why=f" (at least this agent's {n} samples)")
         P = parse_count(cfg, "P", who, default=None, lo=1, hi=10**5)
-        arr = parse_field(parse_field(msg.content, "arrays", "message"), "w", "arrays")
+        arr = parse_field(parse_field(content, "arrays", "message"), "w", "arrays")
         w = arr.numpy() if hasattr(arr, "numpy") else np.asarray(arr)
         J = self.X.shape[1]
         if w.shape != (J, self.K) or w.dtype.kind not in "fiu" or not np.all(np.isfinite(w)):
             raise InvalidMessage(f"{who}: arrays['w'] has shape {w.shape} ({w.dtype}); expected finite ({J}, {self.K})",
                                  field="arrays.w")
-        return cfg, t, rho, I, P, np.asarray(w, dtype=float), parse_flag(cfg, "final", who)
+        final = parse_flag(cfg, "final", who)
+        return cfg, t, rho, I, P, np.asarray(w, dtype=float), final, self._params(cfg)
 
     def _draw(self, t, shape, variant, run_id):
         if self.seed is not None:                          # in-process experiments only
@@ -175,29 +191,29 @@ class DPIADMMClient:
         return fresh_draw(shape, variant)
 
     # ------------------------------------------------------------- handlers
-    def identify(self, msg: Message, context: Context) -> Message:
-        info = {"agent": self.agent_id, "n_samples": int(len(self.y)), "num_features": int(self.X.shape[1]),
+    def _identity_fields(self, msg: Message, context: Context) -> dict:
+        return {"agent": self.agent_id, "n_samples": int(len(self.y)), "num_features": int(self.X.shape[1]),
                 "eps_bar": float(self.privacy["eps_bar"] or 0.0)}
-        return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
 
-    def _refuse(self, msg, reason):
-        return Message(RecordDict({"refusal": ConfigRecord({"reason": reason})}), reply_to=msg)
+    def _not_after(self, t, last) -> Refused:
+        return Refused(f"agent {self.agent_id}: round t={t} is not after the last answered round {last}; "
+                       "rounds must increase")
 
     def train(self, msg: Message, context: Context) -> Message:
         """One agent step (eq. 8 / 9 / OutP) and the dual update (4c); replies with z_p^{t+1}."""
-        cfg, t, rho, I, P, w, final = self._round(msg)
+        return self._handle(msg, self._round, lambda parsed: self._step(msg, context, *parsed))
+
+    def _step(self, msg, context, cfg, t, rho, I, P, w, final, p):
         J = self.X.shape[1]
-        p = self._params(cfg)
         run = str(context.run_id)
         meta = self._meta(context)
         if p.private:
             done = self.ledger.answer(run, t, "train")
             if done is not None:           # released before (maybe by a crashed process): same answer
-                return self._reply(msg, done.payload["z"], meta, final)
+                return self._release(msg, done.payload["z"], meta, final)
             last = self.ledger.last_round(run, "train")
             if last is not None and t < last:
-                return self._refuse(msg, f"agent {self.agent_id}: round t={t} is not after the last answered "
-                                         f"round {last}; rounds must increase")
+                return self._refusal(msg, self._not_after(t, last))
             st = self.ledger.get_state(run)
             if st is not None and STATE_ARRAYS not in context.state:   # a restarted node resumes
                 context.state[STATE_ARRAYS] = ArrayRecord({k: Array(v) for k, v in st.items()})
@@ -208,10 +224,9 @@ class DPIADMMClient:
         else:
             z, lam, last = np.zeros((J, self.K)), np.zeros((J, self.K)), np.zeros((J, self.K))
         if t == meta["last_t"]:            # a replayed round: the answer already given
-            return self._reply(msg, last, meta, final)
+            return self._release(msg, last, meta, final)
         if t < meta["last_t"]:
-            return self._refuse(msg, f"agent {self.agent_id}: round t={t} is not after the last answered "
-                                     f"round {meta['last_t']}; rounds must increase")
+            return self._refusal(msg, self._not_after(t, meta["last_t"]))
         # the engine's function (run_dpiadmm_many), with this agent's block alone: the two paths
         # compute the gradient and eq. (20)'s sensitivity with the same code
         x_l1 = [np.abs(self.X).sum(axis=1)] if p.private else None
@@ -228,11 +243,11 @@ class DPIADMMClient:
             try:
                 self._commit(p.variant, run, t, msg, entry, z_new, lam)
             except BudgetExceeded as exc:
-                return self._refuse(msg, self._over_budget(exc, t, entry["mechanism"]))
+                return self._refusal(msg, Refused(self._over_budget(exc, t, entry["mechanism"])))
             meta["ledger"].append(entry)
         meta["last_t"] = t
         self._save(context, meta, z_new, lam, z_new)
-        return self._reply(msg, z_new, meta, final)
+        return self._release(msg, z_new, meta, final)
 
     def _commit(self, variant, run, t, msg, entry, z_new, lam):
         """Charge the release in the agent's one ledger, durable before it leaves (refused past
@@ -251,7 +266,7 @@ class DPIADMMClient:
                 f"delta={exc.delta:g}), above its dp-max-epsilon={exc.budget:g}; already spent "
                 f"epsilon={exc.spent:.4g} over {exc.releases} release(s); refused")
 
-    def _reply(self, msg, z, meta, final):
+    def _release(self, msg, z, meta, final):
         content = RecordDict({"release": ArrayRecord({"z": Array(np.asarray(z, dtype=float))})})
         if final:
             delta = self.privacy["delta"]
@@ -265,4 +280,4 @@ class DPIADMMClient:
                     "max_epsilon": self.ledger.budget.epsilon,
                     "mechanisms": dict(Counter(e.mechanism for e in entries))}
             content["privacy"] = ConfigRecord({"report": json.dumps(rep)})
-        return Message(content, reply_to=msg)
+        return self._finish(msg, content)

@@ -4,32 +4,32 @@ A party owns its column block D_m and x_m. Every message first passes the party'
 boundary (:mod:`flower_vfl.privacy.boundary`): fields, dtypes, shapes, finiteness, scalar
 ranges (and the party's own ``min-rho``/``max-rho``) and round order are checked before
 anything touches state or budget, and a bad message gets a refusal naming the field. The
-handlers here (``identify``, ``train``, ``evaluate``) do that and build the reply; what a
-party releases is its subclass's: :class:`~flower_vfl.clients.party_public.PublicPartyClient`
-(exact values) or :class:`~flower_vfl.clients.party_private.PrivatePartyClient` (noisy values
+handlers here (``identify``, ``train``, ``evaluate``) do that through the one entry every party
+shares (:class:`~flower_vfl.clients.base.PartyBase`: the packed-wire decode, parse before any
+math, the reply and the refusal); what a party releases is its subclass's:
+:class:`~flower_vfl.clients.party_public.PublicPartyClient` (exact values) or :class:`~flower_vfl.clients.party_private.PrivatePartyClient` (noisy values
 charged in its ledger). Replies carry only N-vectors and scalar metadata: never x_m, never
 anything about the noise's origin. Glue only: the math is in :mod:`flower_vfl.core`.
 """
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict, ArrayRecord, Array, MetricRecord
-import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from flower_vfl.io.wire import PACK_REPLY_INTO, PACK_REQUEST_INTO, PACKED_FIELD, is_packed, pack, unpack
+from flower_vfl.clients.base import STATE_META, PartyBase
+from flower_vfl.io.wire import PACKED_FIELD
 from flower_vfl.privacy.boundary import (MAX_OUTPUTS, TARGET_FIELD, InvalidMessage, Refused, parse_count, parse_flag,
-                                        parse_round, private_rho_range, to_wire)
+                                        parse_round, private_rho_range)
 from flower_vfl.secagg.errors import SecAggError
 
 __all__ = ["PartyClient", "STATE_META"]
 
-STATE_META = "vfl.meta"
 #: the message types this party reads with their arrays packed into the config record, told to the
 #: central node at identify (:mod:`flower_vfl.io.wire`); the reply to a packed request is packed
 PACKED_TYPES = ("train", "evaluate")
 
 
-class PartyClient:
+class PartyClient(PartyBase):
     """Party m of vertical ADMM sharing, usable from any Flower ``ClientApp`` (the shared part).
 
     Parameters
@@ -66,6 +66,10 @@ class PartyClient:
 
     #: True for a party that releases noisy values and keeps a ledger
     private = False
+    #: train and evaluate requests may come packed (:data:`PACKED_TYPES`); their replies go packed
+    READS_PACKED = True
+    #: a refusal of the trust boundary, of the ledger or of secure aggregation is the refusal reply
+    REFUSALS = (Refused, SecAggError)
 
     def __init__(self, party_id, D, D_test, penalty="l2", lam=1e-4, constraint=None, l1_ratio=0.5,
                  privacy=None, n_parties=2, state_dir=None, max_answers=0, x_solver="auto", source=None,
@@ -83,8 +87,6 @@ class PartyClient:
         self.rho_range = rho_range if privacy is None else private_rho_range(D.shape[0], rho_range)
         self.secagg = secagg
         self.party = None
-        #: whether the request being answered came packed (its reply is packed then)
-        self._packed = False
 
     # ------------------------------------------------------ what a subclass releases
     def _build(self, context: Context, n_outputs: int, plain: bool = False):
@@ -170,95 +172,68 @@ class PartyClient:
         return Message(RecordDict({"secagg": ConfigRecord(info)}), reply_to=msg)
 
     # -------------------------------------------------------------- handlers
-    def identify(self, msg: Message, context: Context) -> Message:
-        """Tell the central node which party this node is, the row counts to align, and (a
-        private party) whether its remaining budget covers its plan."""
-        info = {"party": self.party_id, "n_rows": int(self.D.shape[0]),
-                "n_test": int(self.D_test.shape[0]) if self.D_test is not None else 0,
-                "private": self.private,
+    def _identity_fields(self, msg: Message, context: Context) -> dict:
+        """Which party this node serves, the row counts to align, and (a private party) whether its
+        remaining budget covers its plan."""
+        info = {**self._rows_identity(),
                 "train_rounds": int(self.privacy.train_rounds) if self.private else 0,
                 PACKED_FIELD: ",".join(PACKED_TYPES)}
         if not self.private:     # secure aggregation: its run's resume token, its state in a resumed run
             from flower_vfl.clients.party_secagg import resume_identify
             info.update(resume_identify(self, msg, context))
         info.update(self._identity(context))
-        return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
+        return info
 
     def train(self, msg: Message, context: Context) -> Message:
         """One x-update (eq. 6); replies with s_m = D_m x_m (noisy when private)."""
         meta = self._meta(context)
-        try:
-            content = self._unpacked(msg)
+
+        def parse(content):
             n_out = self._n_outputs(content, meta, context)
-            inputs = parse_round(content, n_rows=self.D.shape[0], party=self.party_id,
-                                 needs_vectors=True, n_outputs=n_out, rho_range=self.rho_range,
-                                 accept_target=True)
+            return content, n_out, parse_round(content, n_rows=self.D.shape[0], party=self.party_id,
+                                               needs_vectors=True, n_outputs=n_out, rho_range=self.rho_range,
+                                               accept_target=True)
+
+        def answer(parsed):
+            content, n_out, inputs = parsed
             plain = self._plain_rounds(content["config"])
             self.party = self._build(context, n_out, plain)
             s = self._answer(content, context, "train", inputs.round,
                              lambda: self._train_release(inputs, meta, context))
-        except Refused as exc:
-            return self._refusal(msg, exc)
-        except SecAggError as exc:
-            return self._refusal(msg, exc)
-        meta["n_outputs"] = n_out
-        self._after_train(context)
-        context.state[STATE_META] = ConfigRecord(meta)
-        if not self.private:     # secure aggregation: its state on its own disk, for a resume (party_secagg.py)
-            from flower_vfl.clients.party_secagg import keep_for_resume
-            keep_for_resume(self, content, context, meta)
-        return self._reply(msg, {"s": s}, inputs.round, inputs.wire)
+            return content, n_out, inputs, s
+
+        def reply(done):         # what the next message of this run needs, kept once the release is made
+            content, n_out, inputs, s = done
+            meta["n_outputs"] = n_out
+            self._after_train(context)
+            context.state[STATE_META] = ConfigRecord(meta)
+            if not self.private:     # secure aggregation: its state on its own disk, for a resume (party_secagg.py)
+                from flower_vfl.clients.party_secagg import keep_for_resume
+                keep_for_resume(self, content, context, meta)
+            return self._reply(msg, {"s": s}, inputs.round, inputs.wire)
+        return self._handle(msg, parse, answer, reply)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
         """Held-out scores D_test x_m (a private party's: from its released x~)."""
         meta = self._meta(context)
-        try:
-            content = self._unpacked(msg)
+
+        def parse(content):
             cfg = content["config"] if "config" in content else {}
             asked_final = parse_flag(cfg, "final_update", self.party_id)
-            final = self.private and asked_final
             n_out = meta["n_outputs"] or parse_count(   # the party's own limits (as train's vectors['q'])
                 cfg, "n_outputs", self.party_id, default=1, lo=1, hi=1 if self.private else MAX_OUTPUTS,
                 why=" (this party is private: one score column)" if self.private else "")
-            inputs = parse_round(content, n_rows=self.D.shape[0], party=self.party_id,
-                                 needs_vectors=final, n_outputs=n_out, rho_range=self.rho_range)
+            final = self.private and asked_final
+            return content, asked_final, final, n_out, parse_round(
+                content, n_rows=self.D.shape[0], party=self.party_id, needs_vectors=final, n_outputs=n_out,
+                rho_range=self.rho_range)
+
+        def answer(parsed):
+            content, asked_final, final, n_out, inputs = parsed
             self.party = self._build(context, n_out, bool(meta.get("plain_rounds", False)))
             final_kind = "evaluate-final" if asked_final else "evaluate"
             s_test = self._answer(content, context, final_kind, inputs.round,
                                   lambda: self._eval_scores(inputs, final, context))
-        except Refused as exc:
-            return self._refusal(msg, exc)
-        except SecAggError as exc:
-            return self._refusal(msg, exc)
-        return self._reply(msg, {"s_test": s_test}, inputs.round, inputs.wire)
-
-    # ----------------------------------------------------------------- replies
-    def _unpacked(self, msg: Message) -> RecordDict:
-        """The request's content with a packed request's arrays back in their ArrayRecords
-        (:func:`flower_vfl.io.wire.unpack`; ``msg`` itself is not changed), before anything reads
-        it; what does not decode is refused."""
-        self._packed = is_packed(msg.content, PACK_REQUEST_INTO)
-        if not self._packed:
-            return msg.content
-        return unpack(msg.content, PACK_REQUEST_INTO, InvalidMessage, f"party {self.party_id}")
-
-    def _reply(self, msg, vectors, rnd, wire="float64"):
-        content = RecordDict({
-            # a masked release (secure aggregation) stays uint64 in Z_2^64; a plain one travels in
-            # the message's wire dtype (float64, or float32: rounded after any noise was added)
-            "release": ArrayRecord({k: Array(v if isinstance(v, np.ndarray) and v.dtype == np.uint64
-                                             else to_wire(v, wire)) for k, v in vectors.items()}),
-            "meta": MetricRecord({"party": self.party_id, "round": rnd}),
-        })
-        self._reply_extra(content, refusal=False)
-        if self._packed:
-            content = pack(content, PACK_REPLY_INTO)
-        return Message(content, reply_to=msg)
-
-    def _refusal(self, msg, exc):
-        info = {"party": self.party_id, "reason": str(exc), "code": getattr(exc, "code", "refused")}
-        if getattr(exc, "field", None):
-            info["field"] = exc.field
-        content = RecordDict({"refusal": ConfigRecord(info)})
-        self._reply_extra(content, refusal=True)
-        return Message(content, reply_to=msg)
+            return inputs, s_test
+        return self._handle(msg, parse, answer,
+                            lambda done: self._reply(msg, {"s_test": done[1]}, done[0].round, done[0].wire))

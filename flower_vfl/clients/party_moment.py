@@ -29,7 +29,9 @@ Pool rows are not protected by DP (their scores go to the label owner, many time
 its held-out rows as the pool only when its node config says so (``moment-pool='test'``); the
 server cannot choose it. Everything privacy-relevant (data, budget, clip, pool, rho limits) comes
 from the node config, never from the run config. Every scalar and vector received is range-checked
-before use (:data:`LIMITS`; rho also against the node config's ``min-rho`` / ``max-rho``). A
+before use, in :func:`flower_vfl.privacy.boundary.parse_moment_round` (:data:`LIMITS`; rho also
+against the node config's ``min-rho`` / ``max-rho``), through the one entry every party shares
+(:class:`~flower_vfl.clients.base.PartyBase`). A
 training message before this run's release is refused. A non-private party refuses (as
 :mod:`flower_vfl.clients.party_ssp`; both build on
 :class:`~flower_vfl.clients.party_one_release.OneReleasePartyClient`). Glue only: the math is in
@@ -38,16 +40,13 @@ training message before this run's release is refused. A non-private party refus
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from flower_vfl.clients.party_one_release import OneReleasePartyClient
 from flower_vfl.clients.party_private import party_store
 from flower_vfl.core.scoring import normalize_rows
-from flower_vfl.privacy.boundary import InvalidMessage, Refused
+from flower_vfl.privacy.boundary import MAX_MOMENT_ROUND, MOMENT_LIMITS, Refused, parse_moment_round
 from flower_vfl.privacy.ssp import cross_fit_halves
 
 __all__ = ["MomentPartyClient", "MOMENT_RUN_SUFFIX", "MOMENT_ROUND", "LIMITS", "POOL_SEED", "MAX_MOMENT_ROUND"]
@@ -56,22 +55,11 @@ __all__ = ["MomentPartyClient", "MOMENT_RUN_SUFFIX", "MOMENT_ROUND", "LIMITS", "
 MOMENT_RUN_SUFFIX = "/moment"
 #: the round number of the one release
 MOMENT_ROUND = 1
-#: the largest ADMM round number a request may carry
-MAX_MOMENT_ROUND = 100_000
 #: the fixed public permutation splitting the held-out rows into the two pool halves (no data)
 POOL_SEED = 12345
-#: the ranges of what the party accepts (inclusive; rho is narrowed by the node config's
-#: min-rho / max-rho). None of them protects a training row (every reply is post-processing of g~
-#: and of the pool): they keep the arithmetic finite and the model meaningful
-LIMITS = {"rho": (1e-12, 1e6), "lam": (1e-12, 1e3), "c": 1e6}
-
-
-def _scalar(cfg, key, lo, hi, who):
-    v = None if cfg is None else cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(float(v)) and lo <= v <= hi):
-        raise InvalidMessage(f"{who}: config[{key!r}]={v!r} is outside the range this party accepts "
-                             f"[{lo:g}, {hi:g}]; refused", field=f"config.{key}")
-    return float(v)
+#: the ranges of what the party accepts in its ADMM rounds (inclusive; rho is narrowed by the node
+#: config's min-rho / max-rho): the trust boundary's (flower_vfl.privacy.boundary.MOMENT_LIMITS)
+LIMITS = MOMENT_LIMITS
 
 
 class MomentPartyClient(OneReleasePartyClient):
@@ -85,6 +73,7 @@ class MomentPartyClient(OneReleasePartyClient):
 
     ROUTE, A_RELEASE, RELEASE = "moment", "a moment release", "moment"
     RUN_SUFFIX, ROUND = MOMENT_RUN_SUFFIX, MOMENT_ROUND
+    RELEASE_ROUNDS = (MOMENT_ROUND, MOMENT_ROUND, f"{MOMENT_ROUND} (one release per run)")
 
     def __init__(self, party_id, D, D_test, privacy, pool="none", rho_range=None, state_dir=None, source=None):
         super().__init__(party_id, D, D_test, privacy, state_dir=state_dir, source=source)
@@ -116,35 +105,33 @@ class MomentPartyClient(OneReleasePartyClient):
 
     def train(self, msg: Message, context: Context) -> Message:
         """One ADMM round: the pool scores P_c x of this fit's pool half."""
-        try:
-            rnd, fit, x, upd = self._solve(msg, context)
-        except Refused as exc:
-            return self._refusal(msg, exc)
-        return self._reply(msg, "s_pool", upd.scores(x), rnd, fit)
+        def answer(r):
+            x, upd = self._solve(r, context)
+            return self._scores_reply(msg, "s_pool", upd.scores(x), r)
+        return self._handle(msg, self._parse_round, answer)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
         """The evaluation rows' scores: the other half of the held-out rows, centred as the pool."""
-        try:
-            rnd, fit, x, upd = self._solve(msg, context)
-        except Refused as exc:
-            return self._refusal(msg, exc)
-        rows = normalize_rows(self.D_test[self._halves()[1 - fit]])     # held-out rows only, never training rows
-        return self._reply(msg, "s_eval", upd.scores(x, rows), rnd, fit)
+        def answer(r):
+            x, upd = self._solve(r, context)
+            rows = normalize_rows(self.D_test[self._halves()[1 - r.fit]])  # held-out rows only, never training rows
+            return self._scores_reply(msg, "s_eval", upd.scores(x, rows), r)
+        return self._handle(msg, self._parse_round, answer)
 
     # ------------------------------------------------------------------ the x-update
     def _halves(self):
         return cross_fit_halves(self.D_test.shape[0], POOL_SEED)
 
-    def _solve(self, msg, context):
+    def _solve(self, r, context):
+        """x for the parsed round ``r`` (:class:`~flower_vfl.privacy.boundary.MomentRound`), from this
+        run's stored release (refused before it)."""
         from flower_vfl.core.moment_sharing import MomentXUpdate
-        self._refuse_if_unfit()
-        rnd, fit, rho, lam, kappa, c = self._parse_round(msg)
         g = self._stored_release(context)
         if g is None:
             raise Refused(f"{self.who} has not made its moment release in run {context.run_id}; send "
                           "query.moment_release first (nothing is computed before it)")
-        upd = MomentXUpdate(normalize_rows(self.D_test[self._halves()[fit]]), g / (kappa * self.D.shape[0]), lam)
-        return rnd, fit, upd.solve(c, rho), upd
+        upd = MomentXUpdate(normalize_rows(self.D_test[self._halves()[r.fit]]), g / (r.kappa * self.D.shape[0]), r.lam)
+        return upd.solve(r.c, r.rho), upd
 
     def _stored_release(self, context):
         """This run's g~ from the party's own store (what :meth:`release` committed), or None. Read
@@ -153,43 +140,16 @@ class MomentPartyClient(OneReleasePartyClient):
         return None if ans is None else np.asarray(ans.payload["g_tilde"], dtype=float)
 
     # ------------------------------------------------------------------ boundary and replies
-    def _check_release_round(self, rnd) -> None:
-        """= MOMENT_ROUND (one release per run)"""
-        if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd != MOMENT_ROUND:
-            raise InvalidMessage(f"{self.who}: config['round']={rnd!r}; expected {MOMENT_ROUND} (one release per "
-                                 "run)", field="config.round")
+    def _parse_round(self, content):
+        """Refused when the route does not fit this party; then the round's fields, each range-checked
+        by the trust boundary (:func:`~flower_vfl.privacy.boundary.parse_moment_round`: round, fit, rho
+        in LIMITS and the node config's range, lam, kappa against this party's clip, ``vectors['c']``)."""
+        self._refuse_if_unfit()
+        halves = self._halves()
+        return parse_moment_round(content, self.party_id, c_v=self.privacy.c_v,
+                                  pool_sizes=(halves[0].size, halves[1].size), rho_range=self.rho_range)
 
-    def _parse_round(self, msg: Message):
-        """round 1..MAX_MOMENT_ROUND, fit 0 or 1, rho in LIMITS and the node config's range, lam in
-        LIMITS, kappa in (c_v, 2 c_v] (kappa = c_v / max(pi, 1 - pi)), and ``vectors['c']``: one
-        finite value per pool row, each within +-LIMITS['c']."""
-        who = self.who
-        cfg = msg.content.config_records.get("config")
-        rnd = None if cfg is None else cfg.get("round")
-        if isinstance(rnd, bool) or not isinstance(rnd, int) or not 1 <= rnd <= MAX_MOMENT_ROUND:
-            raise InvalidMessage(f"{who}: config['round']={rnd!r}; expected an integer 1..{MAX_MOMENT_ROUND}",
-                                 field="config.round")
-        fit = cfg.get("fit")
-        if isinstance(fit, bool) or fit not in (0, 1):
-            raise InvalidMessage(f"{who}: config['fit']={fit!r}; expected 0 or 1 (which half of the held-out rows "
-                                 "is the pool)", field="config.fit")
-        lo, hi = LIMITS["rho"]
-        if self.rho_range is not None:
-            lo = lo if self.rho_range[0] is None else max(lo, self.rho_range[0])
-            hi = hi if self.rho_range[1] is None else min(hi, self.rho_range[1])
-        rho = _scalar(cfg, "rho", lo, hi, who)
-        lam = _scalar(cfg, "lam", *LIMITS["lam"], who)
-        c_v = float(self.privacy.c_v)
-        kappa = cfg.get("kappa")
-        if isinstance(kappa, bool) or not isinstance(kappa, numbers.Real) or not (
-                math.isfinite(float(kappa)) and c_v < kappa <= 2 * c_v):
-            raise InvalidMessage(f"{who}: config['kappa']={kappa!r}; expected c_v / max(pi, 1 - pi), in "
-                                 f"({c_v:g}, {2 * c_v:g}] for this party's clip c_v={c_v:g}", field="config.kappa")
-        n_pool = int(self._halves()[int(fit)].size)
-        c = self._vector(msg, "c", n_pool, "pool row", LIMITS["c"])
-        return int(rnd), int(fit), rho, lam, float(kappa), c
-
-    def _reply(self, msg, key, values, rnd, fit):
+    def _scores_reply(self, msg, key, values, r):
         content = RecordDict({"release": ArrayRecord({key: Array(np.asarray(values, dtype=float))}),
-                              "meta": MetricRecord({"party": self.party_id, "round": int(rnd), "fit": int(fit)})})
-        return Message(content, reply_to=msg)
+                              "meta": MetricRecord({"party": self.party_id, "round": r.round, "fit": r.fit})})
+        return self._finish(msg, content)

@@ -6,9 +6,11 @@ release per run from the party's node config only: privacy settings (strict outp
 release, OS entropy), the party's store and ledger under the run ``"<run_id><RUN_SUFFIX>"`` keyed
 by the source its node config declares. This module holds that part: the party object's build,
 the identify reply (nothing charged), the release handler's shape, the refusal of a non-private
-party, the target's boundary checks, the privacy report and the refusal reply
-(:class:`~flower_vfl.clients.party_base.PartyClient`'s). What a route releases and replies
-(the SSP scores, the moment route's acknowledgement and ADMM rounds) stays in its own module.
+party, the target's boundary checks (:func:`flower_vfl.privacy.boundary.parse_round_number`,
+:func:`~flower_vfl.privacy.boundary.parse_vector`) and the privacy report; the identify skeleton,
+the one entry of every message and the refusal reply are every party's
+(:class:`~flower_vfl.clients.base.PartyBase`). What a route releases and replies (the SSP
+scores, the moment route's acknowledgement and ADMM rounds) stays in its own module.
 
 A crash must not spend the budget: a new run that asks for the same release as a stored one (the
 same round and clipped target, on the same declared source) is admitted to that stored draw
@@ -22,21 +24,21 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from flower_vfl.clients.party_base import PartyClient
+from flower_vfl.clients.base import PartyBase
 from flower_vfl.clients.party_private import party_store
-from flower_vfl.privacy.boundary import InvalidMessage, Refused
+from flower_vfl.privacy.boundary import Refused, parse_round_number, parse_vector
 
 __all__ = ["OneReleasePartyClient"]
 
 
-class OneReleasePartyClient:
+class OneReleasePartyClient(PartyBase):
     """Party ``party_id`` with training block ``D`` and held-out block ``D_test``; ``privacy``: its
     PrivacyConfig from its node config (None: not private, refuses); ``state_dir``, ``source``: its
     store and declared source (the ledger key), as :class:`~flower_vfl.clients.party_private.PrivatePartyClient`'s.
-    A base: a route sets the class attributes below, :meth:`_party_class` and :meth:`_release_reply`."""
+    A base: a route sets the class attributes below, :meth:`_party_class` and :meth:`_release_reply`
+    (identify's skeleton, the one entry and the refusal reply: :class:`~flower_vfl.clients.base.PartyBase`)."""
 
     #: the route in prose ("the <ROUTE> route is for private parties")
     ROUTE = ""
@@ -50,6 +52,8 @@ class OneReleasePartyClient:
     ROUND = 1
     #: the target's name in the "missing" refusal (after ``vectors['v']``)
     TARGET_NAME = ""
+    #: the release request's ``config['round']``: (lo, hi, what the refusal expects; "": "an integer lo..hi")
+    RELEASE_ROUNDS = (1, 1, "")
 
     def __init__(self, party_id, D, D_test, privacy, state_dir=None, source=None):
         self.party_id = int(party_id)
@@ -68,8 +72,8 @@ class OneReleasePartyClient:
         self.party = None
 
     @property
-    def who(self):
-        return f"party {self.party_id}"
+    def private(self):
+        return self.privacy is not None
 
     # ------------------------------------------------------------------ the party
     def _party_class(self):
@@ -120,10 +124,8 @@ class OneReleasePartyClient:
         """A route's own identity fields (after 'private')."""
         return {}
 
-    def identify(self, msg: Message, context: Context) -> Message:
-        info = {"party": self.party_id, "n_rows": int(self.D.shape[0]),
-                "n_test": int(self.D_test.shape[0]) if self.D_test is not None else 0,
-                "private": self.privacy is not None, **self._identity_extra()}
+    def _identity_fields(self, msg: Message, context: Context) -> dict:
+        info = {**self._rows_identity(), **self._identity_extra()}
         if self.privacy is not None:
             party = self._build(context)
             info["c_v"] = float(self.privacy.c_v)
@@ -132,59 +134,36 @@ class OneReleasePartyClient:
                 info["affordable"] = True       # this run's release is made: a re-send gets it
             # stored releases of this route: a run that asks for the same release gets one again, free
             info["stored"] = sum(e.kind == "eval" and e.unit == party.UNIT for e in party.ledger.entries)
-        return Message(RecordDict({"identity": ConfigRecord(info)}), reply_to=msg)
+        return info
 
     def _release_reply(self, rnd, v) -> RecordDict:
         """The route's release from ``self.party`` (built) and the reply's content (without the privacy report)."""
         raise NotImplementedError
 
     def release(self, msg: Message, context: Context) -> Message:
-        try:
+        """The one release: refused when the route does not fit this party, the request parsed
+        (:meth:`_parse_release`) before the party is built or anything charged."""
+        def parse(content):
             self._refuse_if_unfit()
-            rnd, v = self._parse_release(msg)
+            return self._parse_release(content)
+
+        def answer(parsed):
+            rnd, v = parsed
             self.party = self._build(context)
             self._reuse(context, rnd, v)
             content = self._release_reply(rnd, v)       # the party checks v (length, finite) before any charge
-        except Refused as exc:
-            return self._refusal(msg, exc)
-        self._privacy(content)
-        return Message(content, reply_to=msg)
+            self._privacy(content)
+            return Message(content, reply_to=msg)
+        return self._handle(msg, parse, answer)
 
     # ------------------------------------------------------------------ boundary and replies
-    def _check_release_round(self, rnd) -> None:
-        """The release request's ``config['round']``: the route's range (InvalidMessage otherwise)."""
-        raise NotImplementedError
-
-    def _parse_release(self, msg: Message):
-        """``config['round']`` (:meth:`_check_release_round`) and ``vectors['v']`` (a float vector,
-        one value per training row, finite); anything else is refused, nothing charged."""
-        cfg = msg.content.config_records.get("config")
-        rnd = None if cfg is None else cfg.get("round")
-        self._check_release_round(rnd)
-        return int(rnd), self._vector(msg, "v", int(self.D.shape[0]), "training row", None, self.TARGET_NAME)
-
-    def _vector(self, msg, key, n, what, bound, name=""):
-        """``vectors[key]``: a readable float vector of shape (n,) ("one value per <what>"), finite,
-        within +-bound (None: unbounded); ``name`` follows the key in the "missing" refusal."""
-        who = self.who
-        vectors = msg.content.array_records.get("vectors")
-        if vectors is None or key not in vectors:
-            raise InvalidMessage(f"{who}: message field vectors[{key!r}]{name} is missing", field=f"vectors.{key}")
-        try:
-            a = vectors[key].numpy()
-        except Exception:
-            raise InvalidMessage(f"{who}: vectors[{key!r}] is not a readable array", field=f"vectors.{key}") from None
-        if a.dtype.kind != "f":
-            raise InvalidMessage(f"{who}: vectors[{key!r}] has dtype {a.dtype}; expected float64",
-                                 field=f"vectors.{key}")
-        if a.shape != (n,):
-            raise InvalidMessage(f"{who}: vectors[{key!r}] has shape {a.shape}; expected ({n},) (one value per "
-                                 f"{what})", field=f"vectors.{key}")
-        if not np.all(np.isfinite(a)):
-            raise InvalidMessage(f"{who}: vectors[{key!r}] holds NaN or inf values", field=f"vectors.{key}")
-        if bound is not None and np.max(np.abs(a), initial=0.0) > bound:
-            raise InvalidMessage(f"{who}: vectors[{key!r}] holds values beyond +-{bound:g}", field=f"vectors.{key}")
-        return np.asarray(a, dtype=np.float64)
+    def _parse_release(self, content: RecordDict):
+        """``config['round']`` (:attr:`RELEASE_ROUNDS`) and ``vectors['v']`` (a float vector, one value
+        per training row, finite); anything else is refused, nothing charged."""
+        lo, hi, expected = self.RELEASE_ROUNDS
+        rnd = parse_round_number(content.config_records.get("config"), self.party_id, lo, hi, expected)
+        return rnd, parse_vector(content, "v", int(self.D.shape[0]), "training row", self.party_id,
+                                 name=self.TARGET_NAME)
 
     def _privacy(self, content):
         if self.party is not None:
@@ -193,6 +172,3 @@ class OneReleasePartyClient:
 
     def _reply_extra(self, content: RecordDict, refusal: bool):
         self._privacy(content)
-
-    #: the refusal reply (party, reason, code, field; then :meth:`_reply_extra`: the privacy report)
-    _refusal = PartyClient._refusal

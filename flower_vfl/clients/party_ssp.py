@@ -37,7 +37,6 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from flower_vfl.clients.party_one_release import OneReleasePartyClient
-from flower_vfl.privacy.boundary import InvalidMessage
 
 __all__ = ["SSPPartyClient", "SSP_RUN_SUFFIX", "MAX_SSP_ROUND"]
 
@@ -56,6 +55,7 @@ class SSPPartyClient(OneReleasePartyClient):
 
     ROUTE, A_RELEASE, RELEASE, RUN_SUFFIX = "stacked SSP", "an SSP release", "SSP", SSP_RUN_SUFFIX
     TARGET_NAME = " (the target)"
+    RELEASE_ROUNDS = (1, MAX_SSP_ROUND, "")
 
     def _party_class(self):
         from flower_vfl.privacy.ssp import SSPParty
@@ -70,9 +70,3 @@ class SSPPartyClient(OneReleasePartyClient):
                                     "xg": Array(np.array([float(xg)]))}),
             "meta": MetricRecord({"party": self.party_id, "round": int(rnd)}),
         })
-
-    def _check_release_round(self, rnd) -> None:
-        """an integer 1..MAX_SSP_ROUND"""
-        if isinstance(rnd, bool) or not isinstance(rnd, int) or not 1 <= rnd <= MAX_SSP_ROUND:
-            raise InvalidMessage(f"{self.who}: config['round']={rnd!r}; expected an integer 1..{MAX_SSP_ROUND}",
-                                 field="config.round")

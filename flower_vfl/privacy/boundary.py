@@ -22,7 +22,9 @@ import numpy as np
 from flower_vfl.errors import UserError
 
 __all__ = ["InvalidMessage", "Refused", "RoundInputs", "inputs_hash", "parse_count", "parse_flag", "parse_round",
-           "parse_wire_dtype", "to_wire", "private_rho_range", "PRIVATE_RHO_N", "PROTOCOL_RANGES", "MAX_OUTPUTS",
+           "parse_wire_dtype", "to_wire", "parse_field", "parse_scalar", "parse_vector", "parse_round_number",
+           "parse_in_range", "parse_moment_round", "MomentRound", "MOMENT_LIMITS", "MAX_MOMENT_ROUND",
+           "private_rho_range", "PRIVATE_RHO_N", "PROTOCOL_RANGES", "MAX_OUTPUTS",
            "WIRE_DTYPES", "WIRE_FIELD",
            "TARGET_FIELD", "TARGET_NORM_FIELD"]
 
@@ -114,8 +116,8 @@ def _scalar(cfg, key, lo, hi, party, *, open_hi=False):
     return v
 
 
-#: the two readers above under public names, for another room's party (the horizontal agent,
-#: flower_vfl/clients/dpiadmm.py) that parses its own messages with them
+#: the two readers above under public names, for the parties that parse their own fields with them
+#: (the horizontal agent, flower_vfl/clients/dpiadmm.py; the vertical SGD party)
 parse_field, parse_scalar = _field, _scalar
 
 
@@ -179,6 +181,98 @@ def parse_count(cfg, key, party, *, default: int | None, lo: int, hi: int, why: 
         raise InvalidMessage(f"{_who(party)}: config[{key!r}]={v!r} must be an integer in {lo}..{hi}"
                              f"{why}; refused, nothing charged", field=f"config.{key}")
     return int(v)
+
+
+def parse_vector(content, key, n, what, party, *, bound=None, name="") -> np.ndarray:
+    """``content['vectors'][key]`` (an ArrayRecord of the message ``content``): a readable float vector
+    of shape (n,) ("one value per <what>"), finite, within +-``bound`` (None: unbounded), as float64;
+    ``name`` follows the key in the "missing" refusal. The one-release routes' target and the moment
+    route's pool vector."""
+    who = _who(party)
+    vectors = content.array_records.get("vectors")
+    if vectors is None or key not in vectors:
+        raise InvalidMessage(f"{who}: message field vectors[{key!r}]{name} is missing", field=f"vectors.{key}")
+    try:
+        a = vectors[key].numpy()
+    except Exception:
+        raise InvalidMessage(f"{who}: vectors[{key!r}] is not a readable array", field=f"vectors.{key}") from None
+    if a.dtype.kind != "f":
+        raise InvalidMessage(f"{who}: vectors[{key!r}] has dtype {a.dtype}; expected float64", field=f"vectors.{key}")
+    if a.shape != (n,):
+        raise InvalidMessage(f"{who}: vectors[{key!r}] has shape {a.shape}; expected ({n},) (one value per "
+                             f"{what})", field=f"vectors.{key}")
+    if not np.all(np.isfinite(a)):
+        raise InvalidMessage(f"{who}: vectors[{key!r}] holds NaN or inf values", field=f"vectors.{key}")
+    if bound is not None and np.max(np.abs(a), initial=0.0) > bound:
+        raise InvalidMessage(f"{who}: vectors[{key!r}] holds values beyond +-{bound:g}", field=f"vectors.{key}")
+    return np.asarray(a, dtype=np.float64)
+
+
+def parse_round_number(cfg, party, lo: int, hi: int, expected: str = "") -> int:
+    """``cfg['round']`` of a one-release route's message: an integer lo..hi (``expected``: what the
+    refusal says instead of "an integer lo..hi")."""
+    rnd = None if cfg is None else cfg.get("round")
+    if isinstance(rnd, bool) or not isinstance(rnd, int) or not lo <= rnd <= hi:
+        raise InvalidMessage(f"{_who(party)}: config['round']={rnd!r}; expected {expected or f'an integer {lo}..{hi}'}",
+                             field="config.round")
+    return int(rnd)
+
+
+def parse_in_range(cfg, key, lo, hi, party) -> float:
+    """``cfg[key]``: a finite real number in [lo, hi] (inclusive: the party's own limits), as float."""
+    v = None if cfg is None else cfg.get(key)
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(float(v)) and lo <= v <= hi):
+        raise InvalidMessage(f"{_who(party)}: config[{key!r}]={v!r} is outside the range this party accepts "
+                             f"[{lo:g}, {hi:g}]; refused", field=f"config.{key}")
+    return float(v)
+
+
+#: the moment route's ranges of what a party accepts in its ADMM rounds (inclusive; rho is narrowed by
+#: the node config's min-rho / max-rho). None of them protects a training row (every reply is
+#: post-processing of g~ and of the pool): they keep the arithmetic finite and the model meaningful
+MOMENT_LIMITS = {"rho": (1e-12, 1e6), "lam": (1e-12, 1e3), "c": 1e6}
+#: the largest ADMM round number a moment route's request may carry
+MAX_MOMENT_ROUND = 100_000
+
+
+@dataclass(frozen=True)
+class MomentRound:
+    """A validated moment-route round (``train.moment`` / ``evaluate.moment``)."""
+
+    round: int
+    fit: int
+    rho: float
+    lam: float
+    kappa: float
+    c: np.ndarray
+
+
+def parse_moment_round(content, party, *, c_v: float, pool_sizes, rho_range=None) -> MomentRound:
+    """round 1..MAX_MOMENT_ROUND, fit 0 or 1, rho in MOMENT_LIMITS and the node config's ``rho_range``
+    (min-rho, max-rho; either None), lam in MOMENT_LIMITS, kappa in (c_v, 2 c_v] (kappa = c_v / max(pi,
+    1 - pi), ``c_v`` the party's clip), and ``vectors['c']``: one finite value per pool row
+    (``pool_sizes[fit]``), each within +-MOMENT_LIMITS['c']."""
+    who = _who(party)
+    cfg = content.config_records.get("config")
+    rnd = parse_round_number(cfg, party, 1, MAX_MOMENT_ROUND)
+    fit = cfg.get("fit")
+    if isinstance(fit, bool) or fit not in (0, 1):
+        raise InvalidMessage(f"{who}: config['fit']={fit!r}; expected 0 or 1 (which half of the held-out rows "
+                             "is the pool)", field="config.fit")
+    lo, hi = MOMENT_LIMITS["rho"]
+    if rho_range is not None:
+        lo = lo if rho_range[0] is None else max(lo, rho_range[0])
+        hi = hi if rho_range[1] is None else min(hi, rho_range[1])
+    rho = parse_in_range(cfg, "rho", lo, hi, party)
+    lam = parse_in_range(cfg, "lam", *MOMENT_LIMITS["lam"], party)
+    c_v = float(c_v)
+    kappa = cfg.get("kappa")
+    if isinstance(kappa, bool) or not isinstance(kappa, numbers.Real) or not (
+            math.isfinite(float(kappa)) and c_v < kappa <= 2 * c_v):
+        raise InvalidMessage(f"{who}: config['kappa']={kappa!r}; expected c_v / max(pi, 1 - pi), in "
+                             f"({c_v:g}, {2 * c_v:g}] for this party's clip c_v={c_v:g}", field="config.kappa")
+    c = parse_vector(content, "c", int(pool_sizes[int(fit)]), "pool row", party, bound=MOMENT_LIMITS["c"])
+    return MomentRound(int(rnd), int(fit), rho, lam, float(kappa), c)
 
 
 def private_rho_range(n_rows: int, rho_range=None) -> tuple:
