@@ -153,6 +153,38 @@ def test_flower_model_is_the_in_process_minimizer_on_the_same_release(a9a_run):
     np.testing.assert_allclose(st.decision_test_, f_ref, rtol=0, atol=1e-6)
 
 
+def test_flower_rounds_are_the_in_process_rounds(a9a_run):
+    """(a) one round loop: the Flower route's fits and core.moment_sharing.moment_sharing_admm both
+    run core.rounds.RoundDriver (pool_driver); on the same g~, rho and rounds they give the same
+    targets, hence x, intercept and held-out decisions, bitwise."""
+    from flower_vfl.core.moment_sharing import moment_sharing_admm
+    st, ncs, _ = a9a_run
+    blocks = [party_block("a9a", m, M) for m in range(M)]
+    y, _ = labels("a9a")
+    t = (y == np.unique(y)[1]).astype(float)
+    kappa = stacking_target(t, C_V)[1]
+    g = {nc["partition-id"]: stored_g(nc, rc("a9a"), 5) for nc in ncs.values()}
+    h = [g[m] / (kappa * t.size) for m in range(M)]
+    halves = cross_fit_halves(blocks[0][1].shape[0])
+    f = np.empty(st.decision_test_.size)
+    for fit in (0, 1):
+        pool = [normalize_rows(b[1][halves[fit]]) for b in blocks]
+        xs, b, rounds = moment_sharing_admm(pool, h, float(t.mean()), LAM, rho=st.rho_[fit],
+                                            max_rounds=st.max_rounds, tol=st.tol)
+        assert rounds == st.rounds_[fit]
+        ups = [MomentXUpdate(pool[m], h[m], LAM) for m in range(M)]
+        for m in range(M):
+            assert np.array_equal(ups[m].solve(st.targets_[fit][m], st.rho_[fit] * M), xs[m])
+        assert st.intercepts_[fit] - sum(float(u.mu @ x) for u, x in zip(ups, xs)) == b
+        other = halves[1 - fit]
+        rows = [normalize_rows(blk[1][other]) for blk in blocks]
+        f[other] = sum(ups[m].scores(xs[m], rows[m]) for m in range(M)) + st.intercepts_[fit]
+    assert np.array_equal(st.decision_test_, f)
+    rows = [r for r in st.history_ if r["fit"] == 1]
+    assert [r["fit_round"] for r in rows] == list(range(1, st.rounds_[1] + 1))
+    assert [r["round"] for r in st.history_] == list(range(1, sum(st.rounds_) + 1))
+
+
 def test_a9a_both_private_at_epsilon_1_reach_the_goal_through_flower(a9a_run):
     """(d) the issue's goal through the real handlers, one run with fresh (OS-entropy) noise."""
     st, _, _ = a9a_run

@@ -55,3 +55,34 @@ def test_admm_sharing_reaches_the_newton_minimizer(dataset, lam):
     xs, b, rounds = moment_sharing_admm(pool, h, pi, lam, tol=1e-10, max_rounds=300)
     assert max(float(np.max(np.abs(a - r))) for a, r in zip(xs, xs_ref)) <= 1e-8 and abs(b - b_ref) <= 1e-8
     assert rounds <= 100, rounds
+
+
+def test_pool_rounds_run_the_round_driver_with_the_change_rule():
+    """The pool rounds are core.rounds.RoundDriver's (stop='change'): each row's max_change is
+    max_m max |s_m^k - s_m^(k-1)| and |b^k - b^(k-1)| (s^0 = 0, b^0 = 0), and the run stops at the
+    first round k > 1 where it is below tol."""
+    from flower_vfl.core.moment_sharing import PoolExchange, pool_driver
+    from flower_vfl.core.rounds import RoundDriver
+    blocks = [party_block("breast_cancer", m, 2) for m in range(2)]
+    y, _ = labels("breast_cancer")
+    t = (y == np.unique(y)[1]).astype(float)
+    pi = float(t.mean())
+    h = [np.asarray(normalize_rows(D).T @ (t - pi)).ravel() / t.size for D, _ in blocks]
+    pool = [normalize_rows(Dt[cross_fit_halves(Dt.shape[0])[0]]) for _, Dt in blocks]
+    ups = [MomentXUpdate(P, hm, 1e-2) for P, hm in zip(pool, h)]
+
+    class InProcess(PoolExchange):
+        def release(self, k, targets):
+            return {m: u.scores(u.solve(targets[m], self.rho_x)) for m, u in enumerate(ups)}
+
+    tol = 1e-7
+    driver = pool_driver(pool[0].shape[0], pi, 1e-3, 2, 300, tol)
+    ex = InProcess(driver.central)
+    seen = [([np.zeros(pool[0].shape[0])] * 2, 0.0)]
+    driver.run(ex, on_round=lambda k, row, *_: seen.append(([ex.s[0].copy(), ex.s[1].copy()], float(driver.central.b))))
+    changes = [max(max(float(np.max(np.abs(a - o))) for a, o in zip(s, s_old)), abs(b - b_old))
+               for (s, b), (s_old, b_old) in zip(seen[1:], seen[:-1])]
+    assert [r["max_change"] for r in driver.history] == changes
+    assert changes[-1] < tol and all(c >= tol for c in changes[1:-1]) and 2 < len(changes) < 300
+    with pytest.raises(ValueError, match="stop='boyd'; choose one of 'residual', 'change'"):
+        RoundDriver(driver.central, 2, stop="boyd")

@@ -25,20 +25,24 @@ genuine two-block ADMM and converges for any rho > 0 (F is convex). The pool col
 the party's side (:class:`MomentXUpdate`): without that, or without Anderson, a9a needs hundreds of
 rounds (the one-hot groups' flat direction shared with the intercept, lam = 3e-4); with both, ~50.
 
-:func:`moment_sharing_admm` runs the same rounds in process (the reference the Flower route is
-tested against, and the place to choose rho).
+:func:`pool_driver` builds a fit's central node and its :class:`~flower_vfl.core.rounds.RoundDriver`
+(the one round loop, with its stopping rule 'change': the largest change of a party's pool scores
+or of b); :class:`PoolExchange` is how its rounds reach the parties (the targets c_m from the last
+releases; a subclass says how a party answers). :func:`moment_sharing_admm` runs them in process
+(the reference the Flower route is tested against, and the place to choose rho), the label owner
+(:class:`~flower_vfl.strategies.moment.MomentStrategy`) through Flower.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from flower_vfl.core.accel import Anderson
 from flower_vfl.core.blas import one_blas_thread
 from flower_vfl.core.central import CentralUpdate
 from flower_vfl.core.losses import SoftLabelLogisticLoss
+from flower_vfl.core.rounds import RoundDriver
 
-__all__ = ["MomentXUpdate", "sharing_target", "moment_sharing_admm", "default_rho"]
+__all__ = ["MomentXUpdate", "sharing_target", "moment_sharing_admm", "default_rho", "pool_driver", "PoolExchange"]
 
 
 def default_rho(n_pool: int) -> float:
@@ -105,34 +109,79 @@ def sharing_target(s, q, y, rho, theta):
     return np.asarray(s, float) - theta * np.asarray(q, float) - np.asarray(y, float) * (theta / rho)
 
 
+def pool_driver(n_pool: int, pi: float, rho: float, num_parties: int, max_rounds: int, tol: float,
+                anderson: bool = True) -> RoundDriver:
+    """The round driver of one fit on ``n_pool`` pool rows: the central node's soft-label loss
+    (label ``pi`` on every row, the intercept), theta = 1/M, Anderson acceleration (``anderson``),
+    and the stopping rule 'change' (max |s^{k+1} - s^k| over the parties' pool scores and
+    |b^{k+1} - b^k| below ``tol`` after round 1; ``tol`` = 0 runs ``max_rounds``)."""
+    M = int(num_parties)
+    central = CentralUpdate(SoftLabelLogisticLoss(), np.full(int(n_pool), float(pi)), rho, theta=1.0 / M)
+    driver = RoundDriver(central, M, max_rounds=max_rounds, tol=tol, stop="change")
+    driver.plan([False] * M, [], acceleration="anderson" if anderson else "none", adapt_theta=False)
+    return driver
+
+
+class PoolExchange:
+    """How a fit's rounds reach the parties (a :class:`~flower_vfl.core.rounds.RoundExchange`):
+    round k sends party m its target c_m (:func:`sharing_target` from its last pool scores, the
+    accelerator's q_m or the central node's q, and the dual) and reads back its pool scores s_m.
+    A subclass gives :meth:`release`. After the run :attr:`targets` holds the last targets sent
+    (a party's x is a function of it) and :attr:`rho_x` the parties' penalty rho / theta."""
+
+    evaluates = False
+
+    def __init__(self, central: CentralUpdate):
+        self.central = central
+        self.rho_x = central.rho / central.theta
+        self.s: dict = {}
+        self.targets: dict = {}
+
+    def release(self, k: int, targets: dict) -> dict:
+        """Party -> its pool scores for round ``k``'s targets (party -> c_m)."""
+        raise NotImplementedError
+
+    def train(self, k, parties, qs):
+        c = self.central
+        zero = np.zeros(c.n)
+        self.targets = {m: sharing_target(self.s.get(m, zero), c.q if qs is None else qs[m], c.y, c.rho, c.theta)
+                        for m in parties}
+        self.s = dict(self.release(k, self.targets))
+        return self.s, {}
+
+    def evaluate(self, k, parties, final):
+        return {}
+
+    def finish(self, k):
+        pass
+
+
+class _InProcess(PoolExchange):
+    """The parties' x-updates called in process (:class:`MomentXUpdate`); keeps their x."""
+
+    def __init__(self, central, parties):
+        super().__init__(central)
+        self.parties = parties
+        self.xs = [np.zeros(p.h.size) for p in parties]
+
+    def release(self, k, targets):
+        self.xs = [p.solve(targets[m], self.rho_x) for m, p in enumerate(self.parties)]
+        return {m: p.scores(x) for m, (p, x) in enumerate(zip(self.parties, self.xs))}
+
+
 def moment_sharing_admm(pool_blocks, h, pi, lam, rho=None, max_rounds=500, tol=1e-9, anderson=True):
-    """Minimize F by ADMM sharing in process (the rounds of the Flower route, without Flower).
+    """Minimize F by ADMM sharing in process: the rounds of the Flower route, without Flower
+    (:func:`pool_driver`, :class:`PoolExchange`).
 
     ``pool_blocks``: each party's pool block, rows normalized; ``h[m]`` = g~_m / (N kappa_m).
-    Stops when max |x^{k+1} - x^k| (all blocks) and |b^{k+1} - b^k| fall below ``tol``.
-    Returns (xs, b, rounds), b the intercept of the uncentred rows (as
+    Stops when max |s^{k+1} - s^k| (every party's pool scores) and |b^{k+1} - b^k| fall below
+    ``tol``. Returns (xs, b, rounds), b the intercept of the uncentred rows (as
     :func:`~flower_vfl.estimator.moment_route.solve_moment_logistic`'s)."""
-    M = len(pool_blocks)
     n = pool_blocks[0].shape[0]
     rho = default_rho(n) if rho is None else float(rho)
-    theta = 1.0 / M
     parties = [MomentXUpdate(P, hm, lam) for P, hm in zip(pool_blocks, h)]
-    central = CentralUpdate(SoftLabelLogisticLoss(), np.full(n, float(pi)), rho, theta=theta)
-    acc = Anderson() if anderson else None
-    s = [np.zeros(n) for _ in range(M)]
-    qs = [central.q] * M
-    xs = [np.zeros(p.h.size) for p in parties]
-    b_old = 0.0
-    for k in range(1, max_rounds + 1):
-        new = [p.solve(sharing_target(s[m], qs[m], central.y, rho, theta), rho / theta)
-               for m, p in enumerate(parties)]
-        s = [p.scores(x) for p, x in zip(parties, new)]
-        central.step(sum(s))
-        qs = acc.step(s, central) if acc is not None else [central.q] * M
-        dx = max(float(np.max(np.abs(a - o))) for a, o in zip(new, xs))
-        db = abs(float(central.b) - b_old)
-        xs, b_old = new, float(central.b)
-        if k > 1 and max(dx, db) < tol:
-            break
-    return xs, float(central.b) - sum(float(p.mu @ x) for p, x in zip(parties, xs)), k
-
+    driver = pool_driver(n, pi, rho, len(parties), max_rounds, tol, anderson)
+    pool = _InProcess(driver.central, parties)
+    k = driver.run(pool)
+    xs = pool.xs
+    return xs, float(driver.central.b) - sum(float(p.mu @ x) for p, x in zip(parties, xs)), k

@@ -13,10 +13,12 @@ Both private near the non-private model, through Flower (docs/privacy_parties.md
    on half k of the held-out rows (a fixed public permutation), the central node's loss logistic
    with the soft label pi on every pool row (:class:`~flower_vfl.core.central.CentralUpdate` with
    :class:`~flower_vfl.core.losses.SoftLabelLogisticLoss`, the intercept here), each party's
-   x-update with its moment as a linear term (:mod:`flower_vfl.core.moment_sharing`); Anderson
-   acceleration of the rounds (:class:`~flower_vfl.core.accel.Anderson`: the rounds are
-   deterministic once g~ is drawn). Each round a party gets its completed-square target c_m and
-   replies with its pool scores only;
+   x-update with its moment as a linear term (:mod:`flower_vfl.core.moment_sharing`); the rounds
+   are the one round driver's (:class:`~flower_vfl.core.rounds.RoundDriver` from
+   :func:`~flower_vfl.core.moment_sharing.pool_driver`: Anderson acceleration, the rounds being
+   deterministic once g~ is drawn, and the stopping rule 'change'), the same as the in-process
+   :func:`~flower_vfl.core.moment_sharing.moment_sharing_admm`. Each round a party gets its
+   completed-square target c_m and replies with its pool scores only;
 4. evaluation (``evaluate.moment``): each half of the held-out rows is scored by the model fitted
    on the other half; with ``y_test`` the test metrics.
 
@@ -37,10 +39,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from flower_vfl.core.accel import Anderson
-from flower_vfl.core.central import CentralUpdate
-from flower_vfl.core.losses import SoftLabelLogisticLoss
-from flower_vfl.core.moment_sharing import default_rho, sharing_target
+from flower_vfl.core.moment_sharing import PoolExchange, default_rho, pool_driver
 from flower_vfl.privacy.ssp import cross_fit_halves
 from flower_vfl.strategies.exchange import PartyRefused, ReplyError, check_release, keep_report
 from flower_vfl.strategies.one_release import OneReleaseStrategy
@@ -132,37 +131,27 @@ class MomentStrategy(OneReleaseStrategy):
         return out
 
     def fit_half(self, fit) -> np.ndarray:
-        """ADMM sharing on pool half ``fit``; returns the other half's decision values."""
-        M, n = self.num_parties, self.halves_[fit].size
+        """ADMM sharing on pool half ``fit`` (the one round driver); returns the other half's
+        decision values."""
+        n = self.halves_[fit].size
         rho = self.rho or default_rho(n)
-        theta = 1.0 / M
-        central = CentralUpdate(SoftLabelLogisticLoss(), np.full(n, self.pi), rho, theta=theta)
-        acc = Anderson()
-        s = [np.zeros(n) for _ in range(M)]
-        qs = [central.q] * M
-        b_old, k = 0.0, 0
-        for k in range(1, self.max_rounds + 1):
-            targets = {m: sharing_target(s[m], qs[m], central.y, rho, theta) for m in range(M)}
-            new = self._send(fit, k, rho / theta, targets, "train")
-            ds = max(float(np.max(np.abs(a - o))) for a, o in zip(new, s))
-            s = new
-            r, d = central.step(sum(s))
-            qs = acc.step(s, central)
-            db = abs(float(central.b) - b_old)
-            b_old = float(central.b)
-            row = {"round": len(self.history_) + 1, "fit": fit, "fit_round": k, "primal_residual": float(r),
-                   "dual_residual": float(d), "max_change": max(ds, db), "parties": M}
+        driver = pool_driver(n, self.pi, rho, self.num_parties, self.max_rounds, self.tol)
+        pool = _FlowerPool(self, fit, driver.central)
+
+        def on_round(k, row, phase, j, stopped):
+            row = {"round": len(self.history_) + 1, "fit": fit, "fit_round": k,
+                   **{key: val for key, val in row.items() if key != "round"}}
             self.history_.append(row)
             if self.progress is not None:
                 self.progress(row["round"], row)
-            if k > 1 and self.tol > 0 and max(ds, db) < self.tol:
-                break
+
+        k = driver.run(pool, on_round=on_round)
         self.rounds_.append(k)
         self.rho_.append(rho)
-        self.targets_.append(targets)
-        self.intercepts_.append(float(central.b))
-        s_eval = self._send(fit, k, rho / theta, targets, "evaluate")
-        return sum(s_eval) + float(central.b)
+        self.targets_.append(pool.targets)
+        self.intercepts_.append(float(driver.central.b))
+        s_eval = self._send(fit, k, pool.rho_x, pool.targets, "evaluate")
+        return sum(s_eval) + float(driver.central.b)
 
     def fit(self, grid) -> np.ndarray:
         """Identify, one release per party, the two cross-fitted fits: the held-out decisions."""
@@ -211,3 +200,14 @@ class MomentStrategy(OneReleaseStrategy):
 
     def _rounds_report(self) -> dict:
         return {"rounds": len(self.history_), "rounds_per_fit": list(self.rounds_)}
+
+
+class _FlowerPool(PoolExchange):
+    """A fit's rounds through the exchange: party m's target as ``train.moment``, its pool scores back."""
+
+    def __init__(self, strategy: MomentStrategy, fit: int, central):
+        super().__init__(central)
+        self.strategy, self.fit = strategy, fit
+
+    def release(self, k, targets):
+        return dict(enumerate(self.strategy._send(self.fit, k, self.rho_x, targets, "train")))
