@@ -20,14 +20,21 @@ import re
 from pathlib import Path
 
 from flower_vfl.config.schema import SCHEMA, ConfigError
+from flower_vfl.core.losses import LOSSES, loss_class
+from flower_vfl.core.penalties import penalty_class
 
 __all__ = ["CLIParser", "cli_words", "preflight", "check_epsilon_args", "check_audit_args",
            "BUNDLED_COLUMNS"]
 
 #: the columns of each bundled dataset (tests/test_cli_refusals.py checks them against the data)
 BUNDLED_COLUMNS = {"breast_cancer": 30, "a9a": 123}
-#: the losses that need exactly two classes (flower_vfl.core.scoring.BINARY_LOSSES and label DP's logistic)
-TWO_CLASS_LOSSES = ("logistic", "hinge", "sigmoid")
+#: the losses that need exactly two classes (their ``label_kind`` is 'binary': core/loss_base.py)
+TWO_CLASS_LOSSES = tuple(name for name, cls in LOSSES.items() if cls.label_kind == "binary")
+
+
+def _supports(kind, flag: str) -> bool:
+    """``flag`` of a loss or penalty class (core/loss_base.py, core/penalties.py); False for an unknown name."""
+    return bool(getattr(kind, flag, False))
 
 
 # ---------------------------------------------------------------------------- the parser
@@ -83,7 +90,7 @@ def preflight(cfg: dict, party: dict, args, command: str) -> None:
     own = bool(getattr(args, "party", None))
     if not own:
         _check_bundled(cfg)
-    if cfg["label-epsilon"] > 0 and cfg["loss"] != "logistic":
+    if cfg["label-epsilon"] > 0 and not _supports(loss_class(cfg["loss"]), "supports_label_dp"):
         raise ConfigError(f"--label-epsilon {cfg['label-epsilon']:g} needs --loss logistic (randomized response on "
                           f"binary labels, with a corrected logistic loss); got --loss {cfg['loss']}: drop "
                           "--label-epsilon or use --loss logistic")
@@ -157,10 +164,10 @@ def check_label_values(values, loss: str, where: str) -> None:
     shown = ", ".join(f"{v:g}" for v in vals[:6]) + (", ..." if vals.size > 6 else "")
     if not np.all(np.isfinite(vals)):
         raise ConfigError(f"{where} has labels that are not finite numbers ({shown}); fix the file")
-    if loss in TWO_CLASS_LOSSES and vals.size != 2:
+    if getattr(loss_class(loss), "label_kind", None) == "binary" and vals.size != 2:
         raise ConfigError(f"{where} has {vals.size} label value(s) ({shown}): --loss {loss} needs exactly 2 classes; "
                           "fix the file, or give --loss multinomial (more classes) or --loss squared (a number)")
-    if loss == "multinomial" and vals.size < 2:
+    if _supports(loss_class(loss), "multiclass") and vals.size < 2:
         raise ConfigError(f"{where} has {vals.size} label value ({shown}): --loss multinomial needs at least 2 "
                           "classes; fix the file")
 
@@ -168,10 +175,11 @@ def check_label_values(values, loss: str, where: str) -> None:
 def _check_private(cfg: dict, party: dict) -> None:
     """The private parties' settings (the ``--dp-*`` flags, defaults otherwise) can be met."""
     get = lambda k: party.get(k, SCHEMA[k].default)  # noqa: E731
-    if cfg["penalty"] != "l2" or cfg["loss"] == "multinomial":
+    loss_ok = _supports(loss_class(cfg["loss"]), "supports_private_parties")
+    if not (_supports(penalty_class(cfg["penalty"]), "supports_private_parties") and loss_ok):
         raise ConfigError(f"--dp: a private party supports --penalty l2 with a one-output loss (logistic, squared, "
                           f"hinge, sigmoid); got --penalty {cfg['penalty']} --loss {cfg['loss']}: use --penalty l2"
-                          + (" and another --loss" if cfg["loss"] == "multinomial" else "") + ", or drop --dp")
+                          + ("" if loss_ok else " and another --loss") + ", or drop --dp")
     if not (get("dp-lam") > 0 or cfg["lam"] > 0):
         raise ConfigError("--dp: a private party needs λ > 0 (its x-update must be strongly convex), but --dp-lam "
                           "and --lam are both 0; give --dp-lam (e.g. 3e-3) or --lam > 0")

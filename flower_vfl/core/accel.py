@@ -29,7 +29,7 @@ so the two paths stay identical.
 
 :class:`SpectralRho` is spectral (Barzilai-Borwein) adaptive rho (Xu, Figueiredo & Goldstein
 2017) from the same N-vectors; :class:`Chain` runs it before Anderson. Measured on a9a, breast
-cancer and a wide set it is an option, not a default (docs/benchmarks.md, issue 9).
+cancer and a wide set it is an option, not a default (docs/benchmarks-history.md).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg.lapack import dposv
 
+from flower_vfl.core.penalties import penalty_class
 from flower_vfl.core.xsolve import LOG, one_blas_thread
 
 __all__ = ["Anderson", "SpectralRho", "Chain", "ACCELERATIONS", "make_accelerator", "acceleration_name", "anderson_bytes",
@@ -502,7 +503,7 @@ def make_accelerator(acceleration, central, private, penalty="l2", constrained=F
     alpha = 1, no party is private and the loss is convex, for every penalty;
     ``'anderson+spectral'`` is both where both apply. ``'auto'`` (the default) is 'anderson'
     for a smooth x-update and 'none' otherwise: spectral rho lost to the plain iteration on
-    a9a and breast cancer with L1 (docs/benchmarks.md, issue 9), and only while Anderson's
+    a9a and breast cancer with L1 (docs/benchmarks-history.md), and only while Anderson's
     memory is at most :data:`AUTO_ANDERSON_MAX_BYTES` (from N, K and ``n_parties``, default
     ``len(private)``: the engine and the strategy decide alike; the choice is logged on
     ``flower_vfl.core``). ``'none'`` never accelerates."""
@@ -511,7 +512,7 @@ def make_accelerator(acceleration, central, private, penalty="l2", constrained=F
                          f"{list(ACCELERATIONS)}")
     if acceleration == "none" or central.alpha != 1.0 or any(private):
         return None
-    smooth = getattr(penalty, "name", penalty) == "l2" and not constrained
+    smooth = bool(getattr(penalty_class(penalty), "anderson", False)) and not constrained
     if acceleration == "auto":
         if not smooth:
             return None

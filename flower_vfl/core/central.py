@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from flower_vfl.core.losses import MultinomialLoss
 from flower_vfl.core.multinomial import multinomial_newton
 from flower_vfl.core.xsolve import one_blas_thread
 
@@ -59,7 +60,7 @@ class CentralUpdate:
             return self._intercept_then_z(a_hat)
         if loss.n_outputs == 1 and loss.curvature is not None:
             return self._joint_newton(a_hat)
-        if loss.name == "multinomial":          # joint (z, b) Newton, O(N K) per iteration
+        if isinstance(loss, MultinomialLoss):   # joint (z, b) Newton, O(N K) per iteration
             work = self.__dict__.setdefault("_mn_work", {})
             w, self.b = multinomial_newton(a_hat, y, t, rho, n, self.z + self.b, self.b,
                                            p0=self._softmax_from_dual(work), work=work)

@@ -23,6 +23,25 @@ class Loss:
     #: number of output columns (1 → vectors of shape (N,))
     n_outputs = 1
     convex = True
+    # What callers ask of a loss (the estimator, the CLI's checks, the ClientApp), instead of its name:
+    #: its labels: 'binary' (two classes, encoded -1 / +1, ``classes_[1]`` the positive one),
+    #: 'classes' (K >= 2 classes, one output column each), 'real' (regression), 'soft' (a
+    #: probability per row)
+    label_kind = "binary"
+    #: K classes, one output column each (labels encoded on the training classes)
+    multiclass = False
+    #: it has class probabilities (overrides :meth:`predict_proba`)
+    has_proba = False
+    #: label DP (randomized response, then the forward-corrected loss: privacy/label_dp.py) covers it
+    supports_label_dp = False
+    #: a private party's one noisy score vector per round covers it (one output column)
+    supports_private_parties = True
+
+    def __init_subclass__(cls, **kwargs):
+        """A subclass that overrides :meth:`predict_proba` without saying ``has_proba`` has it."""
+        super().__init_subclass__(**kwargs)
+        if "predict_proba" in cls.__dict__ and "has_proba" not in cls.__dict__:
+            cls.has_proba = True
 
     def encode_labels(self, y) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -21,7 +21,7 @@ from scipy.special import expit, softmax
 from flower_vfl.core.loss_base import Loss, _check_binary, _newton_1d  # noqa: F401  (re-exported)
 
 __all__ = ["Loss", "LogisticLoss", "SquaredLoss", "HingeLoss", "MultinomialLoss",
-           "SigmoidLoss", "SoftLabelLogisticLoss", "get_loss", "LOSSES"]
+           "SigmoidLoss", "SoftLabelLogisticLoss", "get_loss", "loss_class", "LOSSES"]
 
 
 class LogisticLoss(Loss):
@@ -29,6 +29,8 @@ class LogisticLoss(Loss):
 
     name = "logistic"
     curvature = 0.25
+    has_proba = True
+    supports_label_dp = True
     #: max |l'''| = 1/(6 sqrt(3)): bounds the error left after a Newton step (see z_update)
     curvature3 = 1.0 / (6.0 * np.sqrt(3.0))
     #: ``grad_hess`` takes ``f32=`` (a float32 exp for the central node's first Newton steps)
@@ -257,6 +259,8 @@ class SoftLabelLogisticLoss(Loss):
 
     name = "logistic_soft"
     curvature = 0.25
+    label_kind = "soft"
+    has_proba = True
 
     def __init__(self):
         self._hard = LogisticLoss()
@@ -334,6 +338,7 @@ class SquaredLoss(Loss):
 
     name = "squared"
     curvature = 1.0
+    label_kind = "real"
 
     def encode_labels(self, y):
         y = np.asarray(y, dtype=float)
@@ -396,6 +401,10 @@ class MultinomialLoss(Loss):
     name = "multinomial"
     curvature = 0.5
     convex = True
+    label_kind = "classes"
+    multiclass = True
+    has_proba = True
+    supports_private_parties = False
 
     def __init__(self):
         self.classes_ = None
@@ -478,6 +487,19 @@ class MultinomialLoss(Loss):
 
 LOSSES = {"logistic": LogisticLoss, "squared": SquaredLoss, "hinge": HingeLoss,
           "multinomial": MultinomialLoss, "sigmoid": SigmoidLoss}
+
+
+def loss_class(loss) -> type[Loss] | None:
+    """The class of a loss given by name (:data:`LOSSES`, or 'logistic_rr') or as an object, to
+    read what it supports (``label_kind``, ``multiclass``, ``has_proba``, ``supports_label_dp``,
+    ``supports_private_parties``: :class:`~flower_vfl.core.loss_base.Loss`); None for a name
+    that is not registered."""
+    if isinstance(loss, Loss):
+        return type(loss)
+    if loss == "logistic_rr":
+        from flower_vfl.core.label_noise import ForwardCorrectedLogistic
+        return ForwardCorrectedLogistic
+    return LOSSES.get(loss) if isinstance(loss, str) else None
 
 
 def get_loss(loss) -> Loss:

@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-__all__ = ["Penalty", "get_penalty", "Ball", "Box", "PENALTIES"]
+__all__ = ["Penalty", "get_penalty", "penalty_class", "Ball", "Box", "PENALTIES"]
 
 
 class Ball:
@@ -51,10 +51,19 @@ class Box:
 
 
 class Penalty:
-    """R(x): value and proximal map prox_{t R}."""
+    """R(x): value and proximal map prox_{t R}.
+
+    What callers ask of a penalty, instead of its name: ``smooth_quadratic`` (the x-update is a
+    linear system: the direct and eigen solvers of :mod:`flower_vfl.core.xsolve`),
+    ``supports_private_parties`` (a private party's calibration covers it: its sensitivity
+    bound needs the strong convexity of lam/2 |x|^2, :mod:`flower_vfl.privacy.party`) and
+    ``anderson`` (Anderson acceleration applies to the rounds: a smooth x-update; on a9a with L1
+    the accelerated rounds stalled, :func:`flower_vfl.core.accel.make_accelerator`)."""
 
     name = "base"
     smooth_quadratic = False
+    supports_private_parties = False
+    anderson = False
 
     def value(self, x) -> float:
         raise NotImplementedError
@@ -68,6 +77,8 @@ class L2(Penalty):
 
     name = "l2"
     smooth_quadratic = True
+    supports_private_parties = True
+    anderson = True
 
     def value(self, x):
         return 0.5 * float(np.sum(x * x))
@@ -118,6 +129,15 @@ class NoPenalty(Penalty):
 
 
 PENALTIES = {"l2": L2, "l1": L1, "elasticnet": ElasticNet, "none": NoPenalty}
+
+
+def penalty_class(penalty) -> type[Penalty] | None:
+    """The class of a penalty given by name (:data:`PENALTIES`) or as an object, to read what it
+    supports (:class:`Penalty`); None for a name that is not registered."""
+    if isinstance(penalty, Penalty):
+        return type(penalty)
+    name = getattr(penalty, "name", penalty)
+    return PENALTIES.get(name) if isinstance(name, str) else None
 
 
 def get_penalty(penalty, l1_ratio=0.5) -> Penalty:

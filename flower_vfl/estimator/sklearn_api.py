@@ -19,6 +19,7 @@ __all__ = ["BINARY_LOSSES", "encode_classes", "decode_scores", "check_target", "
 
 from flower_vfl.core.scoring import BINARY_LOSSES, check_target, decode_scores, encode_classes  # noqa: F401
 from flower_vfl.core.scoring import released_scores
+from flower_vfl.core.losses import loss_class
 
 #: state that holds training data (the parties' blocks, the labels): never pickled or saved
 _TRAINING_STATE = ("_parties", "_central")
@@ -34,11 +35,12 @@ class SklearnAPIMixin:
         tags = super().__sklearn_tags__()
         tags.target_tags.required = True
         tags.input_tags.sparse = True
-        if getattr(self, "loss", "logistic") == "squared":
+        kind = loss_class(getattr(self, "loss", "logistic"))     # None: a name fit refuses
+        if kind is not None and kind.label_kind == "real":
             tags.estimator_type, tags.regressor_tags = "regressor", RegressorTags()
         else:
             tags.estimator_type = "classifier"
-            tags.classifier_tags = ClassifierTags(multi_class=getattr(self, "loss", "") == "multinomial")
+            tags.classifier_tags = ClassifierTags(multi_class=kind is not None and kind.multiclass)
         return tags
 
     def score(self, X_blocks, y, sample_weight=None):
@@ -107,7 +109,7 @@ class SklearnAPIMixin:
         est.converged_ = bool(meta["converged"])
         est._private_mask_ = list(meta["private_mask"])
         est.loss_ = get_loss(params.get("loss", "logistic"))
-        if est.loss_.name == "multinomial":
+        if est.loss_.multiclass:
             est.loss_.classes_ = est.classes_
         return est
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flower_vfl.core.losses import loss_class
 from flower_vfl.errors import UserError
 
 __all__ = ["LabelPrivacy", "flip_probability", "randomized_response", "label_dp_event",
@@ -225,7 +226,7 @@ def privatize_labels(loss, y, label_epsilon, seed=None, store=None, source=None)
     eps = check_label_epsilon(label_epsilon)
     if eps is None:
         return loss, y, None
-    if getattr(loss, "name", loss) != "logistic":
+    if not getattr(loss_class(loss), "supports_label_dp", False):
         raise ValueError(f"label_epsilon={label_epsilon!r} needs loss='logistic' (binary labels, "
                          f"randomized response with a corrected logistic loss); got "
                          f"loss={getattr(loss, 'name', loss)!r}. Set label_epsilon=0 for other losses")
