@@ -111,7 +111,9 @@ def test_a_private_party_keeps_theta_at_one_over_m():
 
 def test_an_unknown_variant_is_refused_naming_the_choices():
     X, y = load_breast_cancer(return_X_y=True)
-    with pytest.raises(ValueError, match=r"^variant='boyd'; choose one of 'sharing', 'sharing-fixed', 'paper'$"):
+    with pytest.raises(ValueError, match=r"^VerticalADMM\(variant='boyd'\) is refused: expected one of 'sharing', "
+                                         r"'sharing-fixed', 'paper' .*; pass variant= such a value, e\.g\. the "
+                                         r"default variant='sharing'$"):
         VerticalADMM(variant="boyd").fit([X[:, :10], X[:, 10:]], y)
 
 
