@@ -215,7 +215,8 @@ class PublicPartyClient(PartyClient):
                           f"(alpha={self._alpha!r}) but the round before it did not (alpha=1), so this party "
                           "did not keep its share of z that the relaxed x-update needs; refused (keep one "
                           "alpha for the whole run)", field="config.alpha")
-        s = self.party.train_release(inputs.round, inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
+        s = self.party.train_release(inputs.round, inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta,
+                                     v=inputs.v, q_norm=inputs.q_norm)
         if not np.all(np.isfinite(s)):      # refused before context.state is written: nothing changes
             raise InvalidMessage(f"party {self.party_id}: the train release at rho={inputs.rho!r} is not finite; "
                                  "refused (the party's node config can narrow the accepted rho with min-rho / "

@@ -20,12 +20,35 @@ import numpy as np
 
 from flower_vfl.core.xsolve import XSolver, _norm
 
-__all__ = ["PartyUpdate", "PLAIN_ROUNDS"]
+__all__ = ["PartyUpdate", "PLAIN_ROUNDS", "x_update_target", "target_norm"]
 
 #: the train-config flag by which the central node tells a party that no accelerator
 #: extrapolates the rounds (:meth:`PartyUpdate.plain_rounds`); the Flower strategy sends it, a
 #: non-private party's ClientApp reads it, a private party ignores it (an accuracy knob only)
 PLAIN_ROUNDS = "plain_rounds"
+
+
+def x_update_target(x_hat, q, y, rho, theta):
+    """``(z_loc, v)`` of eq. (6): the party's share of z, ``z_loc = x_hat - theta q``, and its
+    x-update target ``v = z_loc - y / rho_x`` (``rho_x = rho / theta``), with two N-vector
+    temporaries (each costs an mmap at a9a's N; the arithmetic is bitwise the textbook form).
+
+    ``x_hat`` is the party's last release at alpha = 1 (else its relaxed ``alpha s + (1 - alpha)
+    z_loc``). The party's :meth:`PartyUpdate.step` and the central node (which holds each party's
+    last release, but under secure aggregation, and so can send it ``v`` alone at alpha = 1: 8 N
+    bytes a round instead of q and y's 16 N) both call this function, so the target is bitwise
+    the same on either side."""
+    z_loc = np.multiply(q, -theta)
+    z_loc += x_hat
+    v = np.divide(y, -(rho / theta))
+    v += z_loc
+    return z_loc, v
+
+
+def target_norm(q) -> float:
+    """``||q||``, which the inexact (CG) x-update ties its tolerance to: sent beside ``v`` when the
+    central node sends the target alone (the party then has no q)."""
+    return _norm(q)
 
 
 class PartyUpdate:
@@ -64,27 +87,30 @@ class PartyUpdate:
         #: kept, see ``low_memory``)
         self.carry = None
 
-    def step(self, q, y, rho, alpha=1.0, theta=1.0):
+    def step(self, q, y, rho, alpha=1.0, theta=1.0, v=None, q_norm=None):
         """One x-update (eq. 6); returns the exact ``D_m x_m`` (before any privacy noise).
 
+        ``v`` (with ``q`` and ``y`` None): the target itself, as the central node sends it at
+        alpha = 1 (:func:`x_update_target` of the party's last release); ``q_norm`` is then
+        ``||q||`` (:func:`target_norm`). z_loc is not formed then (alpha = 1 never reads it). The
+        target is clipped here either way (``v_clip``), whatever the central node sent.
         The caller stores what it actually released with :meth:`commit`.
         """
-        # z_loc = x_hat - theta q and v = z_loc - y / rho_x, with two N-vector temporaries
-        # (each costs an mmap at a9a's N; the arithmetic is bitwise the textbook form)
-        x_hat = self.s if alpha == 1.0 else alpha * self.s + (1.0 - alpha) * self.z_loc
-        z_loc = np.multiply(q, -theta)
-        z_loc += x_hat
-        self.z_loc = z_loc
         rho_x = rho / theta
-        v = np.divide(y, -rho_x)
-        v += z_loc
+        if v is None:
+            x_hat = self.s if alpha == 1.0 else alpha * self.s + (1.0 - alpha) * self.z_loc
+            self.z_loc, v = x_update_target(x_hat, q, y, rho, theta)
+        else:
+            if alpha != 1.0:
+                raise ValueError(f"an x-update target v is only defined at alpha = 1 (got alpha={alpha!r})")
+            v = np.array(v, dtype=float)        # the party's own copy (the solver may overwrite it)
         if self.v_clip is not None:
             np.clip(v, -self.v_clip, self.v_clip, out=v)
         # kept for the privacy audit of a private party (its target is clipped; never sent); a
         # non-private party lets it go (M N-vectors less between rounds: 24 MB at 1M x 3)
         self.last_target = v if self.v_clip is not None else None
         # inexact (CG / FISTA-on-D) solvers tie their tolerance to the residual received
-        outer = theta * _norm(q) if self.solver.inexact else None
+        outer = (theta * (_norm(q) if q_norm is None else float(q_norm))) if self.solver.inexact else None
         # x is the party's own array (never handed out except by get_state): the CG path
         # updates it in place instead of allocating a new d-vector each round
         self.x = self.solver.solve(v, rho_x, x0=self.x, outer=outer, carry=self.carry,
@@ -104,9 +130,9 @@ class PartyUpdate:
         self.s = np.asarray(s_released, dtype=float)
 
     # the release interface shared with flower_vfl.privacy.PrivateParty
-    def train_release(self, round, q, y, rho, alpha=1.0, theta=1.0):
-        """Non-private release: the exact D_m x_m."""
-        s = self.step(q, y, rho, alpha, theta)
+    def train_release(self, round, q, y, rho, alpha=1.0, theta=1.0, v=None, q_norm=None):
+        """Non-private release: the exact D_m x_m (``v``, ``q_norm``: :meth:`step`)."""
+        s = self.step(q, y, rho, alpha, theta, v=v, q_norm=q_norm)
         self.commit(s)
         return s
 

@@ -291,7 +291,8 @@ class DistributedParty(PrivateParty):
         self.ledger.check(self.ledger.entries, round=inputs.round, kind="train", mechanism="skellam",
                           noise_multiplier=z_charge)
         before = {k: np.array(v, copy=True) for k, v in self.update.get_state().items()}, self.update.rho_x
-        s = self.update.step(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta)
+        s = self.update.step(inputs.q, inputs.y, inputs.rho, inputs.alpha, inputs.theta,
+                             v=inputs.v, q_norm=inputs.q_norm)
         s_int = plan.encode(s, self.config.c_s, self.mechanism.rng(inputs.round, "train"))
         own = s_int / plan.gamma                    # this party's term of the sum (its last release)
         try:

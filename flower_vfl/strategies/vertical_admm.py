@@ -208,7 +208,8 @@ class VerticalADMMStrategy(Strategy):
         elif info["data"] != self.party_data.get(party, info["data"]):
             raise ResumeRefused(f"party {party} came back with other data than it declared at identify: "
                                 f"{info['data']!r} now, {self.party_data[party]!r} before; give it its original data")
-        if not first and not info["private"] and info["restored"] and self.exchange.same_id_restart:
+        if (not first and not info["private"] and info["restored"] and self.exchange.same_id_restart
+                and self.secagg is None):    # (secagg: a state a party restored from its own disk at identify)
             # a SuperNode restarted with its registered key starts with an empty context.state: a
             # state now means it answered a message of its previous session before it was identified
             # again, from x_m = 0 (the central node never used that reply); that iterate is not the run's
@@ -223,15 +224,31 @@ class VerticalADMMStrategy(Strategy):
             self._resync.discard(party)
             return
         if self.secagg is not None and not first:
-            raise ResumeRefused(f"party {party} came back without its state (a restarted SuperNode) and secagg=true: "
-                                "re-synchronizing it needs its own last release s_m, which the central node does "
-                                "not hold under secure aggregation; resume the run (resume='<state-dir>'): the "
-                                "party restores its state of the checkpoint's round from its own state-dir")
+            k = int(self._identify_query.get("resume-round", 0) or 0)
+            if k <= 0:               # no round summed yet: x_m = 0 is its state in this run
+                self._resync.discard(party)
+                return
+            raise ResumeRefused(f"party {party} came back without its state (a restarted SuperNode) and secagg=true, "
+                                f"and its state-dir holds no state of round {k} under the run's resume token (another "
+                                "state-dir, partition-id or secagg-name): re-synchronizing it needs its own last "
+                                "release s_m, which the central node does not hold under secure aggregation. Restart "
+                                "it with its node config and state-dir, and resume the run (resume='<state-dir>')")
         self._stateless.add(party)
         if float(getattr(self.central, "alpha", 1.0)) != 1.0:
             log(WARNING, "party %s restarts from x = 0: re-synchronizing a stateless party needs alpha = 1", party)
             return
         self._resync.add(party)
+
+    def _rejoin_round(self, k) -> None:
+        """Secure aggregation: every party of round ``k`` answered it, so each non-private party
+        holds its state after round ``k`` on its own disk (party_secagg.py). A node that restarts
+        from now on is identified again with its run's resume token and this round, and restores
+        that state (the central node, which never saw its release, cannot re-synchronize it)."""
+        if set(self.private_parties) == set(range(self.num_parties)) or not self.party_plans_:
+            return
+        self._identify_query["plans"] = json.dumps({str(m): t for m, t in sorted(self.party_plans_.items())},
+                                                   sort_keys=True)
+        self._identify_query["resume-round"] = int(k)
 
     def identify(self, grid) -> dict[int, int]:
         """Map node id -> party (:class:`~flower_vfl.strategies.exchange.Exchange`): waits up to
@@ -245,7 +262,9 @@ class VerticalADMMStrategy(Strategy):
             query["plans"] = json.dumps(self.resume_plans_, sort_keys=True)
             if self.secagg is not None:     # a non-private party restores its own state of this round
                 query["resume-round"] = int(self.resume_round_)
-        self.exchange.identify("query.identify", RecordDict({"config": ConfigRecord(query)}),
+        #: the identify query, also sent to a restarted node (secagg: the round a rejoining party restores)
+        self._identify_query = ConfigRecord(query)
+        self.exchange.identify("query.identify", RecordDict({"config": self._identify_query}),
                                lambda nid, rep: read_identity(self, nid, rep))
         return self.node_to_party
 
@@ -346,6 +365,7 @@ class VerticalADMMStrategy(Strategy):
                      else np.zeros(shape)}
             self._stale = dict.fromkeys(self._active, 0)
             self._fresh = fresh
+            self._rejoin_round(server_round)
             self._penalties = {p: v for p, rep in got.items() if (v := check_penalty(rep, p, what)) is not None}
             return None, MetricRecord({"releases": len(got), "stale": 0})
         fresh = {p: self._release(rep, p, "s", shape, what) for p, rep in got.items()}

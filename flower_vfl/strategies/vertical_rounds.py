@@ -20,10 +20,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 
 from flower_vfl.config.schema import SCHEMA
+from flower_vfl.core.party import target_norm, x_update_target
 from flower_vfl.strategies.checkpointing import ResumeRefused
 from flower_vfl.strategies.exchange import MAX_LOSSES, ReplyError, identity_record
 
-__all__ = ["MAX_TRAIN_ROUNDS", "read_identity", "check_penalty", "FlowerRounds"]
+__all__ = ["MAX_TRAIN_ROUNDS", "read_identity", "check_penalty", "sends_target", "target_vectors", "FlowerRounds"]
 
 #: the most training rounds a private party may declare (the range of its dp-train-rounds)
 MAX_TRAIN_ROUNDS = int(SCHEMA["dp-train-rounds"].hi)
@@ -57,6 +58,8 @@ def read_identity(st, nid, rep):
     # a private party's declared plan adds its rounds to the run: bounded (10**9 would never end)
     train_rounds = _int_field(info, "train_rounds", nid, lo=0, hi=MAX_TRAIN_ROUNDS, default=0) \
         if "train_rounds" in info else 0
+    if private and info.get("affordable", True) is False and isinstance(info.get("refused"), str):
+        raise ReplyError(f"party {party} (node {nid}) refused: {info['refused']}")   # its reason (a reservation)
     if private and info.get("affordable", True) is False:
         raise ReplyError(
             f"party {party} (node {nid}) is private and its remaining budget cannot cover its plan: it "
@@ -69,8 +72,10 @@ def read_identity(st, nid, rep):
     fp = info.get("data_fingerprint")
     if isinstance(fp, str) and fp:
         data["data_fingerprint"] = fp
+    plan = info.get("plan")       # a private party's plan token: a resume presents it to continue the plan
     return party, {"private": private, "train_rounds": train_rounds, "data": data,
-                   "restored": isinstance(last, int) and not isinstance(last, bool) and last >= 0}
+                   "restored": isinstance(last, int) and not isinstance(last, bool) and last >= 0,
+                   "plan": plan if isinstance(plan, str) and len(plan) <= 200 else None}
 
 
 def check_penalty(rep, party, what) -> float | None:
@@ -83,6 +88,29 @@ def check_penalty(rep, party, what) -> float | None:
         raise ReplyError(f"party {party} (node {rep.metadata.src_node_id}), {what}: meta['penalty']={v!r}; a "
                          "penalty lam R(x_m) is a finite number >= 0; refused")
     return float(v)
+
+
+def sends_target(st, party) -> bool:
+    """Whether ``party``'s train request carries its x-update target ``v`` alone (one N-vector,
+    8 N bytes) instead of q and y (16 N): at alpha = 1 the party's x-update reads only
+    ``v = s_m - theta q - y / rho_x`` (:func:`~flower_vfl.core.party.x_update_target`), which the
+    central node forms bitwise as the party would from the party's last release s_m, which it
+    holds (with wire-dtype float32, the release as it travelled: the value the sum holds, which
+    the target then starts from, 4 N bytes). Not where it does not hold the s_m the party holds:
+    secure aggregation (only the sum), a party being re-synchronized or not yet answered,
+    stragglers='stale' (a reply lost after the party answered leaves the two apart); and not
+    over-relaxed rounds (alpha != 1: the party's z_loc)."""
+    c = st.central
+    return (party is not None and st.secagg is None and float(c.alpha) == 1.0
+            and st.stragglers != "stale" and party not in st._resync and party in st._last_s)
+
+
+def target_vectors(st, party, q) -> dict:
+    """``{"v": target, "q_norm": ||q||}`` of ``party`` this round (:func:`sends_target`); ``q`` is its
+    q (per party when accelerated)."""
+    c = st.central
+    _, v = x_update_target(st._last_s[party], q, c.y, c.rho, c.theta)
+    return {"v": v, "q_norm": target_norm(q)}
 
 
 class FlowerRounds:
