@@ -10,7 +10,9 @@ executor, ``flower-vfl-supernode``) serves, one after the other, ``--pairs`` tim
 2. Flower's round trip with ``benchmarks/flower_noop`` on the same SuperLink and SuperNodes: one
    message to each node and wait for both replies (``--repeats`` per mode; modes ``tiny`` and
    ``payload``: our round's bytes as Flower's ArrayRecords; ``packed``: the same bytes as ``bytes``
-   values of one ConfigRecord, as our central node and parties send them, :mod:`flower_vfl.io.wire`), pulled by the schedule our central node uses
+   values of one ConfigRecord, as our central node and parties send them, :mod:`flower_vfl.io.wire`;
+   ``packed-v``: packed with one N-vector down, as our central node sends each party its x-update
+   target v at alpha = 1 after round 1: the mode whose bytes are our round's), pulled by the schedule our central node uses
    (``pull-first``/``pull-max`` = ``flower_vfl.strategies.exchange.PULL_FIRST_S``/``PULL_MAX_S``), and
    with ``--flower-pull`` also by Flower's own ``grid.send_and_receive``.
 
@@ -27,7 +29,8 @@ The split of our round comes from ``$FLOWER_VFL_TIMING`` (set here): the central
 - return: the ClientApp ended -> the central node has both replies (the SuperNode's reply poll,
   its push over TLS, the central node's pull poll).
 
-and Flower's transport within them (from the nodes' stamps, ``flower-vfl-supernode``): the central
+the round's bytes to and from each party (``bytes_to_each_party`` / ``bytes_from_each_party``: Array
+data and packed ``.npy`` bytes), and Flower's transport within them (from the nodes' stamps, ``flower-vfl-supernode``): the central
 node's push of the round's requests (``central_push``), the nodes' message stored after that push
 ended (``node_pull_after_push``), the ClientApp's pull of its message and context from its node
 (``clientapp_pull``), its exit -> its node's reply pushed to the SuperLink (``node_reply_push``), then

@@ -4,6 +4,7 @@ Message config ``mode``:
   tiny           reply with one scalar;
   payload        reply with one N-vector (as a flower-vfl party replies with s_m);
   packed         the same, its bytes in the config record (as flower_vfl.io.wire packs it);
+  packed-v       packed, one N-vector received instead of two;
   payload-state  as payload, and also keep two N-vectors in ``context.state`` (as a
                  flower-vfl party keeps s_m and z_loc between rounds).
 """
@@ -29,7 +30,7 @@ def train(msg: Message, context: Context) -> Message:
     if mode == "tiny":
         return Message(RecordDict({"config": ConfigRecord({"t_in": t_in, "t_out": time.time()})}),
                        reply_to=msg)
-    if mode == "packed":
+    if mode in ("packed", "packed-v"):      # packed-v: one N-vector down (flower-vfl's v at alpha = 1)
         q = np.frombuffer(cfg["q"], dtype=np.float64)
         return Message(RecordDict({"config": ConfigRecord({"t_in": t_in, "t_out": time.time(),
                                                            "s": np.asarray(q, dtype=float).tobytes()})}),

@@ -8,6 +8,8 @@ all of them alike):
                  Flower's ArrayRecords;
   packed         the same bytes as ``bytes`` values of one ConfigRecord each way (2
                  Flower objects a message instead of 7 and 5: flower_vfl.io.wire);
+  packed-v       packed with one N-vector down (the x-update target v that flower-vfl's
+                 central node sends a party at alpha = 1) and one back;
   payload-state  payload, and the party keeps two N-vectors in ``context.state``;
   payload-busy   payload-state, and the party spins ``busy-s`` seconds (a stand-in for
                  the x-update compute) before replying.
@@ -36,6 +38,8 @@ def _content(mode, n, k, busy):
     if mode == "packed":
         return RecordDict({"config": ConfigRecord({**dict(cfg), "q": rng.standard_normal(n).tobytes(),
                                                    "y": rng.standard_normal(n).tobytes()})})
+    if mode == "packed-v":
+        return RecordDict({"config": ConfigRecord({**dict(cfg), "q": rng.standard_normal(n).tobytes()})})
     return RecordDict({"config": cfg, "vectors": ArrayRecord({"q": Array(rng.standard_normal(n)),
                                                                "y": Array(rng.standard_normal(n))})})
 
@@ -65,7 +69,7 @@ def _round_trip(grid, nodes, mode, n, k, busy, pull=(0.0, 0.0)):
     if len(replies) != len(nodes) or any(r.has_error() for r in replies):
         raise RuntimeError(f"{mode}: {len(replies)}/{len(nodes)} replies, "
                            f"errors: {[r.error.reason for r in replies if r.has_error()]}")
-    if mode == "packed":
+    if mode in ("packed", "packed-v"):
         assert all(len(r.content["config"]["s"]) == 8 * n for r in replies)
     elif mode != "tiny":
         assert all(r.content["release"]["s"].numpy().shape == (n,) for r in replies)
@@ -108,9 +112,9 @@ def main(grid: Grid, context: Context) -> None:
                for m, v in times.items()}
     out = {"nodes": len(nodes), "n": n, "pull": list(pull), "repeats": repeats, "warmup": warmup, "busy_s": busy,
            "bytes_to_each_node": {"tiny": 0, "payload": 16 * n, "payload-state": 16 * n, "payload-busy": 16 * n,
-                                  "packed": 16 * n},
+                                  "packed": 16 * n, "packed-v": 8 * n},
            "bytes_from_each_node": {"tiny": 0, "payload": 8 * n, "payload-state": 8 * n, "payload-busy": 8 * n,
-                                    "packed": 8 * n},
+                                    "packed": 8 * n, "packed-v": 8 * n},
            "summary_s": summary, "round_trips_s": times}
     idle = float(rc.get("idle-s", 0.0))
     if idle > 0:          # the nodes idle (polling) while this process waits: bench_floor.py's idle rate
