@@ -64,3 +64,19 @@ def test_ids_roundtrip_and_digest():
     ids = ["a", "b,c", "d\ne", "ünï"]
     assert psi.decode_ids(psi.encode_ids(ids)) == ids
     assert psi.ids_digest(ids) != psi.ids_digest(ids[::-1])
+
+
+def test_the_label_owners_kept_key_is_not_held_to_a_supernodes_state_dir_rule(tmp_path, monkeypatch):
+    """A deployed ServerApp runs in a process named like a SuperNode's executor (warm_exec.py): its
+    kept PSI key still goes to its own default folder, never a StateDirRequired naming a SuperNode."""
+    import sys
+    from flower_vfl.io.psi import label_owner_key
+    from flower_vfl.privacy.store import deployed_supernode
+    monkeypatch.setattr(sys, "argv", ["/x/warm_exec.py"])
+    monkeypatch.delenv("FLOWER_VFL_STATE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert deployed_supernode()
+    key = label_owner_key()
+    path = tmp_path / ".flower-vfl" / "party-state" / "label-owner-psi.key"
+    assert path.read_bytes() == key and len(key) == 32 and (path.stat().st_mode & 0o777) == 0o600
+    assert label_owner_key() == key                     # kept: the same key next run

@@ -74,7 +74,7 @@ class LabelOwnerPSI:
         party's PSI log (:mod:`flower_vfl.io.psi_log`) counts an ID asked again in a later run
         once; 'fresh': a new key (every ID asked counts as new there); or 32 key bytes.
     state_dir : str or None
-        Where the kept key lives (None: :func:`flower_vfl.privacy.store.default_state_dir`).
+        Where the kept key lives (None: ``$FLOWER_VFL_STATE_DIR``, else ``~/.flower-vfl/party-state``).
     """
 
     def __init__(self, ids, key="kept", state_dir=None):
@@ -119,16 +119,17 @@ class LabelOwnerPSI:
 
 def label_owner_key(state_dir=None) -> bytes:
     """The label owner's PSI key, kept in ``<state_dir>/label-owner-psi.key`` (mode 0600; made on
-    first use; default folder :func:`flower_vfl.privacy.store.default_state_dir`).
+    first use; default folder ``$FLOWER_VFL_STATE_DIR``, else ``~/.flower-vfl/party-state``: the label
+    owner's, so a ServerApp in a deployed process is not held to a SuperNode's ``state-dir`` rule).
 
     With it the label owner asks about one ID with the same blinded item in every run, so the
     parties' PSI logs (distinct items asked, capped) count a re-asked ID once; a party can then
     tell that two requests share IDs (how many), nothing about which."""
     import os
     from pathlib import Path
-    if state_dir is None:
-        from flower_vfl.privacy.store import default_state_dir
-        state_dir = default_state_dir()
+    if state_dir is None:   # the label owner's, not a party's: no SuperNode's state-dir rule applies
+        env = os.environ.get("FLOWER_VFL_STATE_DIR")
+        state_dir = Path(env) if env else Path.home() / ".flower-vfl" / "party-state"
     path = Path(state_dir) / "label-owner-psi.key"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)

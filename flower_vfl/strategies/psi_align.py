@@ -59,14 +59,18 @@ class PSIAlignment:
         Seconds to wait for every party to have a node (``party-wait``), as every identify step.
     party_keys : dict or None
         Party -> SHA-256 fingerprint of the SuperNode key allowed to serve it (``party-keys``).
+    key_dir : str or None
+        The label owner's folder for its kept PSI key (run config ``state-dir``; None: its default,
+        :func:`flower_vfl.io.psi.label_owner_key`).
     """
 
     def __init__(self, ids, num_parties: int, split: str = "train", structure: str = "raw", fpr: float = 1e-9,
-                 min_rows: int = 2, timeout: float = 600.0, party_wait: float = 0.0, party_keys=None):
+                 min_rows: int = 2, timeout: float = 600.0, party_wait: float = 0.0, party_keys=None,
+                 key_dir=None):
         self.ids = [str(v) for v in ids]
         self.num_parties, self.split = int(num_parties), split
         self.structure, self.fpr, self.min_rows, self.timeout = structure, float(fpr), int(min_rows), timeout
-        self.party_wait, self.party_keys = float(party_wait), party_keys
+        self.party_wait, self.party_keys, self.key_dir = float(party_wait), party_keys, key_dir
 
     @staticmethod
     def _read(nid, rep):
@@ -78,7 +82,7 @@ class PSIAlignment:
         return int(rec["party"]), rec
 
     def run(self, grid: Grid) -> AlignResult:
-        owner = psi.LabelOwnerPSI(self.ids)
+        owner = psi.LabelOwnerPSI(self.ids, state_dir=self.key_dir)
         request = owner.request()
         ex = Exchange(grid, self.num_parties, timeout=self.timeout, party_wait=self.party_wait,
                       party_keys=self.party_keys, claim_error=ConfigError)
