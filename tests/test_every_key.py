@@ -24,6 +24,7 @@ from flower_vfl.config.schema import SCHEMA, ConfigError, run_defaults
 CHANGED = {
     "dataset": "a9a", "num-parties": 3, "loss": "squared", "penalty": "l1", "lam": 1e-2, "rho": 1.0, "alpha": 1.5,
     "fit-intercept": "false", "acceleration": "none", "variant": "paper", "x-solver": "cg", "max-rounds": 5, "tol": 0.5,
+    "party-model": "rff",
     "eval-every": 2, "label-epsilon": 2.0, "dp-parties": "0", "dp-epsilon": 3.0, "dp-delta": 1e-3,
     "dp-train-rounds": 2, "dp-eval-rounds": 2, "dp-lam": 1e-2, "dp-b1": 1.0, "dp-clip": 1.0,
     "dp-calibration": "paper", "dp-noise": "paper", "dp-accountant": "rdp", "dp-seed": 1,
@@ -344,6 +345,7 @@ ELSEWHERE = {
     "psi-structure": "tests/test_psi.py", "psi-fpr": "tests/test_psi.py", "label-column": "tests/test_own_data.py",
     "id-column": "tests/test_own_data.py", "preprocess": "tests/test_own_data.py",
     "dp": "tests/test_trust_boundary.py", "dp-parties": "tests/test_trust_boundary.py",
+    "party-model": "tests/test_party_models.py (the parties read it: the Flower path equals the engine)",
 }
 
 

@@ -24,6 +24,7 @@ from flower_vfl.clients.party_ssp import SSPPartyClient
 from flower_vfl.clients.party_moment import MomentPartyClient
 from flower_vfl.config.settings import PRIVACY_KEYS, privacy_from_config, run_setting
 from flower_vfl.config.schema import ConfigError, parse_node_config
+from flower_vfl.core.losses import loss_class
 from flower_vfl.io.party_cache import cached_party_block
 
 app = ClientApp()
@@ -78,6 +79,10 @@ def _party_model(rc, nc, party, source, privacy, D, D_test):
     block = block_from_config(cfg, private=privacy is not None, party=party)
     if block.kind == "linear":
         return D, D_test
+    if getattr(block, "nonlinear", False):
+        raise ConfigError(f"party {party}: party-model={block.kind!r} is not yet available on the Flower path (its "
+                          "network's state between messages is not kept in this version); use it in the in-process "
+                          "VerticalADMM(party_model='mlp'), or 'rff', 'spline' or 'bins' here")
     if source.kind == "files":
         raise ConfigError(f"party {party}: party-model={block.kind!r} is not yet available on own data (its saved "
                           "model and predict job score raw columns); use party-model='linear' with own files")
@@ -89,7 +94,8 @@ def make_client(context: Context) -> VerticalPartyClient:
     D, D_test = _party_model(rc, nc, party, source, privacy, D, D_test)
     from flower_vfl.clients.party_secagg import PartySecAgg
     loss = str(run_setting("loss", rc, nc))
-    if privacy is not None and loss == "multinomial":      # refused before any round (identify)
+    # refused before any round (identify): a loss a private party's release does not cover (core/loss_base.py)
+    if privacy is not None and not getattr(loss_class(loss), "supports_private_parties", True):
         raise ConfigError(f"party {party} is private and releases one noisy score vector per round; the run "
                           f"config's loss={loss!r} needs K score columns from every party, which its privacy "
                           "calibration does not cover. Refused: use a binary loss (logistic) with this "

@@ -156,7 +156,7 @@ SCHEMA: dict[str, Key] = dict([
     _k("max-release", float, 1e6, "run", "the largest absolute value the label owner accepts in a party's release (s_m, test scores); beyond it the reply is refused naming the party", lo=0.0, lo_open=True),
     _k("wire-dtype", str, "float64", "run", "dtype of the N-vectors on the wire, both ways: 'float64' (exact) or "
                                             "'float32' (half the bytes; rounded once after any noise, upcast to "
-                                            "float64 on receipt; docs/benchmarks.md, issue 24 item 4)",
+                                            "float64 on receipt; docs/benchmarks.md)",
        choices=("float64", "float32")),
     _k("resume", str, "", "run", "a state folder of an earlier run: continue it from its last checkpoint"),
     _k("party-keys", str, "", "run", "JSON file mapping party -> SHA-256 fingerprint of the SuperNode "
@@ -219,8 +219,8 @@ SCHEMA: dict[str, Key] = dict([
     _k("partition-id", int, None, "node", "the party this SuperNode serves (required)", lo=0),
     _k("num-partitions", int, None, "node", "set by Flower's simulation engine; informational", lo=1),
     _k("max-answers", int, 0, "node", "most replies this party gives in one run (0: no cap)", lo=0),
-    _k("min-rho", float, None, "node", "a party's own lower bound on the ρ it accepts", lo=0.0),
-    _k("max-rho", float, None, "node", "a party's own upper bound on the ρ it accepts", lo=0.0, lo_open=True),
+    _k("min-rho", float, None, "node", "a party's own lower bound on the ρ it accepts (a private party that sets neither bound: 1e-3/N, N its own rows)", lo=0.0),
+    _k("max-rho", float, None, "node", "a party's own upper bound on the ρ it accepts (a private party that sets neither bound: 1e3/N)", lo=0.0, lo_open=True),
     _k("moment-pool", str, "none", "node", "route='moment': 'test' lets this party's held-out rows serve as the "
                                            "unlabelled pool (their scores go to the label owner every round, not "
                                            "DP-protected); 'none' refuses the route", choices=("none", "test")),
@@ -247,8 +247,8 @@ SCHEMA: dict[str, Key] = dict([
                                      "flower_vfl.clients.psi_party; docs/own-data.md)")
       for name in ("data-path", "test-path", "score-path", "id-path", "columns", "categorical", "format",
                    "n-features", "sparse", "psi-max-request")),
-    _k("psi-max-asked", float, 1.0, "node", "own data: a party's cap on the distinct IDs it ever answers PSI for, "
-       "per file and across all runs, as a multiple of its own number of IDs in that file (docs/own-data.md)",
+    _k("psi-max-asked", float, 1.0, "node", "own data: a party's cap on the membership tests it ever answers (PSI request items plus "
+       "agreed-order IDs it does not hold: one cap), per file and across all runs, as a multiple of its own number of IDs in that file (docs/own-data.md)",
        lo=0.0, lo_open=True),
     _k("preprocess", object, "none", "both", "own data: preprocessing of a party's columns (docs/own-data.md)"),
     # --- the horizontal app (flower_vfl.apps.horizontal): its run config, an agent's node config

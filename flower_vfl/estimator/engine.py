@@ -20,7 +20,7 @@ from flower_vfl.core.party import PartyUpdate
 from flower_vfl.core.penalties import Ball, Box, get_penalty  # noqa: F401
 from flower_vfl.core.rounds import DEFAULT_MAX_ROUNDS, DEFAULT_TOL, DEFAULT_TOL_ABS, RoundDriver, initial_theta
 from flower_vfl.core.rounds import sum_releases as _sum_releases  # noqa: F401  (tests)
-from flower_vfl.estimator.sklearn_api import BINARY_LOSSES, SklearnAPIMixin, check_target, decode_scores, encode_classes
+from flower_vfl.estimator.sklearn_api import SklearnAPIMixin, check_target, decode_scores, encode_classes
 from flower_vfl.config.schema import check_params, check_privacy
 from flower_vfl.core.validation import check_blocks, check_labels
 from flower_vfl.privacy.outcome import PrivatePartyHurts
@@ -77,14 +77,13 @@ def _check_classes(y) -> None:
 
 
 def _has_proba(est) -> bool:
-    """Whether the estimator's loss gives probabilities (its class overrides Loss.predict_proba)."""
-    from flower_vfl.core.loss_base import Loss
+    """Whether the estimator's loss gives probabilities (its ``has_proba``: core/loss_base.py)."""
     loss = getattr(est, "loss_", None)
     if loss is None:
         if isinstance(est.loss, str) and est.loss not in LOSSES:
             return True                       # fit refuses the name, naming it
         loss = get_loss(est.loss) if isinstance(est.loss, str) else est.loss
-    return getattr(type(loss), "predict_proba", Loss.predict_proba) is not Loss.predict_proba
+    return bool(getattr(loss, "has_proba", False))
 
 
 def _public_coef(parties):
@@ -167,6 +166,13 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         post-processing of the privatized labels. None, 0 or inf: labels not protected.
     label_seed : None, int or numpy Generator, default=None
         Source of the label flips; None draws from OS entropy.
+    party_model : None, str, dict or list of them, default=None
+        Each party's block model (:mod:`flower_vfl.core.blocks`, docs/party-models.md): 'linear'
+        (None: today's block), 'rff', 'spline', 'bins' (data-independent feature maps, rows unit
+        norm, the linear block's solvers and privacy unchanged on the mapped rows) or 'nystroem'
+        (non-private parties only); a dict gives the kind and its settings as the node-config keys
+        (``{"party-model": "rff", "party-model-features": 1024}``); a list gives one per party.
+        ``coef_`` holds each party's coefficients on its mapped columns; ``party_models_`` the maps.
 
     Attributes
     ----------
@@ -188,7 +194,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
                  max_rounds=DEFAULT_MAX_ROUNDS, tol=DEFAULT_TOL, tol_abs=DEFAULT_TOL_ABS, alpha=1.0, variant="sharing",
                  adaptive_rho=False, l1_ratio=0.5, constraint=None, random_state=None,
                  privacy=None, verbose=False, callback=None, x_solver="auto",
-                 acceleration="auto", label_epsilon=None, label_seed=None):
+                 acceleration="auto", label_epsilon=None, label_seed=None, party_model=None):
         self.loss = loss
         self.penalty = penalty
         self.lam = lam
@@ -210,6 +216,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         self.acceleration = acceleration
         self.label_epsilon = label_epsilon
         self.label_seed = label_seed
+        self.party_model = party_model
 
     # ------------------------------------------------------------------ fit
     def _setup(self, X_blocks, y):
@@ -219,12 +226,20 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         if isinstance(self.loss, str):
             loss = get_loss(self.loss)  # fresh instance: multinomial stores classes_
         y = check_labels(check_target(y, type(self).__name__), loss=loss.name)
-        if loss.name == "multinomial":
+        if loss.multiclass:
             _check_classes(y)
         blocks = check_blocks(X_blocks, n_rows=y.shape[0])
         check_privacy(type(self).__name__, self.privacy, len(blocks))
+        # each party's block model (core/blocks.py): a feature map is applied once, here; 'linear'
+        # keeps the very same block object (bitwise trajectories)
+        from flower_vfl.core.blocks import map_blocks, resolve_party_models
+        self._raw_widths = [D.shape[1] for D in blocks]
+        self.party_models_ = resolve_party_models(
+            getattr(self, "party_model", None), len(blocks),
+            [cfg is not None for cfg in (self.privacy or [None] * len(blocks))], type(self).__name__)
+        blocks = map_blocks(self.party_models_, blocks)
         self._binary_classes = None
-        if loss.name in BINARY_LOSSES:      # any two labels; classes_[1] is the positive class
+        if loss.label_kind == "binary":     # any two labels; classes_[1] is the positive class
             y, self._binary_classes = encode_classes(y, loss.name)   # kept for fit (one pass less)
         # label DP: randomized response once, then the corrected loss (privacy/label_dp.py)
         from flower_vfl.privacy.label_dp import privatize_labels
@@ -232,7 +247,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
                                                         getattr(self, "label_seed", None))
         t = loss.encode_labels(y)
         penalty = get_penalty(self.penalty, self.l1_ratio)
-        if penalty.name == "l2" and self.lam == 0 and self.constraint is None:
+        if penalty.smooth_quadratic and self.lam == 0 and self.constraint is None:
             pass  # the direct solver reports a singular system if D_m is rank-deficient
         n = t.shape[0]
         rho = default_rho(loss, n, penalty) if self.rho in (None, "auto", 0) else float(self.rho)
@@ -250,14 +265,18 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
             raise ValueError(f"privacy has {len(privacy)} entries but there are {len(blocks)} blocks; "
                              "give one PrivacyConfig (or None) per party")
         parties = []
+        models = getattr(self, "party_models_", None) or [None] * len(blocks)
         for m, (D, cfg) in enumerate(zip(blocks, privacy)):
+            if cfg is None and hasattr(models[m], "make_update"):     # a network block (core/blocks_mlp.py)
+                parties.append(models[m].make_update(D, self.lam, loss.n_outputs))
+                continue
             if cfg is None:
                 parties.append(PartyUpdate(D, penalty, self.lam, constraint, n_outputs=loss.n_outputs,
                                            x_solver=getattr(self, "x_solver", "auto"),
                                            center=bool(self.fit_intercept)))
                 continue
             from flower_vfl.privacy.party import PrivateParty
-            if penalty.name != "l2" or loss.n_outputs != 1:
+            if not (penalty.supports_private_parties and loss.supports_private_parties):
                 raise ValueError("private parties support penalty='l2' with a scalar-output loss; "
                                  f"got penalty={penalty.name!r}, loss={loss.name!r}")
             if cfg.seed is None and self.random_state is not None:
@@ -277,7 +296,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         """
         loss, blocks, t, parties, central = self._setup(X_blocks, y)
         self._parties, self._central, self._eval_round = parties, central, 0
-        self.loss_, self.n_features_in_ = loss, [D.shape[1] for D in blocks]
+        self.loss_, self.n_features_in_ = loss, list(self.__dict__.pop("_raw_widths", [D.shape[1] for D in blocks]))
         self.block_widths_ = list(self.n_features_in_)
         classes = self.__dict__.pop("_binary_classes", None)
         # the user's own labels (None: regression)
@@ -368,14 +387,35 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         if [D.shape[1] for D in blocks] != list(widths):
             raise ValueError(f"blocks have widths {[D.shape[1] for D in blocks]}; the model was fitted "
                              f"on widths {list(widths)}")
-        return self._released_decision(blocks)      # core.scoring.released_scores per block
+        mapped = self._party_features(blocks)
+        from flower_vfl.core.blocks import block_scores
+        f = block_scores(getattr(self, "party_models_", None), mapped, self.coef_)   # a network block's forward
+        return self._released_decision(mapped) if f is None else f + self.intercept_
+
+    def _party_features(self, blocks):
+        """Each party's rows through its block model's map (``party_models_``; after :meth:`load`
+        rebuilt from ``party_model`` and the column counts: the maps are data-independent)."""
+        models = getattr(self, "party_models_", None)
+        if models is None and getattr(self, "party_model", None) not in (None, "linear"):
+            from flower_vfl.core.blocks import block_from_meta, resolve_party_models
+            kinds = resolve_party_models(self.party_model, len(blocks), owner=type(self).__name__)
+            models = self.party_models_ = [block_from_meta({**k.to_meta(), "d_in": w})
+                                           for k, w in zip(kinds, self.n_features_in_)]
+        return blocks if models is None else [m.features(D) for m, D in zip(models, blocks)]
+
+    def save(self, path):
+        """:meth:`SklearnAPIMixin.save`; a block model fitted on a party's rows ('nystroem') is
+        refused by name (the file would hold rows)."""
+        for model in getattr(self, "party_models_", None) or []:
+            model.to_meta()
+        return super().save(path)
 
     def decision_function_nonprivate(self, X_blocks):
         """Scores of the non-private parties' model at the end of the warm start (private runs):
         the bar the private parties must clear (``flower-vfl fit`` warns when they do not)."""
         if getattr(self, "nonprivate_coef_", None) is None:
             raise AttributeError("no private parties in this fit: there is no non-private reference")
-        blocks = check_blocks(X_blocks)
+        blocks = self._party_features(check_blocks(X_blocks))
         return sum(D @ x for D, x in zip(blocks, self.nonprivate_coef_) if x is not None) + \
             self.nonprivate_intercept_
 
@@ -394,10 +434,9 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
     def objective(self, X_blocks, y):
         """The objective (1/N) sum l + lam sum R at the fitted coefficients."""
         y = np.asarray(y)
-        if self.loss_.name in BINARY_LOSSES:
+        if self.loss_.label_kind == "binary":
             y = np.where(y == self.classes_[1], 1.0, -1.0)
-        t = self.loss_.encode_labels(y) if self.loss_.name != "multinomial" else \
-            get_loss("multinomial").encode_labels(y)
+        t = self.loss_.encode_labels(y) if not self.loss_.multiclass else type(self.loss_)().encode_labels(y)
         f = self.decision_function(X_blocks)
         pen = get_penalty(self.penalty, self.l1_ratio)
         return self.loss_.mean(f, t) + self.lam * sum(pen.value(x) for x in self.coef_)
