@@ -57,8 +57,9 @@ def test_auto_is_anderson_for_l2_and_none_for_l1():
     a = VerticalADMM(lam=1e-2, max_rounds=20, tol=0).fit(BLOCKS, Y)
     b = VerticalADMM(lam=1e-2, max_rounds=20, tol=0, acceleration="anderson").fit(BLOCKS, Y)
     assert np.array_equal(np.concatenate(a.coef_), np.concatenate(b.coef_))
-    with pytest.raises(ValueError, match=r"acceleration='bb' is not supported; choose one of "
-                                         r"\['auto', 'anderson', 'spectral', 'anderson\+spectral', 'none'\]"):
+    with pytest.raises(ValueError, match=r"^VerticalADMM\(acceleration='bb'\) is refused: expected one of 'auto', "
+                                         r"'anderson', 'spectral', 'anderson\+spectral', 'none' .*; pass acceleration= "
+                                         r"such a value, e\.g\. the default acceleration='auto'$"):
         VerticalADMM(acceleration="bb", max_rounds=2).fit(BLOCKS, Y)
 
 
