@@ -273,3 +273,18 @@ def test_a_superlink_that_does_not_start_is_one_line(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "flower-vfl: error: flower-superlink did not answer on port 1 within 60 s; see /x/logs/superlink.log"
     assert err[1].startswith("  (this job's folder, kept: ") and len(err) == 2
+
+
+def test_an_own_data_job_says_its_model_folder_before_and_after(tmp_path):
+    """`simulate --labels ... --model-dir DIR` writes the trained model there: the first line says so
+    (not 'no files are written') and the last names the files it wrote."""
+    from flower_vfl.cli.job import output_note, written_note
+    model = tmp_path / "own"
+    first = output_note("", str(model))
+    assert first == (f"output: the trained model in {model} (label-owner.npz, party-<m>.npz) and this terminal; "
+                     "no report files. Give --out-dir DIR for report.json, metrics.csv, run.png and report.html")
+    model.mkdir()
+    for name in ("label-owner.npz", "party-0.npz", "party-1.npz"):
+        (model / name).write_bytes(b"x")
+    assert written_note("", str(model)) == f"wrote {model}/: label-owner.npz, party-0.npz, party-1.npz"
+    assert written_note("", "") == ""

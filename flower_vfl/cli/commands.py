@@ -363,7 +363,7 @@ def cmd_simulate(args):
     t_start = time.monotonic()
     predict = rc.get("mode") == "predict"
     if not predict:
-        print(output_note(rc.get("out-dir", "")))
+        print(output_note(rc.get("out-dir", ""), rc.get("model-dir", "")))
     workdir = Path(tempfile.mkdtemp(prefix="flower-vfl-simulate-"))
     path = workdir / "node-config.json"
     own = any(len(cfg) > 1 for cfg in nodes.values())       # folders, privacy settings or own-data files
@@ -420,7 +420,7 @@ def cmd_simulate(args):
               + f"\n  (this job's folder, kept: {workdir})", file=sys.stderr)
         return code
     if not predict:
-        print(written_note(rc.get("out-dir", "")) or "wrote no files (no --out-dir)")
+        print(written_note(rc.get("out-dir", ""), rc.get("model-dir", "")) or "wrote no files (no --out-dir)")
     if folded:
         print(f"({folded} traceback(s) folded above; the job's full logs are kept in {workdir / 'logs'})")
     else:

@@ -98,11 +98,17 @@ class FoldTracebacks:
         self.out.flush()
 
 
-def output_note(out_dir: str) -> str:
-    """The line ``simulate`` prints first: where this job's output goes."""
+def output_note(out_dir: str, model_dir: str = "") -> str:
+    """The line ``simulate`` prints first: where this job's output goes (an own-data run's trained model
+    goes to its ``--model-dir``)."""
+    model = (f"; the trained model in {model_dir} (label-owner.npz, party-<m>.npz: flower-vfl predict "
+             f"--model-dir {model_dir})") if model_dir else ""
     if out_dir:
         return (f"output: {out_dir} (report.json and metrics.csv every round; run.png and report.html at the end; "
-                f"the label owner's checkpoints in {out_dir}/state)")
+                f"the label owner's checkpoints in {out_dir}/state){model}")
+    if model_dir:
+        return (f"output: the trained model in {model_dir} (label-owner.npz, party-<m>.npz) and this terminal; "
+                "no report files. Give --out-dir DIR for report.json, metrics.csv, run.png and report.html")
     return ("output: this terminal only (the rounds and the final test metrics below); no files are written. Give "
             "--out-dir DIR for report.json, metrics.csv, run.png and report.html")
 
@@ -111,10 +117,15 @@ def output_note(out_dir: str) -> str:
 REPORT_FILES = ("report.json", "metrics.csv", "run.png", "report.html", "decision_test.npy")
 
 
-def written_note(out_dir: str) -> str:
-    """``wrote <out-dir>/: <the report files there>`` after a completed run (or '' without one)."""
+def written_note(out_dir: str, model_dir: str = "") -> str:
+    """``wrote <out-dir>/: <the report files there>`` (and ``<model-dir>/: <the model files>``) after a
+    completed run, or '' when it wrote neither."""
     from pathlib import Path
-    if not out_dir:
-        return ""
-    there = [name for name in REPORT_FILES if (Path(out_dir) / name).is_file()]
-    return f"wrote {out_dir}/: " + (", ".join(there) if there else "nothing (see the log above)")
+    lines = []
+    if out_dir:
+        there = [name for name in REPORT_FILES if (Path(out_dir) / name).is_file()]
+        lines.append(f"wrote {out_dir}/: " + (", ".join(there) if there else "nothing (see the log above)"))
+    if model_dir:
+        files = sorted(p.name for p in Path(model_dir).glob("*.npz")) if Path(model_dir).is_dir() else []
+        lines.append(f"wrote {model_dir}/: " + (", ".join(files) if files else "nothing (see the log above)"))
+    return "\n".join(lines)
