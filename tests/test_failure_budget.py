@@ -15,8 +15,12 @@ Through the real ClientApp handlers and the real strategies over an in-process g
   is never resumed lapses after the party's ``dp-plan-expiry``;
 - a full disk at a private party's release, then space freed and ``resume``: the run continues its
   plan (no second charge, no new plan checked against what is left) and ends in the same ledger;
-- under secure aggregation a restarted non-private party, or a resume of a run with one, is refused
-  naming a new run, never a checkpoint no resume can read.
+- under secure aggregation with non-private parties (the central node never sees their releases):
+  a crash after every message, then a resume, gives the uninterrupted model, each party restoring its
+  own state of the checkpoint's round from its state-dir under the run's resume token; a resume over
+  another roster is refused by the parties, one without a party's state by the central node (exact
+  messages); a non-private party restarted within the run stops it naming resume, and the resume
+  ends in the uninterrupted model.
 """
 
 import itertools
@@ -393,28 +397,120 @@ def test_dp_plan_expiry_is_the_party_nodes_and_a_lapsed_reservation_lets_a_new_p
         "plan lapses (a run that died and is never resumed does not hold the budget forever; docs/privacy.md)")
 
 
-def test_a_restarted_non_private_party_under_secagg_names_a_new_run_never_a_checkpoint(tmp_path, caplog):
+# ------------------------------------------------------------------ secure aggregation, non-private parties
+PUBLIC_SECAGG_RC = {"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 4, "secagg": True, "lam": 1e-3,
+                    "acceleration": "none", "party-wait": 0.0}
+
+
+def public_secagg_nodes(folder):
+    return {100 + i: {"partition-id": i, "state-dir": str(folder / f"p{i}")} for i in range(3)}
+
+
+def test_secagg_non_private_crash_after_every_message_then_resume_gives_the_same_model(tmp_path):
+    """Under secure aggregation the central node never sees a non-private party's release, so it
+    cannot re-synchronize it; each party keeps its own state after every masked training answer on
+    its own disk, under its run's resume token (checkpointed by the central node), and a resumed run
+    finds it there. A crash after every message of the run (identify, key adverts, every round,
+    every evaluation), then a resume (or, before the round-0 checkpoint, a new run): the model of the
+    uninterrupted run, to 1e-9, and the parties answer sums over their one roster throughout."""
+    ncs = public_secagg_nodes(tmp_path / "clean")
+    rc = {**PUBLIC_SECAGG_RC, "state-dir": str(tmp_path / "clean" / "server")}
+    clean, grid = secagg_run(ncs, rc, run_id=1)
+    assert {"query.secagg_keys", "train", "evaluate"} <= set(grid.types)
+    resumed = 0
+    for k in range(1, len(grid.types)):
+        folder = tmp_path / f"crash{k}"
+        ncs = public_secagg_nodes(folder)
+        server = folder / "server"
+        rc = {**PUBLIC_SECAGG_RC, "state-dir": str(server)}
+        with pytest.raises(Crash):
+            secagg_run(ncs, rc, run_id=1, crash_after=k)
+        if (server / "checkpoint.npz").exists():
+            st, again = secagg_run(ncs, {**rc, "resume": str(server)}, run_id=2)
+            resumed += 1
+        else:
+            assert grid.types[k - 1] == "query.identify"
+            st, again = secagg_run(ncs, rc, run_id=2)
+        same_model(st, clean)
+        assert len(st.history_) == len(clean.history_), k
+    assert resumed >= len(grid.types) - 4
+
+
+def test_secagg_non_private_resume_over_another_roster_is_refused_by_the_parties(tmp_path, monkeypatch):
+    """The resume token restores a party's state, never its roster: a resumed run whose central node
+    sums over fewer parties is refused by each party (its disk's one roster), exact message."""
+    ncs = public_secagg_nodes(tmp_path)
+    server = tmp_path / "server"
+    rc = {**PUBLIC_SECAGG_RC, "state-dir": str(server)}
+    with pytest.raises(Crash):
+        secagg_run(ncs, rc, run_id=1, crash_after=8)
+    from flower_vfl.strategies.secagg_central import CentralSecAgg
+    real = CentralSecAgg.fields
+    monkeypatch.setattr(CentralSecAgg, "fields", lambda self, parties: real(self, [p for p in parties if p != 2]))
+    from flower_vfl.strategies.exchange import PartyRefused
+    with pytest.raises(PartyRefused) as err:
+        secagg_run(ncs, {**rc, "resume": str(server)}, run_id=2)
+    assert str(err.value) == (
+        "party 0 refused: party 'party0' answers secure sums over one roster only, [party0,party1,party2] (recorded "
+        "in its state folder at its first masked answer); refused in a sum over [party0,party1]: the central node "
+        "could subtract two sums over different parties and read the releases of the parties in one and not the "
+        "other. Run with the same parties, or pin the parties' keys (secagg-pins: every pinned party is then "
+        "required); a new roster for this party's data is its operator's decision only (a new secagg-name, pinned "
+        "by the others), knowing the central node can then difference the two rosters' sums (docs/secagg.md)")
+
+
+def test_secagg_non_private_resume_without_the_parties_state_is_refused_naming_them(tmp_path):
+    ncs = public_secagg_nodes(tmp_path)
+    server = tmp_path / "server"
+    rc = {**PUBLIC_SECAGG_RC, "state-dir": str(server)}
+    with pytest.raises(Crash):
+        secagg_run(ncs, rc, run_id=1, crash_after=12)
+    from flower_vfl.strategies.checkpointing import ResumeRefused
+    moved = {**ncs, 102: {**ncs[102], "state-dir": str(tmp_path / "elsewhere")}}
+    with pytest.raises(ResumeRefused) as err:
+        secagg_run(moved, {**rc, "resume": str(server)}, run_id=2)
+    assert str(err.value) == (
+        f"resume={str(server)!r} with secagg=true: non-private parties [2] hold no state of round 1 under the "
+        "checkpoint's resume token (their state-dir, partition-id or secagg-name is not the run's, or the run kept "
+        "no token): re-synchronizing them needs their own last release, which the central node never saw under "
+        "secure aggregation. Resume with the parties' original node configs and state-dirs, or start a new run "
+        "without resume")
+
+
+def test_a_restarted_non_private_party_under_secagg_rejoins_from_its_own_disk(tmp_path, caplog):
     """Under secure aggregation the central node holds no party's release, so it cannot re-synchronize
-    a restarted non-private party, and a resume of a run with non-private parties is refused before
-    any round: the run's error says to start a new run, and its log does not point to the checkpoint
-    as something to resume from."""
+    a restarted non-private party: party 1's node goes away after answering round 3 (its reply lost)
+    and comes back without its state; identified again with its run's resume token and the last
+    round summed (2), it restores its state of round 2 from its state-dir, every party is re-keyed and
+    round 3 is sent again (party 1 computes it again: the same value, which its sums record accepts).
+    The model of the uninterrupted run. A node that comes back without that state on its disk is
+    refused naming the fix, and the run then resumes from its checkpoint."""
     from flower_vfl.strategies.checkpointing import ResumeRefused
     from tests.test_secagg_flower import DropGrid, run
 
     class NoState(DropGrid):
         keep_state = False
+    clean, _ = run(True, nodes={100 + i: {"partition-id": i, "state-dir": str(tmp_path / f"c{i}")} for i in range(3)},
+                   **{"state-dir": str(tmp_path / "clean")})
+    nodes = {100 + i: {"partition-id": i, "state-dir": str(tmp_path / f"p{i}")} for i in range(3)}
+    st, grid = run(True, nodes=nodes, grid_cls=NoState, **{"state-dir": str(tmp_path / "server")})
+    assert st.node_to_party[201] == 1 and st.secagg.key_agreements == 2        # re-keyed once
+    same_model(st, clean)
+
+    class Elsewhere(NoState):      # the new node's node config names another state-dir
+        def send_and_receive(self, messages, *, timeout=None):
+            out = super().send_and_receive(messages, timeout=timeout)
+            if 201 in self.contexts and self.contexts[201].node_config["state-dir"] != str(tmp_path / "other"):
+                self.contexts[201].node_config["state-dir"] = str(tmp_path / "other")
+            return out
+    nodes = {100 + i: {"partition-id": i, "state-dir": str(tmp_path / f"q{i}")} for i in range(3)}
     with pytest.raises(ResumeRefused) as err:
-        run(True, grid_cls=NoState, **{"state-dir": str(tmp_path / "server")})
+        run(True, nodes=nodes, grid_cls=Elsewhere, **{"state-dir": str(tmp_path / "server2")})
     assert str(err.value) == (
-        "party 1 came back without its state (a restarted SuperNode) and secagg=true: re-synchronizing it needs its "
-        "own last release s_m, which the central node does not hold under secure aggregation; start a new run (a "
-        "private party, whose iterate is in its state-dir, can rejoin)")
-    assert ("(checkpoint: none that a resume can read under secagg=true with non-private parties; start a new "
-            "run)") in caplog.text
-    with pytest.raises(ResumeRefused) as err:
-        run(True, **{"state-dir": str(tmp_path / "server"), "resume": str(tmp_path / "server")})
-    assert str(err.value) == (
-        f"resume={str(tmp_path / 'server')!r} with secagg=true: parties [0, 1, 2] are not private; a resumed run "
-        "must re-synchronize them from their own last release, which the central node never saw under secure "
-        "aggregation. Start a new run (only a run whose parties are all private, each continuing its plan from its "
-        "own state-dir, can be resumed)")
+        "party 1 came back without its state (a restarted SuperNode) and secagg=true, and its state-dir holds no "
+        "state of round 2 under the run's resume token (another state-dir, partition-id or secagg-name): "
+        "re-synchronizing it needs its own last release s_m, which the central node does not hold under secure "
+        "aggregation. Restart it with its node config and state-dir, and resume the run (resume='<state-dir>')")
+    assert f"(checkpoint: {tmp_path / 'server2'})" in caplog.text
+    st, _ = run(True, nodes=nodes, **{"state-dir": str(tmp_path / "server2"), "resume": str(tmp_path / "server2")})
+    same_model(st, clean)

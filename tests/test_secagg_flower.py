@@ -280,11 +280,16 @@ def test_a_party_back_without_its_key_re_keys_and_the_round_is_sent_again(plain)
     assert np.max(np.abs(st.decision_test_ - plain.decision_test_)) <= run_tolerance(3)
 
 
-def test_a_party_back_without_its_state_is_refused_under_secagg():
+def test_a_party_back_without_its_state_restores_it_from_its_own_disk_under_secagg(plain):
+    """The central node cannot re-synchronize it (it never saw its release): the party restores its
+    state of the last round summed from its own state folder, is re-keyed with the others, and the
+    run ends as the plain run (tests/test_failure_budget.py: a node without that state is refused)."""
     class NoState(DropGrid):
         keep_state = False
-    with pytest.raises(Exception, match="came back without its state .* and secagg=true"):
-        run(True, grid_cls=NoState)
+    st, _ = run(True, grid_cls=NoState)
+    assert st.node_to_party[201] == 1 and st.secagg.key_agreements == 2
+    assert np.max(np.abs(st.decision_test_ - plain.decision_test_)) <= run_tolerance(3)
+    assert len(st.history_) == ROUNDS
 
 
 # ----------------------------------------------------------- pinned keys
@@ -327,7 +332,7 @@ def test_pinned_keys_run_and_a_wrong_or_unpinned_key_is_refused_naming_it(tmp_pa
 def test_secagg_refuses_what_it_cannot_honour():
     with pytest.raises(ValueError, match="secagg=true with stragglers='stale'"):
         make_strategy(rc(True, stragglers="stale"))
-    # resume: refused at start when a party is not private (tests/test_failure_budget.py)
+    # resume works under secagg, non-private parties included (tests/test_failure_budget.py)
     with pytest.raises(ValueError, match="at least 2 parties in every sum"):
         run(True, m=1)
 

@@ -32,6 +32,12 @@
   (:meth:`~flower_vfl.privacy.store.PartyStore.claim_secagg_roster`, keyed by ``partition-id`` and
   ``secagg-name``, never by the run), durably before any value is computed, and any other set is
   refused (:class:`~flower_vfl.secagg.RosterConflict`, code ``secagg-roster``).
+- Resume (:func:`resume_identify`, :func:`keep_for_resume`): the central node never sees a
+  non-private party's release, so it cannot re-synchronize it; the party gives each run a random
+  resume token at identify (checkpointed by the central node) and keeps its state after each masked
+  training answer in its store, keyed by ``partition-id``, ``secagg-name`` and the token, before the
+  reply leaves; a resumed run presents the token and its checkpoint's round (a restarted node, the
+  last round summed), and the party restores that round's state. Its roster stays the one on its disk.
 - A deployed SuperNode without ``secagg-pins`` gives no advert and answers no masked request
   unless its node config says ``secagg-trust = 'honest-but-curious'``
   (:class:`~flower_vfl.secagg.TrustRefused`, code ``secagg-trust``).
@@ -48,6 +54,9 @@
 
 from __future__ import annotations
 
+import json
+import secrets
+
 import numpy as np
 from flwr.app import ConfigRecord, Context
 
@@ -58,7 +67,8 @@ from flower_vfl.secagg import (KeyAgreement, KeyRefused, MaskContext, Rekey, Rep
                                load_signing_key, parse_pins)
 from flower_vfl.secagg.masking import ADVERTS, PARTIES
 
-__all__ = ["PartySecAgg", "ADVERTS", "PARTIES", "STATE_KEYS", "DEFAULT_BOUND", "secagg_fields"]
+__all__ = ["PartySecAgg", "ADVERTS", "PARTIES", "STATE_KEYS", "DEFAULT_BOUND", "secagg_fields", "resume_identify",
+           "keep_for_resume"]
 
 STATE_KEYS = "vfl.secagg.keys"
 #: (read only: an earlier version kept these in context.state; now in the party's store)
@@ -385,6 +395,114 @@ def _flag(value, key: str) -> bool:
         return str(value).strip().lower() == "true"
     from flower_vfl.config.schema import ConfigError
     raise ConfigError(f"node config {key}={value!r}: use true or false")
+
+
+# ------------------------------------------------------------------ resume (a non-private party)
+#: context.state record of this run's resume token (``token``, ``run``)
+STATE_RESUME = "vfl.secagg.resume"
+#: the store's ``state`` rows of a non-private party's resume states: ``<prefix><owner>/<token>``
+RESUME_PREFIX = "secagg-resume:"
+#: train rounds kept per token: the central node's durable checkpoint lags the party's last
+#: answer by at most two rounds (one written in a thread, one in flight)
+RESUME_KEEP_ROUNDS = 4
+#: tokens (runs) kept per party, the most recently written
+RESUME_KEEP_TOKENS = 4
+#: the identify query's field naming the checkpoint's round a resumed run continues from
+RESUME_ROUND = "resume-round"
+
+
+def _settings(client) -> PartySecAgg:
+    return client.secagg if client.secagg is not None else \
+        PartySecAgg(client.party_id, {"state-dir": client.state_dir}, client.private)
+
+
+def _resume_source(sa: PartySecAgg, token: str) -> str:
+    return f"{RESUME_PREFIX}{sa.owner}/{token}"
+
+
+def resume_identify(client, msg, context: Context) -> dict:
+    """A non-private party's identify under secure aggregation (run config ``secagg``): the run's
+    resume token (``{"plan": token}``, checkpointed by the central node), and in a resumed run the
+    party's own state after the checkpoint's round, restored from its store.
+
+    Under secure aggregation the central node never sees this party's release, so it cannot
+    re-synchronize it (``q - s_m/theta``); the party keeps its state after each masked training
+    answer on its own disk instead (:func:`keep_for_resume`), keyed by its node config's
+    ``partition-id`` and ``secagg-name`` and the token, written (``synchronous=FULL``) before the
+    reply leaves. A resumed run presents the token (identify query ``plans``) and the round its
+    checkpoint reached (``resume-round``); the party restores its state after that round, exactly
+    what its ``context.state`` held then, and reports it (``last_train``). A token or round it does not
+    hold gets a new token and no state (the central node then refuses the resume, naming the
+    party). A node restarted within the run (its context.state lost) is identified again with its
+    run's token and the last round summed, and restores that round's state the same way. The server
+    learns nothing new: every later answer is masked as before, a (round, kind) answered before is
+    answered again only with the same value (its sums record), and the party's one-roster rule (its
+    disk, not the token) still binds every sum it enters."""
+    if client.private or str(context.run_config.get("secagg", False)).strip().lower() not in ("true", "1"):
+        return {}
+    rec = context.state[STATE_RESUME] if STATE_RESUME in context.state else None
+    if rec is not None and str(rec["run"]) == str(context.run_id):
+        return {"plan": str(rec["token"])}                # identify re-sent in this run
+    cfg = msg.content["config"] if "config" in msg.content else {}
+    token, rnd = None, cfg.get(RESUME_ROUND)
+    try:
+        plans = json.loads(str(cfg["plans"])) if "plans" in cfg else {}
+        token = plans.get(str(client.party_id)) if isinstance(plans, dict) else None
+    except ValueError:
+        token = None
+    ok = (isinstance(token, str) and 0 < len(token) <= 64 and all(c in "0123456789abcdef" for c in token)
+          and isinstance(rnd, int) and not isinstance(rnd, bool) and rnd >= 1)
+    saved = None
+    if ok:
+        sa = _settings(client)
+        try:
+            saved = sa._store().get_state(_resume_source(sa, token), str(rnd))
+        except StateDirRequired:      # a deployed node without state-dir kept nothing (it answers no masked request)
+            saved = None
+    if saved is not None and json.loads(bytes(saved["_meta"]).decode()).get("last_train") != rnd:
+        saved = None                                      # (not this round's: never restored)
+    if saved is None:
+        token = secrets.token_hex(16)
+    else:
+        _restore(client, context, saved, rnd)
+    context.state[STATE_RESUME] = ConfigRecord({"token": token, "run": str(context.run_id)})
+    return {"plan": token}
+
+
+def _restore(client, context: Context, saved: dict, rnd: int) -> None:
+    """Put the state kept after round ``rnd`` into this run's context.state, as the party's own
+    :meth:`_after_train` left it then (the same arrays, dropped and kept by the same rules)."""
+    from flower_vfl.clients.base import STATE_META
+    meta = json.loads(bytes(saved.pop("_meta")).decode())
+    alpha = meta.pop("_alpha")
+    client.party = client._build(context, int(meta["n_outputs"]) or 1, bool(meta.get("plain_rounds", False)))
+    arrays = dict(saved)
+    if "x" in arrays and "s" not in arrays:     # as _build: CG's carried D x, else D @ x
+        arrays["s"] = arrays["Dx"] if "Dx" in arrays else client.D @ arrays["x"]
+    client.party.set_state(arrays)
+    client._kept, client._alpha = set(arrays), alpha
+    client._after_train(context)
+    context.state[STATE_META] = ConfigRecord(meta)
+
+
+def keep_for_resume(client, content, context: Context, meta: dict) -> None:
+    """After a non-private party's masked training answer (before the reply leaves): its state
+    (its iterate and what its solver carries, without the release) and ``meta`` under its run's
+    resume token, one row per round, the last :data:`RESUME_KEEP_ROUNDS` kept, durable
+    (``synchronous=FULL``). Nothing for a plain request, a private party (its plan keeps its
+    iterate), a run whose identify gave no token, or a stored answer sent again (no new state)."""
+    if client.private or getattr(client, "_alpha", None) is None or secagg_fields(content) is None:
+        return
+    rec = context.state[STATE_RESUME] if STATE_RESUME in context.state else None
+    if rec is None or str(rec["run"]) != str(context.run_id):
+        return
+    sa = _settings(client)
+    state = {k: np.asarray(v) for k, v in client.party.get_state().items() if k != "s"}
+    blob = json.dumps({**meta, "_alpha": client._alpha}).encode()
+    source = _resume_source(sa, str(rec["token"]))
+    store = sa._store()
+    store.put_state(source, str(int(meta["last_train"])), {**state, "_meta": np.frombuffer(blob, dtype=np.uint8)})
+    store.prune_states(source, RESUME_KEEP_ROUNDS, f"{RESUME_PREFIX}{sa.owner}/", RESUME_KEEP_TOKENS)
 
 
 def as_refusal(exc: SecAggError) -> Refused:

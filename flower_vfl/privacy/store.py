@@ -671,6 +671,17 @@ class PartyStore:
         row = self._db.execute("SELECT payload FROM state WHERE source=? AND run=?", (source, str(run))).fetchone()
         return None if row is None else unpack_arrays(row[0])
 
+    def prune_states(self, source, keep_rows: int, prefix: str, keep_sources: int) -> None:
+        """Keep the ``keep_rows`` most recently written state rows of ``source`` and, of the
+        sources starting with ``prefix``, the ``keep_sources`` most recently written (a non-private
+        party's resume states under secure aggregation, :mod:`flower_vfl.clients.party_secagg`)."""
+        with disk_errors(self.path, "prune the party's kept states in"):
+            self._db.execute("DELETE FROM state WHERE source=? AND run NOT IN (SELECT run FROM state WHERE source=? "
+                             "ORDER BY updated DESC LIMIT ?)", (source, source, int(keep_rows)))
+            self._db.execute("DELETE FROM state WHERE substr(source, 1, ?)=? AND source NOT IN (SELECT source FROM "
+                             "state WHERE substr(source, 1, ?)=? GROUP BY source ORDER BY MAX(updated) DESC LIMIT ?)",
+                             (len(prefix), prefix, len(prefix), prefix, int(keep_sources)))
+
     # ------------------------------------------------------------------ secure aggregation
     def secagg_sums(self, party, run) -> dict:
         """{'<kind>/<round>': 'name,name,...'}: the set of names each (kind, round) of ``run`` was

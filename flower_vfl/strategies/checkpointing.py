@@ -21,8 +21,12 @@ round. It holds three things:
 
 It also keeps each private party's **plan token** (its identify reply): a resume sends it back
 at identify, and the party continues that plan (its releases, its iterate, no second charge)
-instead of admitting a new one. The first checkpoint (round 0) is written right after identify,
-so a crash at any later point can be resumed.
+instead of admitting a new one. Under secure aggregation, where the central node holds no replay
+record (it never sees a party's release), a non-private party's identify reply carries a **resume
+token** instead, kept the same way: a resume sends it back with the checkpoint's round
+(``resume-round``) and the party restores its own state of that round from its state-dir
+(:func:`flower_vfl.clients.party_secagg.resume_identify`). The first checkpoint (round 0) is written
+right after identify, so a crash at any later point can be resumed.
 """
 
 from __future__ import annotations
