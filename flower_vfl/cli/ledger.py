@@ -3,11 +3,18 @@
     flower-vfl ledger --node-config "partition-id=1 state-dir=/srv/party1"
     flower-vfl ledger --state-dir /srv/party1 --json
     flower-vfl ledger --state-dir /srv/party1 --accept-reset
+    flower-vfl ledger --state-dir /srv/party1 --release-plan 7
 
 For every source the party's node config ever declared (its files and ID column, or a
 bundled dataset and partition: :mod:`flower_vfl.clients.source`): the budget last
 configured, the releases per run, the ε spent (the party's accountant over the noise
-multipliers it charged, every run and view composed) and what is left. Then the label
+multipliers it charged, every run and view composed) and what is left, and every plan a run
+reserved (:class:`~flower_vfl.privacy.store.Plan`: its runs, status, releases made of planned, the ε
+the whole plan spends and what its made releases spent, when it lapses). A reservation held by a
+run that died and will not be resumed lapses after the node config's ``dp-plan-expiry``; its
+operator can release it at once with ``--release-plan <run>``
+(:meth:`~flower_vfl.privacy.store.PartyStore.release_plan`: its made releases stay charged, its
+unmade ones are no longer reserved). Then the label
 owner's label ledger (:func:`flower_vfl.privacy.label_dp.label_ledger_rows`: one randomized
 response per label source, reused by every run) and the PSI log
 (:func:`flower_vfl.io.psi_log.psi_log_rows`: distinct IDs asked per source, against the cap).
@@ -35,6 +42,9 @@ def add_parser(sub):
                                                    "runs and simulate; a SuperNode names its own)")
     p.add_argument("--node-config", default="", help="or the SuperNode's --node-config string (reads state-dir)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--release-plan", default="", metavar="RUN",
+                   help="give up the open reservation of the plan opened by run RUN (shown as 'plan run RUN'): "
+                        "its made releases stay charged, its unmade ones are no longer reserved")
     p.add_argument("--accept-reset", action="store_true",
                    help="accept that the party's ledger lost releases its journal names (a deleted SQLite "
                         "file or lost WAL): the old journal is archived and the party may start again")
@@ -64,11 +74,65 @@ def ledger_summary(store) -> list[dict]:
         for e in entries:
             runs.setdefault(e.run, {"train": 0, "eval": 0})[e.kind] += 1
         spent = led.epsilon_of(entries)
-        out.append({"source": info.get("about") or source, "key": source, "party_id": info.get("party_id"),
+        plans = [_plan_row(store, source, p, budget) for p in store.plans(source)]
+        out.append({"plans": plans, "source": info.get("about") or source, "key": source,
+                    "party_id": info.get("party_id"),
                     "budget_epsilon": info.get("epsilon"), "delta": budget.delta, "accountant": budget.accountant,
                     "releases": count, "runs": runs, "spent_epsilon": spent,
                     "remaining_epsilon": None if info.get("epsilon") is None else max(0.0, info["epsilon"] - spent)})
     return out
+
+
+def _plan_row(store, source, plan, budget) -> dict:
+    """What ``flower-vfl ledger`` shows of a plan: its runs, status, releases, ε, last activity."""
+    from flower_vfl.privacy.accounting import epsilon_for_events
+    made = [(e.mechanism, e.noise_multiplier) for e in store.entries(source) if e.run == plan.plan]
+    planned = [(plan.mechanism, plan.noise_multiplier)] * (plan.train + plan.eval)
+
+    def eps(events):
+        return float(epsilon_for_events(events, budget.delta, budget.accountant)) if events else 0.0
+    return {"plan": plan.plan, "runs": list(plan.runs), "status": plan.status, "made": plan.made,
+            "planned": plan.train + plan.eval, "reserved": len(plan.reserved_events()),
+            "planned_epsilon": eps(planned), "spent_epsilon": eps(made), "updated": plan.updated}
+
+
+def _plan_expiry(args) -> float:
+    """The node config's dp-plan-expiry (``--node-config``), else the default."""
+    from flower_vfl.privacy.ledger import PLAN_EXPIRY
+    if args.node_config:
+        kv = dict(item.split("=", 1) for item in shlex.split(args.node_config) if "=" in item)
+        if "dp-plan-expiry" in kv:
+            return float(kv["dp-plan-expiry"])
+    return PLAN_EXPIRY
+
+
+def _print_plans(d: dict, expiry: float, path):
+    import time
+    stamp = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))  # noqa: E731
+    for p in d["plans"]:
+        line = (f"    plan run {p['plan']} (runs {', '.join(p['runs'])}): {p['status']}; {p['made']} of {p['planned']} "
+                f"release(s) made, {p['reserved']} reserved; ε={p['planned_epsilon']:.4g} planned, "
+                f"ε={p['spent_epsilon']:.4g} spent; last activity {stamp(p['updated'])}")
+        if p["status"] == "open" and p["reserved"]:
+            line += (f", lapses {stamp(p['updated'] + expiry)} (dp-plan-expiry={expiry:g} s); release it now: "
+                     f"flower-vfl ledger --state-dir {path} --release-plan {p['plan']}")
+        print(line)
+
+
+def _release(args, store, out, path) -> int:
+    """``--release-plan RUN``: the operator gives up that open reservation on every source."""
+    done = [d for d in out if any(p["plan"] == args.release_plan and p["status"] == "open" for p in d["plans"])
+            and store.release_plan(d["key"], args.release_plan)]
+    if not done:
+        print(f"flower-vfl ledger: no open plan of run {args.release_plan!r} at {path}; `flower-vfl ledger "
+              f"--state-dir {path}` lists the plans", file=sys.stderr)
+        return 2
+    for d in done:
+        p = next(p for p in d["plans"] if p["plan"] == args.release_plan)
+        print(f"flower-vfl ledger: released the reservation of plan run {p['plan']} on {_describe(d['source'])}: "
+              f"its {p['made']} made release(s) (ε={p['spent_epsilon']:.4g}) stay charged, its "
+              f"{p['reserved']} unmade one(s) are no longer reserved")
+    return 0
 
 
 def _describe(about) -> str:
@@ -147,6 +211,8 @@ def cmd_ledger(args) -> int:
         return 2
     store = PartyStore(path, check=False)
     out = ledger_summary(store)
+    if args.release_plan:
+        return _release(args, store, out, path)
     if args.json:
         print(json.dumps({"sources": out, **others, "journal": check}, indent=2))
         return 3 if check["missing"] or losses else 0
@@ -162,5 +228,6 @@ def cmd_ledger(args) -> int:
               f"spent ε={d['spent_epsilon']:.4g}, left ε={left}")
         for run, kinds in d["runs"].items():
             print(f"    run {run}: {kinds['train']} training, {kinds['eval']} model release(s)")
+        _print_plans(d, _plan_expiry(args), path)
     _print_others(others)
     return 3 if check["missing"] or losses else 0
