@@ -430,6 +430,7 @@ def test_distributed_noise_share_follows_the_node_config_and_the_ledger_records_
     recorded too (tighter when k = 1: both shares count)."""
     from flower_vfl.privacy.accounting import epsilon_rdp, noise_multiplier_rdp
     from flower_vfl.privacy.distributed import dominating_multiplier, integer_sensitivity, noise_bits, variance_for
+    from flower_vfl.config.settings import DP_SCORE_NOISE, RHO_X_N
     from flower_vfl.privacy.sensitivity import strict_sensitivity
     from flower_vfl.secagg import FixedPoint
     got = {}
@@ -441,9 +442,12 @@ def test_distributed_noise_share_follows_the_node_config_and_the_ledger_records_
         got[name] = (st, plans)
         # the independent plan: strict sensitivity at the run's rho, theta and the node config's defaults
         c = st.central
-        lam = 1e-3                                   # the run's lam (no dp-lam in the node config)
-        C = strict_sensitivity(c.rho / c.theta, lam, 2.0, 10.0, 10.0)
         N = c.z.shape[0]
+        # no dp-lam in the node config: the party's own default from its N and plan, 20 z / N at the
+        # defaults dp-b1 = 2, dp-clip = 10 and the default rho (flower_vfl.config.settings.default_dp_lam)
+        from flower_vfl.privacy.accounting import noise_multiplier_for
+        lam = 2.0 * RHO_X_N * (2.0 + 10.0) * noise_multiplier_for(DIST_EPS, 1e-5, 3, "exact") / (DP_SCORE_NOISE * N)
+        C = strict_sensitivity(c.rho / c.theta, lam, 2.0, 10.0, 10.0)
         bits = noise_bits(C, N, FixedPoint([1e4, 1e4]).k)
         l1, l2 = integer_sensitivity(C, 2.0 ** bits, N)
         v = variance_for(noise_multiplier_rdp(DIST_EPS, 1e-5, 3), l1, l2)
