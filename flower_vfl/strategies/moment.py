@@ -22,7 +22,7 @@ Both private near the non-private model, through Flower (docs/privacy_parties.md
 4. evaluation (``evaluate.moment``): each half of the held-out rows is scored by the model fitted
    on the other half; with ``y_test`` the test metrics.
 
-Flower's contract as :class:`~flower_vfl.strategies.stacked_ssp.StackedSSPStrategy`; every message
+Flower's contract, written once in :class:`~flower_vfl.strategies.base.CentralBase`; every message
 goes through :mod:`flower_vfl.strategies.exchange`. Steps 1 and 2 (the identity checks, the release
 request), the stop rule and the run report are the one-release routes' shared part
 (:class:`~flower_vfl.strategies.one_release.OneReleaseStrategy`); the pool check and the rounds are
@@ -31,27 +31,38 @@ here. Glue only: the math is in :mod:`flower_vfl.core.moment_sharing` and :mod:`
 
 from __future__ import annotations
 
+import dataclasses
 from logging import INFO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.logger import log
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result
 
 from flower_vfl.core.moment_sharing import PoolExchange, default_rho, pool_driver
 from flower_vfl.privacy.ssp import cross_fit_halves
 from flower_vfl.strategies.exchange import PartyRefused, ReplyError, check_release, keep_report
-from flower_vfl.strategies.one_release import OneReleaseStrategy
+from flower_vfl.strategies.one_release import OneReleaseState, OneReleaseStrategy
 from flower_vfl.strategies.vertical_admm import DEFAULT_MAX_RELEASE
 
-__all__ = ["MomentStrategy", "MOMENT_ROUND", "POOL_SEED"]
+__all__ = ["MomentStrategy", "MomentState", "MOMENT_ROUND", "POOL_SEED"]
 
 #: the round number of the one release (the party keeps it under its ledger run "<run>/moment")
 MOMENT_ROUND = 1
 #: the fixed public permutation splitting the held-out rows into the two pool halves (the party's
 #: flower_vfl.clients.party_moment.POOL_SEED; tests check they agree)
 POOL_SEED = 12345
+
+
+@dataclasses.dataclass
+class MomentState(OneReleaseState):
+    """A moment run: the two pool halves and, per fit, its intercept, rounds, last targets and rho."""
+
+    halves: tuple | None = None
+    intercepts: list = dataclasses.field(default_factory=list)
+    rounds: list = dataclasses.field(default_factory=list)
+    #: per fit: party -> the last c_m sent
+    targets: list = dataclasses.field(default_factory=list)
+    rho: list = dataclasses.field(default_factory=list)
 
 
 class MomentStrategy(OneReleaseStrategy):
@@ -71,8 +82,13 @@ class MomentStrategy(OneReleaseStrategy):
     tol : float, default=0
         Stop a fit when max |s^{k+1} - s^k| over the parties' pool scores and |b^{k+1} - b^k| are
         below ``tol`` (``tol``; 0 runs every round).
+
+    After :meth:`start`: ``state_`` (:class:`MomentState`) and its read-outs ``history_``, ``final_``,
+    ``privacy_``, ``decision_test_``, ``metrics_``, ``halves_``, ``intercepts_``, ``rounds_``,
+    ``targets_``, ``rho_``.
     """
 
+    State = MomentState
     ROUTE, ROUTE_KEY, QUERY, RELEASE, ROUND = "moment", "moment", "moment", "moment", MOMENT_ROUND
     RELEASE_DESC = "one Gaussian release of its label moment"
     EXPOSED_ROWS = ("pool_rows", "not protected: the held-out rows are the pool; their scores reach the label owner "
@@ -89,10 +105,7 @@ class MomentStrategy(OneReleaseStrategy):
             raise ValueError(f"lam={lam!r}: the moment route needs lam > 0 (the pool objective must be bounded)")
         self.rho = None if not rho else float(rho)
         self.max_rounds, self.tol = int(max_rounds), float(tol)
-        self.intercepts_: list[float] = []
-        self.rounds_: list[int] = []
-        self.targets_: list[dict[int, np.ndarray]] = []       # per fit: party -> the last c_m sent
-        self.rho_: list[float] = []
+        super().__init__()
 
     def summary(self) -> None:
         log(INFO, "\t└── MomentStrategy: %d private parties, one moment release each, N=%d, lam=%g",
@@ -105,73 +118,75 @@ class MomentStrategy(OneReleaseStrategy):
                                "pool (its node config's moment-pool is not 'test'); only its operator can allow it")
 
     # ------------------------------------------------------------------ the release
-    def release(self) -> None:
+    def release(self, state: MomentState) -> MomentState:
         """Each party's one release; its reply holds an acknowledgement and its privacy report."""
-        got = self.exchange.send(self._release_content, "query.moment_release", range(self.num_parties),
-                                 "moment release")
+        got = state.exchange.send(lambda p, nid: self.release_content(state, p), "query.moment_release",
+                                  range(self.num_parties), "moment release")
         for m, rep in got.items():
-            keep_report(rep, m, self.privacy_, "the moment release")
+            keep_report(rep, m, state.privacy, "the moment release")
             if "meta" not in rep.content.metric_records:
                 raise ReplyError(f"party {m}: the moment release reply has no 'meta' record")
+        return state
 
     # ------------------------------------------------------------------ the fits
-    def _send(self, fit, rnd, rho_x, targets, kind):
+    def send(self, state: MomentState, fit, rnd, rho_x, targets, kind) -> list:
+        """Party m's target c_m as ``<kind>.moment``; the parties' pool (train) or held-out (evaluate) scores."""
         key = "s_pool" if kind == "train" else "s_eval"
 
         def build(p, nid):
             return RecordDict({"vectors": ArrayRecord({"c": Array(targets[p])}),
                                "config": ConfigRecord({"round": int(rnd), "fit": int(fit), "rho": float(rho_x),
-                                                       "lam": self.lam, "kappa": float(self.kappa_[p])})})
-        got = self.exchange.send(build, f"{kind}.moment", range(self.num_parties), f"moment {kind} (fit {fit})")
-        n = self.halves_[fit if kind == "train" else 1 - fit].size
+                                                       "lam": self.lam, "kappa": float(state.kappa[p])})})
+        got = state.exchange.send(build, f"{kind}.moment", range(self.num_parties), f"moment {kind} (fit {fit})")
+        n = state.halves[fit if kind == "train" else 1 - fit].size
         out = []
         for m in range(self.num_parties):
-            keep_report(got[m], m, self.privacy_, f"moment {kind}")
+            keep_report(got[m], m, state.privacy, f"moment {kind}")
             out.append(check_release(got[m], m, key, (n,), f"moment {kind}", bound=self.max_release))
         return out
 
-    def fit_half(self, fit) -> np.ndarray:
-        """ADMM sharing on pool half ``fit`` (the one round driver); returns the other half's
-        decision values."""
-        n = self.halves_[fit].size
+    def fit_half(self, state: MomentState, fit) -> tuple[MomentState, np.ndarray]:
+        """ADMM sharing on pool half ``fit`` (the one round driver); the other half's decision values."""
+        n = state.halves[fit].size
         rho = self.rho or default_rho(n)
         driver = pool_driver(n, self.pi, rho, self.num_parties, self.max_rounds, self.tol)
-        pool = _FlowerPool(self, fit, driver.central)
+        pool = _FlowerPool(self, state, fit, driver.central)
 
         def on_round(k, row, phase, j, stopped):
-            row = {"round": len(self.history_) + 1, "fit": fit, "fit_round": k,
+            row = {"round": len(state.history) + 1, "fit": fit, "fit_round": k,
                    **{key: val for key, val in row.items() if key != "round"}}
-            self.history_.append(row)
-            if self.progress is not None:
-                self.progress(row["round"], row)
+            state.history.append(row)
+            self.progress_row(row["round"], row)
 
         k = driver.run(pool, on_round=on_round)
-        self.rounds_.append(k)
-        self.rho_.append(rho)
-        self.targets_.append(pool.targets)
-        self.intercepts_.append(float(driver.central.b))
-        s_eval = self._send(fit, k, pool.rho_x, pool.targets, "evaluate")
-        return sum(s_eval) + float(driver.central.b)
+        state.rounds.append(k)
+        state.rho.append(rho)
+        state.targets.append(pool.targets)
+        state.intercepts.append(float(driver.central.b))
+        s_eval = self.send(state, fit, k, pool.rho_x, pool.targets, "evaluate")
+        return state, sum(s_eval) + float(driver.central.b)
 
-    def fit(self, grid) -> np.ndarray:
-        """Identify, one release per party, the two cross-fitted fits: the held-out decisions."""
-        self.identify(grid)
-        n_test = self.identity_[0]["n_test"]
-        self.halves_ = cross_fit_halves(n_test, POOL_SEED)
-        self.release()
+    def run(self, grid, state: MomentState) -> MomentState:
+        """One release per party, the two cross-fitted fits: the held-out decisions. A refusal, a
+        lost or failed party or an invalid reply stops the run and is raised again: the run fails."""
+        n_test = state.identity[0]["n_test"]
+        state.halves = cross_fit_halves(n_test, POOL_SEED)
+        state = self.release(state)
         f = np.empty(n_test)
         for fit in (0, 1):
-            f[self.halves_[1 - fit]] = self.fit_half(fit)
-        self.decision_test_ = f
-        self.metrics_ = {}
+            state, f[state.halves[1 - fit]] = self.fit_half(state, fit)
+        state.decision_test = f
+        state.metrics = {}
         if self.t_test is not None:
-            self.metrics_ = {"test_loss": float(self.loss.mean(f, self.t_test)),
+            state.metrics = {"test_loss": float(self.loss.mean(f, self.t_test)),
                              "test_accuracy": float(np.mean(self.loss.predict(f) == self.loss.predict(self.t_test)))}
-        return f
+        if state.history:
+            state.history[-1].update(state.metrics)
+        return state
 
     # ------------------------------------------------------------ Flower's 4 hooks
     def configure_train(self, server_round, arrays, config, grid):
-        """Not used: :meth:`start` drives the rounds (each party's target is its own message)."""
+        """Not used: :meth:`run` drives the rounds (each party's target is its own message)."""
         return []
 
     def aggregate_train(self, server_round, replies):
@@ -181,33 +196,26 @@ class MomentStrategy(OneReleaseStrategy):
         return []
 
     def aggregate_evaluate(self, server_round, replies):
-        return MetricRecord(dict(getattr(self, "metrics_", {})))
+        return MetricRecord(dict(self.state_.metrics))
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = 1,
-              timeout: float | None = None, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None, evaluate_fn=None) -> Result:
-        """Run the route (``num_rounds`` is accepted for Flower's contract; the rounds per fit are
-        ``max_rounds``). A refusal, a lost or failed party or an invalid reply stops the run and is
-        raised again: the run fails."""
-        t0 = self._start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
-        if self.history_:
-            self.history_[-1].update(self.metrics_)
-        self._finish(t0)
-        res = Result(arrays=ArrayRecord({"intercepts": Array(np.array(self.intercepts_, dtype=float))}))
-        if self.metrics_:
-            res.evaluate_metrics_clientapp[len(self.history_)] = MetricRecord(dict(self.metrics_))
-        return res
+    # ------------------------------------------------------------ the outcome
+    def report(self, state: MomentState) -> dict:
+        return {**super().report(state), "rounds_per_fit": list(state.rounds)}
 
-    def _rounds_report(self) -> dict:
-        return {"rounds": len(self.history_), "rounds_per_fit": list(self.rounds_)}
+    def model(self, state: MomentState) -> dict:
+        """The two fits' intercepts (each x_m stays on its party)."""
+        return {"intercepts": np.array(state.intercepts, dtype=float)}
+
+    def round_metrics(self, state: MomentState) -> tuple[dict, dict]:
+        return {}, ({len(state.history): dict(state.metrics)} if state.metrics else {})
 
 
 class _FlowerPool(PoolExchange):
     """A fit's rounds through the exchange: party m's target as ``train.moment``, its pool scores back."""
 
-    def __init__(self, strategy: MomentStrategy, fit: int, central):
+    def __init__(self, strategy: MomentStrategy, state: MomentState, fit: int, central):
         super().__init__(central)
-        self.strategy, self.fit = strategy, fit
+        self.strategy, self.state, self.fit = strategy, state, fit
 
     def release(self, k, targets):
-        return dict(enumerate(self.strategy._send(self.fit, k, self.rho_x, targets, "train")))
+        return dict(enumerate(self.strategy.send(self.state, self.fit, k, self.rho_x, targets, "train")))

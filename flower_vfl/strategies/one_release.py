@@ -6,28 +6,29 @@ identify query (``query.<q>_identify``), refuse unless every party is private an
 one release, then send each party its target v_m = kappa_m (t - pi) once (``query.<q>_release``).
 This module holds that part: the label fields, the identity-reply checks (a route adds its own
 through :meth:`OneReleaseStrategy._check_identity`), the release request, ``start``'s stop rule,
-the run report and the per-party protection statement. What each route does with the release
+the run report and the per-party protection statement, on the one central base
+(:class:`~flower_vfl.strategies.base.CentralBase`: Flower's ``start`` contract, identify, the run
+state :class:`OneReleaseState`). What each route does with the release
 (the SSP calibration, the moment route's ADMM rounds) stays in its own module. Glue only: the
 target is :func:`~flower_vfl.privacy.ssp.stacking_target`.
 """
 
 from __future__ import annotations
 
-import time
-from logging import ERROR, INFO
+import dataclasses
+from logging import INFO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
-from flwr.serverapp.strategy import Strategy
 
 from flower_vfl.core.losses import get_loss
 from flower_vfl.privacy.ssp import stacking_target
 from flower_vfl.strategies import vertical_outcome
-from flower_vfl.strategies.exchange import (Exchange, PartyFailed, PartyLost, PartyRefused, ReplyError,
-                                            party_keys_from)
+from flower_vfl.strategies.base import CentralBase, RunState
+from flower_vfl.strategies.exchange import PartyFailed, PartyLost, PartyRefused, ReplyError, party_keys_from
 
-__all__ = ["OneReleaseStrategy"]
+__all__ = ["OneReleaseStrategy", "OneReleaseState"]
 
 
 def _int(info, key, nid, lo=0):
@@ -37,10 +38,20 @@ def _int(info, key, nid, lo=0):
     return int(v)
 
 
-class OneReleaseStrategy(Strategy):
-    """The label owner of a route where each private party makes one release (a base: a route
-    sets the class attributes below and its own rounds)."""
+@dataclasses.dataclass
+class OneReleaseState(RunState):
+    """A one-release run: each party's kappa (its target's scale), the held-out decisions and metrics."""
 
+    kappa: dict = dataclasses.field(default_factory=dict)
+    decision_test: np.ndarray | None = None
+    metrics: dict = dataclasses.field(default_factory=dict)
+
+
+class OneReleaseStrategy(CentralBase):
+    """The label owner of a route where each private party makes one release (a base: a route
+    sets the class attributes below and its own rounds, :meth:`run`)."""
+
+    State = OneReleaseState
     #: the route in prose ("the <ROUTE> route needs every party private")
     ROUTE = ""
     #: the route's name in the run report (``final_['route']``)
@@ -70,25 +81,30 @@ class OneReleaseStrategy(Strategy):
         self.n_train = int(self.t01.size)
         self.pi = float(self.t01.mean())
         self.num_parties = int(num_parties)
-        self.round_timeout, self.party_wait = float(timeout), float(party_wait)
+        self.timeout, self.party_wait = float(timeout), float(party_wait)
         self.party_keys = party_keys_from(party_keys, self.num_parties)
         self.max_release = float(max_release)
         self.progress = progress
-        self.exchange: Exchange | None = None
-        self.identity_: dict[int, dict] = {}
-        self.kappa_: dict[int, float] = {}
-        self.privacy_: dict[int, dict] = {}
-        self.history_: list[dict] = []
-        self.final_: dict = {}
-        self.stopped_reason_: str | None = None
-        self.failed_ = False
         self.label_privacy_ = None
+
+    @property
+    def round_timeout(self) -> float:
+        """Seconds to wait for the replies to one request (the constructor's ``timeout``)."""
+        return self.timeout
+
+    @property
+    def identity_(self) -> dict:
+        return self.state_.identity
 
     # ------------------------------------------------------------------ identify
     def _check_identity(self, party, nid, info) -> None:
         """A route's own identity checks (after 'private', before 'c_v'); none by default."""
 
-    def _read(self, nid, rep):
+    def identify_query(self):
+        return (f"query.{self.QUERY}_identify", RecordDict({"config": ConfigRecord({"want": self.QUERY})}),
+                f"the {self.QUERY}_identify query")
+
+    def read_identity(self, nid, rep):
         if "identity" not in rep.content.config_records:
             raise ReplyError(f"node {nid}: the {self.QUERY}_identify reply has no 'identity' record")
         info = rep.content.config_records["identity"]
@@ -123,65 +139,35 @@ class OneReleaseStrategy(Strategy):
                 "can grant a new budget")
         return party, {"n_rows": n_rows, "n_test": n_test, "c_v": float(c_v)}
 
-    def identify(self, grid) -> dict[int, int]:
-        self.exchange = Exchange(grid, self.num_parties, timeout=self.round_timeout, party_wait=self.party_wait,
-                                 party_keys=self.party_keys)
-        self.identity_ = self.exchange.identify(f"query.{self.QUERY}_identify", RecordDict({"config": ConfigRecord(
-            {"want": self.QUERY})}), self._read, what=f"the {self.QUERY}_identify query")
-        return self.exchange.node_to_party
-
     # ------------------------------------------------------------------ the release
-    def _release_content(self, party, nid) -> RecordDict:
-        """Party ``party``'s one release request: its target v = kappa (t - pi) (kappa kept) and the round."""
-        v, self.kappa_[party] = stacking_target(self.t01, self.identity_[party]["c_v"])
+    def release_content(self, state: OneReleaseState, party: int) -> RecordDict:
+        """Party ``party``'s one release request: its target v = kappa (t - pi) (kappa kept in the
+        state) and the round."""
+        v, state.kappa[party] = stacking_target(self.t01, state.identity[party]["c_v"])
         return RecordDict({"vectors": ArrayRecord({"v": Array(v)}),
                            "config": ConfigRecord({"round": self.ROUND})})
 
-    def _release_message(self, party, nid) -> Message:
-        return Message(self._release_content(party, nid), dst_node_id=nid,
+    def release_message(self, state: OneReleaseState, party: int, nid: int) -> Message:
+        return Message(self.release_content(state, party), dst_node_id=nid,
                        message_type=f"query.{self.QUERY}_release")
 
     # ------------------------------------------------------------ the run
-    def _start(self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn) -> float:
-        """``start``'s shared part: Flower's arguments checked, :meth:`fit` run; a refusal, a lost or
-        failed party or an invalid reply (:attr:`STOPS`) stops the run and is raised again. Returns
-        the start time (for :meth:`_finish`)."""
+    def check_start(self, initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn):
+        """Flower's arguments a one-release route cannot honour (``num_rounds`` is accepted and means
+        nothing here: each party makes exactly one release)."""
         vertical_outcome.check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
-        if timeout is not None:
-            self.round_timeout = float(timeout)
-        t0 = time.perf_counter()
-        log(INFO, "Starting %s strategy:", type(self).__name__)
-        self.summary()
-        try:
-            self.fit(grid)
-        except self.STOPS as exc:
-            self.stopped_reason_, self.failed_ = str(exc), True
-            log(ERROR, "stopping (%s route): %s", self.ROUTE, exc)
-            self._finish(t0)
-            raise
-        return t0
 
-    def _rounds_report(self) -> dict:
-        return {"rounds": len(self.history_)}
+    def report(self, state: OneReleaseState) -> dict:
+        return {**state.metrics, "rounds": len(state.history), "route": self.ROUTE_KEY,
+                "protection": self.protection(state)}
 
-    def _finish(self, t0) -> None:
-        self.final_ = dict(self.history_[-1]) if self.history_ else {}
-        self.final_.update(getattr(self, "metrics_", {}) or {})
-        self.final_.update(self._rounds_report())
-        self.final_["wall_time_s"] = time.perf_counter() - t0
-        self.final_["route"] = self.ROUTE_KEY
-        self.final_["protection"] = self.protection()
-        if self.stopped_reason_:
-            self.final_["stopped_reason"] = self.stopped_reason_
-        if self.failed_:
-            self.final_["failed"] = True
-
-    def protection(self) -> dict:
+    def protection(self, state: OneReleaseState | None = None) -> dict:
         """What this run protects, per party (the run report's plain statement)."""
+        privacy = (state or self.state_).privacy
         out = {}
         rows_key, rows_text = self.EXPOSED_ROWS
         for m in range(self.num_parties):
-            rep = self.privacy_.get(m)
+            rep = privacy.get(m)
             feats = (f"row-level DP of this party's training rows: {self.RELEASE_DESC} (budget "
                      f"epsilon={rep['config']['epsilon']:g}, delta={rep['config']['delta']:g}; spent "
                      f"{rep['totals'].get('exact', float('nan')):.4g} by its own ledger)" if rep else "no release")

@@ -12,7 +12,7 @@ Several private parties that beat one party alone, through Flower (docs/privacy_
    scores, no test label used): :func:`~flower_vfl.privacy.ssp.cross_fitted_decision`, the same
    functions :class:`~flower_vfl.estimator.stacked.StackedPrivateParties` calls in process.
 
-Flower's contract as :class:`~flower_vfl.strategies.vertical_admm.VerticalADMMStrategy`:
+Flower's contract, written once in :class:`~flower_vfl.strategies.base.CentralBase`:
 ``start(grid, initial_arrays=ArrayRecord(), num_rounds=..., timeout=...) -> Result``; every message
 goes through :mod:`flower_vfl.strategies.exchange` (identify, send, replies matched by
 ``reply_to_message_id``, the party-wait rule, "did not answer"). Steps 1 and 2 (the identity checks,
@@ -23,22 +23,22 @@ the release request), the stop rule and the run report are the one-release route
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from logging import INFO
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result
 
 from flower_vfl.errors import UserError
 from flower_vfl.privacy.ssp import cross_fit_halves, cross_fitted_decision
 from flower_vfl.strategies.exchange import PartyLost, check_release, keep_report
-from flower_vfl.strategies.one_release import OneReleaseStrategy
+from flower_vfl.strategies.one_release import OneReleaseState, OneReleaseStrategy
 from flower_vfl.strategies.vertical_admm import DEFAULT_MAX_RELEASE
 
-__all__ = ["StackedSSPStrategy", "CalibrationFailed", "SSP_ROUND"]
+__all__ = ["StackedSSPStrategy", "StackedSSPState", "CalibrationFailed", "SSP_ROUND"]
 
 #: the round number of the one release (the party keeps it under its ledger run "<run>/ssp")
 SSP_ROUND = 1
@@ -46,6 +46,16 @@ SSP_ROUND = 1
 
 class CalibrationFailed(UserError, ValueError):
     """The released scores do not give a usable calibration (too much noise for the pool's size)."""
+
+
+@dataclasses.dataclass
+class StackedSSPState(OneReleaseState):
+    """A stacked SSP run: each party's x~^T g~, the held-out scores, the two halves and their calibrations."""
+
+    xg: dict = dataclasses.field(default_factory=dict)
+    scores_test: np.ndarray | None = None
+    halves: tuple | None = None
+    calibrations: list | None = None
 
 
 class StackedSSPStrategy(OneReleaseStrategy):
@@ -70,8 +80,12 @@ class StackedSSPStrategy(OneReleaseStrategy):
         The fixed public permutation that splits the held-out rows into the two calibration halves
         (as simulations/private_parties.py; no noise, no data).
     progress : callable(round, row) or None
+
+    After :meth:`start`: ``state_`` (:class:`StackedSSPState`) and its read-outs ``history_``,
+    ``final_``, ``privacy_``, ``decision_test_``, ``calibrations_``, ``halves_``, ``scores_test_``.
     """
 
+    State = StackedSSPState
     ROUTE, ROUTE_KEY, QUERY, RELEASE, ROUND = "stacked SSP", "stacked-ssp", "ssp", "SSP", SSP_ROUND
     STOPS = OneReleaseStrategy.STOPS + (CalibrationFailed,)
     RELEASE_DESC = "one SSP release"
@@ -86,44 +100,71 @@ class StackedSSPStrategy(OneReleaseStrategy):
         if not self.max_release > 0:
             raise ValueError(f"max_release={max_release!r}; expected a bound > 0")
         self.halves_seed = int(halves_seed)
-        self.xg_: dict[int, float] = {}
-        self.scores_test_: np.ndarray | None = None
+        super().__init__()
 
     def summary(self) -> None:
         log(INFO, "\t└── StackedSSPStrategy: %d private parties, one SSP release each, N=%d", self.num_parties,
             self.n_train)
 
     # ------------------------------------------------------------------ the release
-    def _read_release(self, party, rep, n_test):
+    def _read_release(self, party, rep, n_test, privacy):
         """(held-out scores, x~^T g~) of a party's reply, checked (:func:`check_release`)."""
         what = "the SSP release"
-        keep_report(rep, party, self.privacy_, what)
+        keep_report(rep, party, privacy, what)
         s_test = check_release(rep, party, "s_test", (n_test,), what, bound=self.max_release)
         xg = check_release(rep, party, "xg", (1,), what, bound=self.max_release * self.n_train)
         return s_test, float(xg[0])
 
-    # ------------------------------------------------------------ Flower's 4 hooks
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        """The one release request per party (``query.ssp_release``: its target and the round).
-        ``arrays`` / ``config``: Flower's global model and free-form config; this route has neither
-        (each x~_m stays on its party, a party's settings are its node config's), so they are not read."""
-        node_of = self.exchange.node_of()
-        return [self._release_message(p, node_of[p]) for p in range(self.num_parties) if p in node_of]
+    def release_messages(self, state: StackedSSPState) -> list[Message]:
+        """The one release request per party (``query.ssp_release``: its target and the round)."""
+        node_of = state.exchange.node_of()
+        return [self.release_message(state, p, node_of[p]) for p in range(self.num_parties) if p in node_of]
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        """Check each party's release (held-out scores, x~^T g~, privacy report); a refusal stops the
-        run (:class:`PartyRefused`). No global model (``None``); the metric: the releases read."""
-        n_test = self.identity_[0]["n_test"]
+    def read_releases(self, state: StackedSSPState, replies: Iterable[Message]) -> StackedSSPState:
+        """Check each party's release (held-out scores, x~^T g~, privacy report)."""
+        n_test = state.identity[0]["n_test"]
         scores = {}
         for rep in replies:
-            m = self.exchange.party_of(rep)
-            scores[m], self.xg_[m] = self._read_release(m, rep, n_test)
+            m = state.exchange.party_of(rep)
+            scores[m], state.xg[m] = self._read_release(m, rep, n_test, state.privacy)
         missing = sorted(set(range(self.num_parties)) - set(scores))
         if missing:
             raise PartyLost(f"parties {missing} did not answer the SSP release")
-        self.scores_test_ = np.column_stack([scores[m] for m in range(self.num_parties)])
-        return None, MetricRecord({"releases": len(scores)})
+        state.scores_test = np.column_stack([scores[m] for m in range(self.num_parties)])
+        return state
+
+    def calibrate(self, state: StackedSSPState) -> StackedSSPState:
+        """The label owner's cross-fitted calibration of the held-out scores
+        (:func:`~flower_vfl.privacy.ssp.cross_fitted_decision`) and, with ``y_test``, the test metrics."""
+        parties = range(self.num_parties)
+        state.halves = cross_fit_halves(state.scores_test.shape[0], self.halves_seed)
+        try:
+            f, state.calibrations = cross_fitted_decision(state.scores_test, [state.xg[m] for m in parties],
+                                                          [state.kappa[m] for m in parties], self.n_train, self.pi,
+                                                          state.halves)
+        except ValueError as exc:
+            raise CalibrationFailed(f"the label owner's calibration on the {state.scores_test.shape[0]} held-out rows "
+                                    f"failed: {exc}. The parties' releases are spent (each ledger holds them); a "
+                                    "larger dataset or a larger budget per party gives usable scores") from None
+        state.decision_test = f
+        state.metrics = {}
+        if self.t_test is not None:
+            state.metrics["test_loss"] = float(self.loss.mean(f, self.t_test))
+            state.metrics["test_accuracy"] = float(np.mean(self.loss.predict(f) == self.loss.predict(self.t_test)))
+        return state
+
+    # ------------------------------------------------------------ Flower's 4 hooks (on ``state_``)
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """The one release request per party. ``arrays`` / ``config``: Flower's global model and
+        free-form config; this route has neither (each x~_m stays on its party, a party's settings
+        are its node config's), so they are not read."""
+        return self.release_messages(self.state_)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        """Check each party's release; no global model (``None``); the metric: the releases read."""
+        state = self.read_releases(self.state_, replies)
+        return None, MetricRecord({"releases": int(state.scores_test.shape[1])})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -131,53 +172,28 @@ class StackedSSPStrategy(OneReleaseStrategy):
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
-        """The label owner's cross-fitted calibration of the held-out scores
-        (:func:`~flower_vfl.privacy.ssp.cross_fitted_decision`) and, with ``y_test``, the test metrics."""
-        parties = range(self.num_parties)
-        self.halves_ = cross_fit_halves(self.scores_test_.shape[0], self.halves_seed)
-        try:
-            f, self.calibrations_ = cross_fitted_decision(self.scores_test_, [self.xg_[m] for m in parties],
-                                                          [self.kappa_[m] for m in parties], self.n_train, self.pi,
-                                                          self.halves_)
-        except ValueError as exc:
-            raise CalibrationFailed(f"the label owner's calibration on the {self.scores_test_.shape[0]} held-out rows "
-                                    f"failed: {exc}. The parties' releases are spent (each ledger holds them); a "
-                                    "larger dataset or a larger budget per party gives usable scores") from None
-        self.decision_test_ = f
-        out = {}
-        if self.t_test is not None:
-            out["test_loss"] = float(self.loss.mean(f, self.t_test))
-            out["test_accuracy"] = float(np.mean(self.loss.predict(f) == self.loss.predict(self.t_test)))
-        return MetricRecord(out)
+        """The cross-fitted calibration (:meth:`calibrate`); the test metrics."""
+        return MetricRecord(dict(self.calibrate(self.state_).metrics))
 
-    def fit(self, grid) -> np.ndarray:
-        """Identify, one release per party, the cross-fitted calibration: the held-out decisions."""
-        self.identify(grid)
-        got = self.exchange.send_messages(self.configure_train(SSP_ROUND, ArrayRecord(), ConfigRecord(), grid),
-                                          "SSP release", rebuild=self._release_message,
-                                          parties=range(self.num_parties))
-        self.aggregate_train(SSP_ROUND, [got[m] for m in sorted(got)])
-        self.metrics_ = self.aggregate_evaluate(SSP_ROUND, self.configure_evaluate(SSP_ROUND, ArrayRecord(),
-                                                                                   ConfigRecord(), grid))
-        return self.decision_test_
+    # ------------------------------------------------------------ the run
+    def run(self, grid, state: StackedSSPState) -> StackedSSPState:
+        """One release per party, the cross-fitted calibration: the held-out decisions. A refusal (a
+        spent budget), a lost or failed party or an invalid reply stops the run and is raised again."""
+        got = state.exchange.send_messages(self.release_messages(state), "SSP release",
+                                           rebuild=lambda p, nid: self.release_message(state, p, nid),
+                                           parties=range(self.num_parties))
+        state = self.read_releases(state, [got[m] for m in sorted(got)])
+        state = self.calibrate(state)
+        row = {"round": SSP_ROUND, "parties": self.num_parties, **state.metrics}
+        state.history = [row]
+        self.progress_row(SSP_ROUND, row)
+        return state
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = 1,
-              timeout: float | None = None, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None, evaluate_fn=None) -> Result:
-        """Run the route (one exchange; ``num_rounds`` is accepted for Flower's contract and means
-        nothing here: each party makes exactly one release). A refusal (a spent budget), a lost or
-        failed party or an invalid reply stops the run and is raised again: the run fails."""
-        t0 = self._start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
-        row = {"round": SSP_ROUND, "parties": self.num_parties, **{k: float(v) for k, v in self.metrics_.items()}}
-        self.history_ = [row]
-        if self.progress is not None:
-            self.progress(SSP_ROUND, row)
-        self._finish(t0)
-        res = Result(arrays=ArrayRecord({"weights_half0": Array(np.asarray(self.calibrations_[0][0], float)),
-                                         "weights_half1": Array(np.asarray(self.calibrations_[1][0], float)),
-                                         "intercepts": Array(np.array([self.calibrations_[0][1],
-                                                                       self.calibrations_[1][1]]))}))
-        if "test_loss" in row:
-            res.evaluate_metrics_clientapp[SSP_ROUND] = MetricRecord(
-                {"test_loss": row["test_loss"], "test_accuracy": row["test_accuracy"]})
-        return res
+    def model(self, state: StackedSSPState) -> dict:
+        """The two halves' calibrations (weights per party's score, intercepts)."""
+        cal = state.calibrations
+        return {"weights_half0": np.asarray(cal[0][0], float), "weights_half1": np.asarray(cal[1][0], float),
+                "intercepts": np.array([cal[0][1], cal[1][1]])}
+
+    def round_metrics(self, state: StackedSSPState) -> tuple[dict, dict]:
+        return {}, ({SSP_ROUND: dict(state.metrics)} if "test_loss" in state.metrics else {})
