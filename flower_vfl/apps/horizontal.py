@@ -25,7 +25,7 @@ import os
 from logging import INFO
 from pathlib import Path
 
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, Context
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
@@ -62,12 +62,10 @@ def make_agent(context: Context) -> DPIADMMClient:
     return DPIADMMClient(pid, Xp, yp, 10, privacy, store=store, source=source)
 
 
-def identify(msg: Message, context: Context) -> Message:
-    return make_agent(context).identify(msg, context)
-
-
-def train(msg: Message, context: Context) -> Message:
-    return make_agent(context).train(msg, context)
+#: the ClientApp handlers: the agent ``make_agent(context)`` builds (per message, from its node config)
+#: answers (:meth:`~flower_vfl.clients.base.PartyBase.handler`)
+identify = DPIADMMClient.handler("identify", make_agent, doc="The agent's identify (flower_vfl.clients.dpiadmm).")
+train = DPIADMMClient.handler("train", make_agent, doc="One DP-IADMM round of the agent (flower_vfl.clients.dpiadmm).")
 
 
 #: message type -> this app's handler, for every message type of the routes it serves
