@@ -67,6 +67,30 @@ def test_save_and_load_predict_the_same_scores(cancer, tmp_path):
     np.testing.assert_array_equal(loaded.decision_function(Bt), m.decision_function(Bt))
 
 
+@pytest.mark.parametrize("loss", ["logistic", "multinomial"])
+def test_mlp_and_feature_map_blocks_save_and_load_score_new_rows_as_fitted(cancer, tmp_path, loss):
+    """An MLP party beside an rff party (K = 2 outputs for multinomial): the file holds each block's
+    kind and settings (no row); the loaded estimator scores new rows bitwise as the fitted one, and
+    the fitted one's scores are each party's f_m summed (the network's forward pass on its raw rows,
+    the rff coefficients on the mapped rows)."""
+    pytest.importorskip("torch")
+    from flower_vfl.io.model_files import load_model
+    B, y, Bt, _ = cancer
+    mlp = {"party-model": "mlp", "party-model-width": 8, "party-model-epochs": 1, "party-model-seed": 1}
+    m = VerticalADMM(loss=loss, party_model=[mlp, "rff"], max_rounds=3, acceleration="none",
+                     variant="sharing-fixed").fit(B, y)
+    path = m.save(tmp_path / "m.npz")
+    saved = load_model(path)
+    assert [b["kind"] for b in saved["meta"]["party_models"]] == ["mlp", "rff"]
+    assert saved["meta"]["party_models"][0]["n_out"] == (1 if loss == "logistic" else 2)
+    assert sorted(k for k in saved if k != "meta") == ["coef_0", "coef_1", "intercept"]
+    f = m.decision_function(Bt)
+    np.testing.assert_array_equal(VerticalADMM.load(path).decision_function(Bt), f)
+    a, b = m.party_models_
+    np.testing.assert_allclose(f, a.predict(Bt[0], m.coef_[0]) + b.predict(Bt[1], m.coef_[1]) + m.intercept_,
+                               rtol=0, atol=1e-12)
+
+
 def test_nystroem_is_not_written_to_a_model_file(cancer, tmp_path):
     B, y, _, _ = cancer
     m = VerticalADMM(party_model=["nystroem", "linear"], max_rounds=5).fit(B, y)
@@ -170,6 +194,30 @@ def test_flower_path_with_a_node_config_block_model_equals_the_engine(_task_iden
     np.testing.assert_allclose(st.decision_test_, m.decision_function([b[1] for b in blocks]), rtol=0, atol=1e-9)
 
 
+def test_report_shows_each_partys_block_model_as_it_said_at_identify(_task_identity, tmp_path):
+    """report.json's ``party_models`` and report.html's party-model table hold each party's block kind
+    and settings, as the party told the central node at identify (its node config's choice)."""
+    import json
+    from flower_vfl.apps import client as ca
+    from flower_vfl.apps import server as sa
+    from flower_vfl.deploy.local_grid import LocalGrid
+    from flower_vfl.reporting.html import write_html
+    rc = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 2, "acceleration": "none"}
+    nodes = {100: {"partition-id": 0, "party-model": "rff", "party-model-features": 64, "party-model-seed": 3},
+             101: {"partition-id": 1, "party-model": "bins", "party-model-knots": 4}}
+    st = sa.make_strategy(rc)
+    st.start(LocalGrid({"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}, nodes, rc))
+    sa.write_outputs(st, {**rc, "out-dir": str(tmp_path)})
+    want = {"0": "rff (features=64, gamma=0.0, linear=True, seed=3)",
+            "1": "bins (knots=4, linear=True, range=3.0)"}
+    assert json.loads((tmp_path / "report.json").read_text())["party_models"] == want
+    page = write_html([tmp_path]).read_text()
+    assert ('<tr class="party-model" data-party="0"><td>party 0</td><td>rff (features=64, gamma=0.0, linear=True, '
+            'seed=3)</td></tr>') in page
+    assert '<tr class="party-model" data-party="1"><td>party 1</td><td>bins (knots=4, linear=True, range=3.0)</td></tr>' \
+        in page
+
+
 def test_a_private_party_refuses_a_run_config_mlp_by_name(_task_identity, tmp_path):
     """The run config (the server's) suggests 'mlp'; a private party refuses it at identify, naming it."""
     from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -213,17 +261,76 @@ def test_mlp_blocks_beat_the_linear_route_and_near_the_central_additive_model(fm
     assert all(np.array_equal(a, b) for a, b in zip(m.coef_, again.coef_))
 
 
-def test_mlp_is_refused_on_the_flower_path_by_name(_task_identity):
+@pytest.mark.parametrize("loss", ["logistic", "multinomial"])
+def test_mlp_flower_path_equals_the_engine(_task_identity, tmp_path, monkeypatch, loss):
+    """Party 0's node config picks an MLP block (width 16, seed 5, 2 epochs a round, batch 64); party 1
+    stays linear. Through the real ClientApp handlers (a fresh Context per node, state kept in
+    context.state and, for the Adam moments and parameters above the limit, the party's state
+    folder), the label owner's held-out scores equal the in-process engine's bitwise, for one output
+    (logistic) and for K outputs (multinomial on the two classes: K = 2)."""
     pytest.importorskip("torch")
+    from flower_vfl.apps import client as ca
+    from flower_vfl.apps import server as sa
+    from flower_vfl.clients import party_public
+    from flower_vfl.deploy.local_grid import LocalGrid
+    from flower_vfl.io import data as data_mod
+    rc = {"dataset": "breast_cancer", "num-parties": 2, "lam": 1e-3, "max-rounds": 6, "acceleration": "none",
+          "variant": "sharing-fixed", "loss": loss}
+    mlp = {"party-model": "mlp", "party-model-width": 16, "party-model-seed": 5, "party-model-epochs": 2,
+           "party-model-batch": 64}
+    nodes = {100: {"partition-id": 0, "state-dir": str(tmp_path / "p0"), **mlp}, 101: {"partition-id": 1}}
+    # the network (337 parameters) and Adam's moments go to the state folder, as a wide network's would
+    monkeypatch.setattr(party_public, "STATE_DISK_MIN_BYTES", 1024)
+    st = sa.make_strategy(rc)
+    st.start(LocalGrid({"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify}, nodes, rc))
+    blocks = [data_mod.party_block("breast_cancer", i, 2) for i in range(2)]
+    y, _ = data_mod.labels("breast_cancer")
+    m = VerticalADMM(loss=loss, lam=1e-3, max_rounds=6, tol=0, acceleration="none", variant="sharing-fixed",
+                     party_model=[mlp, "linear"]).fit([b[0] for b in blocks], y)
+    f = m.decision_function([b[1] for b in blocks])
+    assert np.asarray(st.decision_test_).shape == f.shape == ((143,) if loss == "logistic" else (143, 2))
+    np.testing.assert_array_equal(st.decision_test_, f)
+    kept = sorted({p.name.split("-")[1] for p in (tmp_path / "p0").rglob("party0-*.npz")})
+    assert kept == ["adam_m", "adam_v", "x"], kept
+
+
+def test_mlp_party_under_secure_aggregation_equals_its_plain_run(_task_identity, tmp_path):
+    """Three parties, party 1 an MLP block: under secure aggregation (each party gets (q, y) every round
+    and rebuilds its last release from its kept network) the held-out scores equal the plain Flower
+    run's within the fixed-point encoding's error carried through 5 rounds (the targets reach the
+    network in float32, where one flipped rounding moves a score by about 1e-7: 1e-6; measured 3e-12),
+    and the accuracy is the same."""
+    pytest.importorskip("torch")
+    from flower_vfl.apps import client as ca
+    from flower_vfl.apps import server as sa
+    from flower_vfl.deploy.local_grid import LocalGrid
+    mlp = {"party-model": "mlp", "party-model-width": 8, "party-model-seed": 1, "party-model-epochs": 1}
+    out = {}
+    for secagg in (False, True):
+        rc = {"dataset": "breast_cancer", "num-parties": 3, "max-rounds": 5, "lam": 1e-3, "acceleration": "none",
+              "variant": "sharing-fixed", "secagg": secagg, "party-wait": 5.0}
+        nodes = {100 + i: {"partition-id": i, "state-dir": str(tmp_path / f"{secagg}{i}"), **(mlp if i == 1 else {})}
+                 for i in range(3)}
+        st = sa.make_strategy(rc)
+        st.start(grid=LocalGrid({"train": ca.train, "evaluate": ca.evaluate, "query.identify": ca.identify,
+                                 "query.secagg_keys": ca.secagg_keys}, nodes, rc), num_rounds=5, timeout=60)
+        out[secagg] = st
+    assert out[True].secagg is not None and out[False].secagg is None
+    np.testing.assert_allclose(out[True].decision_test_, out[False].decision_test_, rtol=0, atol=1e-6)
+    assert out[True].final_["test_accuracy"] == out[False].final_["test_accuracy"]
+
+
+def test_a_private_party_refuses_a_node_config_mlp_by_name(_task_identity, tmp_path):
+    """The party's own node config asks for 'mlp' while it is private: refused at identify, by name."""
     from flwr.app import ConfigRecord, Context, Message, RecordDict
     from flower_vfl.apps import client as ca
-    from flower_vfl.config.schema import ConfigError
     rc = {"dataset": "breast_cancer", "num-parties": 2}
-    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "party-model": "mlp"}, state=RecordDict(),
-                  run_config=rc)
+    nc = {"partition-id": 0, "party-model": "mlp", "dp": True, "dp-epsilon": 1.0, "state-dir": str(tmp_path / "s")}
+    ctx = Context(run_id=1, node_id=7, node_config=nc, state=RecordDict(), run_config=rc)
     msg = Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=7, message_type="query.identify")
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(BlockError) as e:
         ca.identify(msg, ctx)
-    assert str(e.value) == ("party 1: party-model='mlp' is not yet available on the Flower path (its network's "
-                            "state between messages is not kept in this version); use it in the in-process "
-                            "VerticalADMM(party_model='mlp'), or 'rff', 'spline' or 'bins' here")
+    assert str(e.value) == (
+        "party 0 is private and party-model='mlp' is refused: no accountant here covers a network's training (its "
+        "releases would carry privacy loss without an ε); use 'linear', 'rff', 'spline' or 'bins' for a private "
+        "party, or run it without dp")

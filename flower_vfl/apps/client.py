@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 
 from flower_vfl import routes
 from flower_vfl.clients import psi_party
+from flower_vfl.clients.base import PartyBase
 from flower_vfl.clients.source import declared_source, party_node_config  # noqa: F401  (re-exported)
 from flower_vfl.errors import install_log_filter, reply_user_errors
 from flower_vfl.clients.vertical_party import VerticalPartyClient
@@ -73,25 +74,26 @@ def _party_setup(context: Context):
 def _party_model(rc, nc, party, source, privacy, D, D_test):
     """The party's block model (core/blocks.py): ``party-model`` from its node config (the run config's
     value only as a default), its settings from its node config; a feature map maps D and D_test once
-    here, then the party is the linear block's on the mapped rows. 'linear': the blocks as they are."""
+    here, then the party is the linear block's on the mapped rows. 'linear': the blocks as they are.
+    Any other kind: the block model third ('mlp': with the blocks as they are, the party steps its
+    network: party_public.py)."""
     from flower_vfl.core.blocks import SETTINGS, block_from_config
     cfg = {"party-model": run_setting("party-model", rc, nc), **{k: nc[k] for k in SETTINGS if k in nc}}
     block = block_from_config(cfg, private=privacy is not None, party=party)
     if block.kind == "linear":
         return D, D_test
-    if getattr(block, "nonlinear", False):
-        raise ConfigError(f"party {party}: party-model={block.kind!r} is not yet available on the Flower path (its "
-                          "network's state between messages is not kept in this version); use it in the in-process "
-                          "VerticalADMM(party_model='mlp'), or 'rff', 'spline' or 'bins' here")
-    if source.kind == "files":
-        raise ConfigError(f"party {party}: party-model={block.kind!r} is not yet available on own data (its saved "
-                          "model and predict job score raw columns); use party-model='linear' with own files")
-    return block.fit_features(D), None if D_test is None else block.features(D_test)
+    if source.kind == "files" and not block.data_independent:
+        raise ConfigError(f"party {party}: party-model={block.kind!r} is refused on own data: its map is fitted on "
+                          "the party's rows, and the saved model the predict job scores from would hold them; use "
+                          "a data-independent kind ('rff', 'spline', 'bins', 'mlp') or 'linear'")
+    if getattr(block, "nonlinear", False):    # a network (core/blocks_mlp.py): the party steps it on D
+        return D, D_test, block.fit(D)
+    return block.fit_features(D), None if D_test is None else block.features(D_test), block
 
 
 def make_client(context: Context) -> VerticalPartyClient:
     rc, nc, party, num_parties, source, D, D_test, privacy = _party_setup(context)
-    D, D_test = _party_model(rc, nc, party, source, privacy, D, D_test)
+    D, D_test, *model = _party_model(rc, nc, party, source, privacy, D, D_test)
     from flower_vfl.clients.party_secagg import PartySecAgg
     loss = str(run_setting("loss", rc, nc))
     # refused before any round (identify): a loss a private party's release does not cover (core/loss_base.py)
@@ -101,12 +103,17 @@ def make_client(context: Context) -> VerticalPartyClient:
                           "calibration does not cover. Refused: use a binary loss (logistic) with this "
                           "party private, or run it without dp")
     secagg = PartySecAgg(party, nc, privacy is not None)     # node config secagg-* only (trusted)
-    return VerticalPartyClient(party, D, D_test, penalty=str(run_setting("penalty", rc, nc)),
-                               lam=float(run_setting("lam", rc, nc)), x_solver=str(run_setting("x-solver", rc, nc)),
-                               privacy=privacy, n_parties=num_parties,
-                               state_dir=nc.get("state-dir") or None,
-                               max_answers=int(nc.get("max-answers", 0)), source=source,
-                               rho_range=_rho_range(nc, party), secagg=secagg)
+    client = VerticalPartyClient(party, D, D_test, penalty=str(run_setting("penalty", rc, nc)),
+                                 lam=float(run_setting("lam", rc, nc)), x_solver=str(run_setting("x-solver", rc, nc)),
+                                 privacy=privacy, n_parties=num_parties,
+                                 state_dir=nc.get("state-dir") or None,
+                                 max_answers=int(nc.get("max-answers", 0)), source=source,
+                                 rho_range=_rho_range(nc, party), secagg=secagg)
+    if model:                    # the block model the own-data save job writes (its kind and settings)
+        client.party_model = model[0]
+        if getattr(model[0], "nonlinear", False):     # an MLP (never a private party's: refused by name)
+            client.block = model[0]
+    return client
 
 
 def make_ssp_client(context: Context) -> SSPPartyClient:
@@ -129,12 +136,8 @@ def make_moment_client(context: Context) -> MomentPartyClient:
 
 def _handler(name, make, method, doc):
     """The ClientApp handler ``name``: the party ``make(context)`` builds (from its node config, per
-    message) answers with its ``method``."""
-    def handler(msg: Message, context: Context) -> Message:
-        return getattr(make(context), method)(msg, context)
-    handler.__name__ = handler.__qualname__ = name
-    handler.__doc__ = doc
-    return handler
+    message) answers with its ``method`` (:meth:`~flower_vfl.clients.base.PartyBase.handler`)."""
+    return PartyBase.handler(method, make, name, doc)
 
 
 identify = _handler("identify", make_client, "identify", "The ADMM route's identify (flower_vfl.clients.party_base).")

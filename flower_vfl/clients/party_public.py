@@ -90,12 +90,17 @@ class PublicPartyClient(PartyClient):
     :class:`~flower_vfl.clients.party_base.PartyClient`."""
 
     private = False
+    #: the party's network block (core/blocks_mlp.py's MLPBlock, set by apps/client.py's make_client);
+    #: None: the linear block's x-update on the (possibly feature-mapped) rows
+    block = None
 
     def _plain_rounds(self, cfg):
         """A bool or refused, naming the key (absent: False, the accelerated rounds' x-update)."""
         return parse_flag(cfg, PLAIN_ROUNDS, self.party_id)
 
     def _build(self, context: Context, n_outputs: int, plain: bool = False):
+        if self.block is not None:           # a network block (core/blocks_mlp.py): the engine's update
+            return self._build_network(context, n_outputs, plain)
         # centred x-update (core/xsolve.py) when the label owner fits the intercept that absorbs
         # the constants; a wrong flag only slows or biases the central node's own model
         center = bool(context.run_config.get("fit-intercept", True))
@@ -126,6 +131,19 @@ class PublicPartyClient(PartyClient):
             # D @ x of the kept x, the product that made it (every path but CG: bitwise the same)
             state["s"] = state["Dx"] if "Dx" in state else self.D @ state["x"]
         party.set_state(state)
+        return party
+
+    def _build_network(self, context: Context, n_outputs: int, plain: bool):
+        """The MLP block's x-update (the very object the in-process engine steps), restored from this
+        run's state: its parameters, Adam's moments and round counter from context.state or, when
+        large, the state folder (:meth:`_after_train`); no factorization to cache."""
+        party = self.block.make_update(self.D, self.lam, n_outputs)
+        self._plain, self._factor_key = bool(plain), None
+        rec = context.state[STATE_ARRAYS] if STATE_ARRAYS in context.state else {}
+        state = {k: rec[k].numpy() for k in rec}
+        self._lost = self._disk_state(context, state)
+        self._kept, self._alpha = set(state), None
+        party.set_state(state)              # s, when left out: the network's forward pass (bitwise)
         return party
 
     # ------------------------------------------------------------ the party's state folder
@@ -304,6 +322,8 @@ class PublicPartyClient(PartyClient):
                             "sha": Array(np.frombuffer(bytes.fromhex(sha), dtype=np.uint8).copy())})
 
     def _eval_scores(self, inputs, final, context):
+        if self.block is not None:           # the network's forward pass: the engine's predict
+            return self.block.predict(self.D_test, self.party.x)
         return released_scores(self.D_test, self.party.x)      # the predict job's code on the held-out rows
 
     def _reply_extra(self, content, refusal):

@@ -161,7 +161,10 @@ class PartyBlock:
         return {"kind": self.kind, "settings": dict(self.settings), "d_in": self.d_in}
 
     def describe(self) -> str:
-        shown = ", ".join(f"{k.replace('party-model-', '')}={v}" for k, v in sorted(self.settings.items()))
+        """The kind and every setting it reads (defaults filled), e.g. ``rff (features=64, gamma=0.0,
+        linear=True, seed=3)``: what a party tells the central node at identify (no data)."""
+        full = {k: self.settings.get(k, s.default) for k, s in SETTINGS.items() if self.kind in s.kinds}
+        shown = ", ".join(f"{k.replace('party-model-', '')}={v}" for k, v in sorted(full.items()))
         return self.kind + (f" ({shown})" if shown else "")
 
 
@@ -310,6 +313,8 @@ def block_from_meta(meta: dict) -> PartyBlock:
     block = block_from_config({MODEL_KEY: meta["kind"], **meta.get("settings", {})}, where="model file")
     if meta.get("d_in") is not None:
         block.fit(np.zeros((2, int(meta["d_in"]))))
+    if meta.get("n_out") is not None:          # a network's outputs (K for multinomial)
+        block.n_out = int(meta["n_out"])
     return block
 
 
@@ -342,7 +347,10 @@ def map_blocks(models, blocks):
 
 def block_scores(models, blocks, coefs):
     """Each party's score contribution f_m(D_m; x_m) from its block model (``models`` None: linear),
-    summed; None when every model is linear in its parameters (the caller's linear scoring applies)."""
+    summed, ``blocks`` already through each model's map (:meth:`PartyBlock.features`: a network's is
+    the identity); None when every model is linear in its parameters (the caller's linear scoring
+    applies)."""
     if not models or not any(getattr(m, "nonlinear", False) for m in models):
         return None
-    return sum(m.predict(D, x) for m, D, x in zip(models, blocks, coefs))
+    return sum(m.predict(D, x) if getattr(m, "nonlinear", False) else np.asarray(D @ np.asarray(x), dtype=float)
+               for m, D, x in zip(models, blocks, coefs))

@@ -99,9 +99,9 @@ class MLPBlock:
         return {"kind": self.kind, "settings": dict(self.settings), "d_in": self.d_in, "n_out": self.n_out}
 
     def describe(self) -> str:
-        s = self.settings
-        return (f"mlp (width={s['party-model-width']}, layers={s['party-model-layers']}, "
-                f"epochs={s['party-model-epochs']}, seed={s['party-model-seed']})")
+        """The kind and every setting (what the party tells the central node at identify)."""
+        shown = ", ".join(f"{k.replace('party-model-', '')}={v}" for k, v in sorted(self.settings.items()))
+        return f"mlp ({shown})"
 
 
 def _tensor(torch, D):
@@ -120,10 +120,14 @@ class _Penalty:
 
 
 class _Solver:
-    """What the round driver reads of a party's solver: ``lam`` and ``penalty``."""
+    """What the round driver reads of a party's solver: ``lam`` and ``penalty`` (no factorization
+    to keep: the Flower party's state is :meth:`MLPUpdate.get_state`)."""
 
     def __init__(self, upd, lam):
         self.lam, self.penalty, self.method_ = float(lam), _Penalty(upd), "mlp"
+
+    def factorization(self):
+        return None
 
 
 class MLPUpdate:
@@ -188,6 +192,50 @@ class MLPUpdate:
                     self.opt.step()
         self.rho_x = float(rho_x)
         return self._forward()
+
+    def get_state(self) -> dict:
+        """What the next x-update needs, as arrays (the Flower party keeps them in the run's
+        context.state, a large one in its state folder: clients/party_public.py): the network's
+        parameters ``x`` (float32 values, exact in float64), Adam's moments and step, the round
+        counter that seeds the minibatch order, the last release ``s`` (rebuilt by
+        :meth:`set_state` from ``x`` when left out: the same forward pass, bitwise) and z_loc."""
+        state = {"x": self.x, "s": self.s, "z_loc": self.z_loc, "rounds": np.array([self.rounds], dtype=np.int64)}
+        if self.rho_x is not None:
+            state["rho_x"] = np.array([self.rho_x])
+        params = list(self.net.parameters())
+        if params and params[0] in self.opt.state and self.opt.state[params[0]]:
+            st = [self.opt.state[p] for p in params]
+            state["adam_m"] = np.concatenate([t["exp_avg"].detach().numpy().ravel() for t in st])
+            state["adam_v"] = np.concatenate([t["exp_avg_sq"].detach().numpy().ravel() for t in st])
+            state["adam_step"] = np.array([float(st[0]["step"])])
+        return state
+
+    def set_state(self, state: dict):
+        """Restore :meth:`get_state` (``{}``: a run's start, the seeded initial network): the next
+        step is bitwise the one the in-process engine takes from the same state."""
+        torch = self.torch
+        if "x" in state:
+            with torch.no_grad():
+                torch.nn.utils.vector_to_parameters(
+                    torch.as_tensor(np.asarray(state["x"], dtype=np.float32).ravel()), self.net.parameters())
+        if "adam_step" in state:
+            m = torch.as_tensor(np.asarray(state["adam_m"], dtype=np.float32).ravel())
+            v = torch.as_tensor(np.asarray(state["adam_v"], dtype=np.float32).ravel())
+            step = float(np.asarray(state["adam_step"]).ravel()[0])
+            i = 0
+            for p in self.net.parameters():
+                k = p.numel()
+                self.opt.state[p] = {"step": torch.tensor(step), "exp_avg": m[i:i + k].view_as(p).clone(),
+                                     "exp_avg_sq": v[i:i + k].view_as(p).clone()}
+                i += k
+        if "rounds" in state:
+            self.rounds = int(np.asarray(state["rounds"]).ravel()[0])
+        if "rho_x" in state:
+            self.rho_x = float(np.asarray(state["rho_x"]).ravel()[0])
+        shape = self.s.shape
+        if "z_loc" in state:
+            self.z_loc = np.asarray(state["z_loc"], dtype=float).reshape(shape)
+        self.s = np.asarray(state["s"], dtype=float).reshape(shape) if "s" in state else self._forward()
 
     def commit(self, s_released):
         self.s = np.asarray(s_released, dtype=float)
