@@ -8,7 +8,8 @@ handlers (``client_app.py``):
   ``context.state`` and every later message of the run uses it;
 * ``save_model``  (``query.save_model``): x_m, preprocessing, columns, fingerprint to the
   party's own disk (nothing of the model goes back);
-* ``predict``     (``query.predict``): D_m x_m on the aligned scoring rows from the saved model;
+* ``predict``     (``query.predict``): D_m x_m on the aligned scoring rows from the saved model
+  (a non-linear block model's f_m(D_m): its map or network rebuilt from the saved kind and settings);
   masked under secure aggregation (run config ``secagg=true``; docs/secagg.md), when the
   label owner learns only the sum of the parties' scores;
 * ``secagg_keys`` (``query.secagg_keys`` of a party on its own files): this run's signed key
@@ -265,7 +266,8 @@ def save_model(msg: Message, context: Context) -> Message:
     D, _, pre, ids = own_blocks(context)
     client = CLIENT_FACTORY(context)
     private = client.privacy is not None
-    party = client._build(context, 1)
+    model = getattr(client, "party_model", None)     # a non-linear block model (apps/client.py), else None
+    party = client._build(context, int(client._meta(context)["n_outputs"] or 1) if model is not None else 1)
     if private:
         x = party.x_released          # the only model block a private party ever shows
         if x is None:
@@ -273,14 +275,16 @@ def save_model(msg: Message, context: Context) -> Message:
                                "(the release happens in the final evaluation): give the run held-out rows "
                                "(labels-test-path and each party's test-path)")
     else:
-        if getattr(party, "rho_x", None) is None and not np.any(party.x):
+        if getattr(party, "rho_x", None) is None and (getattr(client, "block", None) is not None or
+                                                      not np.any(party.x)):
             raise ConfigError(f"party {_party_id(context)} has no trained block to save (no training round ran): "
                               "set max-rounds >= 1")
         x = party.x
     path = model_path(context)
     model_io.save_party_model(path, _party_id(context), x, pre.feature_names_, pre.to_dict(),
                               model_io.data_fingerprint(D, ids), D.shape[0], private=private,
-                              extra={"run": dict(msg.content["config"]) if "config" in msg.content else {}})
+                              extra={"run": dict(msg.content["config"]) if "config" in msg.content else {}},
+                              block=None if model is None else model.to_meta())   # kind and settings, no rows
     return Message(RecordDict({"saved": ConfigRecord({"party": _party_id(context), "version": model_io.VERSION})}),
                    reply_to=msg)
 
@@ -334,6 +338,12 @@ def predict(msg: Message, context: Context) -> Message:
                             f"{missing[:5]}; export the same columns as for training (or fix the key columns)")
         cols = [table.columns.index(c) for c in pre.columns_]        # the model's column order, by name
         D = pre.transform(table.X[idx][:, cols], {c: v[idx] for c, v in table.categorical.items()})
+        if "block" in meta:      # a non-linear block: rebuilt from its kind and settings, new rows mapped the same way
+            from flower_vfl.core.blocks import block_from_meta
+            block = block_from_meta(meta["block"])
+            if getattr(block, "nonlinear", False):
+                return block.predict(D, m["x"])           # the network's forward pass (the engine's predict)
+            D = block.features(D)
         # the evaluate handler's code (flower_vfl.core.scoring); a private party's x̃ is post-processed, free
         return party_scores(D, m["x"], private=bool(meta.get("private")))
 

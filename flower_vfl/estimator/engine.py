@@ -404,11 +404,31 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         return blocks if models is None else [m.features(D) for m, D in zip(models, blocks)]
 
     def save(self, path):
-        """:meth:`SklearnAPIMixin.save`; a block model fitted on a party's rows ('nystroem') is
+        """:meth:`SklearnAPIMixin.save`, with each party's block kind and settings (``party_models``:
+        ``PartyBlock.to_meta()``, never a row); a block model fitted on a party's rows ('nystroem') is
         refused by name (the file would hold rows)."""
-        for model in getattr(self, "party_models_", None) or []:
-            model.to_meta()
-        return super().save(path)
+        models = getattr(self, "party_models_", None)
+        if not models:
+            return super().save(path)
+        metas = [model.to_meta() for model in models]
+        from flower_vfl.estimator.sklearn_api import estimator_meta
+        from flower_vfl.io.model_files import _write
+        if not hasattr(self, "coef_"):
+            raise AttributeError("this VerticalADMM is not fitted yet; call fit(X_blocks, y) before save")
+        arrays, meta = estimator_meta(self)
+        return _write(path, arrays, {**meta, "party_models": metas})
+
+    @classmethod
+    def load(cls, path):
+        """:meth:`SklearnAPIMixin.load`; each party's block model rebuilt from its saved kind and
+        settings (a network's outputs included), so new rows are mapped as in training."""
+        est = super().load(path)
+        from flower_vfl.io.model_files import load_model
+        metas = load_model(path)["meta"].get("party_models")
+        if metas:
+            from flower_vfl.core.blocks import block_from_meta
+            est.party_models_ = [block_from_meta(b) for b in metas]
+        return est
 
     def decision_function_nonprivate(self, X_blocks):
         """Scores of the non-private parties' model at the end of the warm start (private runs):

@@ -63,14 +63,18 @@ def _jsonable(o):
 
 
 def save_party_model(path, party_id: int, x, columns, preprocessing: dict, fingerprint: str, n_rows: int,
-                     private: bool = False, extra: dict | None = None) -> Path:
-    """Party m's block of the model (x_m, or x̃ for a private party)."""
+                     private: bool = False, extra: dict | None = None, block: dict | None = None) -> Path:
+    """Party m's block of the model (x_m, or x̃ for a private party). ``block``: a non-linear
+    block model's kind and settings (``PartyBlock.to_meta()``, core/blocks.py: no rows), x then
+    being its coefficients on the mapped columns or its network's parameters."""
     x = np.asarray(x, dtype=float)
-    if x.shape[0] != len(columns):
+    if block is None and x.shape[0] != len(columns):
         raise ValueError(f"x has {x.shape[0]} rows but {len(columns)} column names were given")
     meta = {"kind": "party", "party": int(party_id), "columns": list(columns), "preprocessing": preprocessing,
             "fingerprint": fingerprint, "n_rows": int(n_rows), "private": bool(private),
             "x_kind": "released x_tilde" if private else "x_m", **(extra or {})}
+    if block is not None:
+        meta["block"] = dict(block)
     return _write(path, {"x": x}, meta)
 
 
