@@ -145,6 +145,7 @@ def write_outputs(strategy: VerticalADMMStrategy, run_config, final: dict | None
         return
     write_report(out, dict(run_config), strategy.history_, strategy.final_ if final is None else final,
                  extra={"engine": "flower", "privacy": strategy.privacy_,
+                        "party_models": {str(m): v for m, v in sorted(getattr(strategy, "party_models_", {}).items())},
                         "label_privacy": strategy.label_privacy_.report()
                         if getattr(strategy, "label_privacy_", None) else "labels not protected: label-epsilon=0 (every party sees sign(y) = -label)"},
                  key="out-dir")
@@ -158,7 +159,8 @@ def outputs_snapshot(strategy):
     """What :func:`write_outputs` reads of ``strategy``, copied: the next round changes the
     strategy while its writer thread writes this round's files."""
     snap = SimpleNamespace(history_=[dict(row) for row in strategy.history_],
-                           final_=copy.deepcopy(strategy.final_), privacy_=copy.deepcopy(strategy.privacy_))
+                           final_=copy.deepcopy(strategy.final_), privacy_=copy.deepcopy(strategy.privacy_),
+                           party_models_=dict(getattr(strategy, "party_models_", {})))
     lp = getattr(strategy, "label_privacy_", None)
     if lp is not None:
         report = lp.report()

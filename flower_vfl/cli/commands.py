@@ -220,7 +220,10 @@ def cmd_fit(args):
         written = []
         report_rc = dict(rc, data=own_files(args)) if info else rc
         write_report(cfg["out-dir"], report_rc, model.history_, final,
-                     extra={"engine": "in-process", "privacy": privacy_report}, key="out-dir", written=written)
+                     extra={"engine": "in-process", "privacy": privacy_report,
+                            "party_models": {str(m): b.describe()
+                                             for m, b in enumerate(getattr(model, "party_models_", None) or [])}},
+                     key="out-dir", written=written)
         if info:                           # own data: the estimator, for `flower-vfl model show`
             written.append(model.save(Path(cfg['out-dir']) / 'model.npz'))
         print(f"wrote {cfg['out-dir']}/: " + ", ".join(Path(p).name for p in written))

@@ -182,6 +182,8 @@ class PartyClient(PartyBase):
             from flower_vfl.clients.party_secagg import resume_identify
             info.update(resume_identify(self, msg, context))
         info.update(self._identity(context))
+        model = getattr(self, "party_model", None)     # its block kind and settings (apps/client.py), no data
+        info["party_model"] = "linear" if model is None else model.describe()
         return info
 
     def train(self, msg: Message, context: Context) -> Message:

@@ -354,6 +354,23 @@ def _settings(runs) -> str:
             + ". Each private party's own settings are under Protection.</p>")
 
 
+def _party_models(runs) -> str:
+    """Each party's block model (kind and settings), as the party told the central node at identify
+    (report.json ``party_models``; docs/party-models.md)."""
+    models = [r.get("party_models") if isinstance(r.get("party_models"), dict) else {} for _, _, r, _ in runs]
+    parties = sorted({str(p) for m in models for p in m}, key=lambda p: (not p.isdigit(), int(p) if p.isdigit() else 0, p))
+    if not parties:
+        return ""
+    head = "<th>party</th>" + "".join(f'<th><span class="swatch" style="background:{COLORS[i % 10]}"></span>{_e(lab)}</th>'
+                                      for i, (_, _, _, lab) in enumerate(runs))
+    rows = "".join(f'<tr class="party-model" data-party="{_e(p)}"><td>{_e(_who(p))}</td>'
+                   + "".join(f"<td>{_e(m.get(p, '(not reported)'))}</td>" for m in models) + "</tr>"
+                   for p in parties)
+    return ('<h3>Party block models</h3><table id="party-models-table"><thead><tr>' + head + "</tr></thead><tbody>"
+            + rows + '</tbody></table><p class="note">Each party\'s block model, kind and settings, as the party '
+            "said at identify (its own node config chooses it; docs/party-models.md).</p>")
+
+
 CSS = """
 body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:24px;color:#222;
 max-width:1260px}
@@ -388,7 +405,7 @@ def render_html(runs, title: str | None = None) -> str:
             f'<section id="summary"><h2>Runs</h2>{_runs_table(runs)}</section>'
             f'<section id="curves"><h2>Curves</h2><div class="panels">{_panels_html(runs)}</div></section>'
             f'<section id="privacy"><h2>Protection and ledgers</h2>{_protection(runs)}</section>'
-            f'<section id="settings"><h2>Settings</h2>{_settings(runs)}</section>'
+            f'<section id="settings"><h2>Settings</h2>{_settings(runs)}{_party_models(runs)}</section>'
             "</body></html>\n")
 
 

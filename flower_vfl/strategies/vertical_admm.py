@@ -163,6 +163,8 @@ class VerticalADMMStrategy(Strategy):
         self._sending: dict[int, tuple] = {}
         #: party -> what it said of its data at identify (rows, held-out rows, fingerprint)
         self.party_data: dict[int, dict] = {}
+        #: party -> its block model's kind and settings, as it said at identify (report.json, the HTML report)
+        self.party_models_: dict[int, str] = {}
         #: party -> planned training releases, for the parties that declared themselves private
         self.private_parties: dict[int, int] = {}
         #: party -> the token of its plan (its identify reply), checkpointed for a resume
@@ -205,6 +207,7 @@ class VerticalADMMStrategy(Strategy):
             self.party_plans_[party] = info["plan"]   # secagg (party_secagg.py): checkpointed, sent back by a resume
         if first:
             self.party_data[party] = info["data"]
+            self.party_models_[party] = info.get("party_model", "linear")   # for the report (its own word)
         elif info["data"] != self.party_data.get(party, info["data"]):
             raise ResumeRefused(f"party {party} came back with other data than it declared at identify: "
                                 f"{info['data']!r} now, {self.party_data[party]!r} before; give it its original data")

@@ -73,7 +73,9 @@ def read_identity(st, nid, rep):
     if isinstance(fp, str) and fp:
         data["data_fingerprint"] = fp
     plan = info.get("plan")       # a private party's plan token: a resume presents it to continue the plan
+    model = info.get("party_model")   # its block kind and settings, as it says (shown in the report only)
     return party, {"private": private, "train_rounds": train_rounds, "data": data,
+                   "party_model": model if isinstance(model, str) and len(model) <= 300 else "linear",
                    "restored": isinstance(last, int) and not isinstance(last, bool) and last >= 0,
                    "plan": plan if isinstance(plan, str) and len(plan) <= 200 else None}
 
