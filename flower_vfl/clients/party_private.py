@@ -23,6 +23,7 @@ import json
 from flwr.app import ConfigRecord, Context
 
 from flower_vfl.clients.party_base import PartyClient
+from flower_vfl.core.penalties import penalty_class
 from flower_vfl.core.scoring import released_scores
 from flower_vfl.privacy.boundary import Refused, inputs_hash
 from flower_vfl.privacy.ledger import BudgetReserved, PlanUnaffordable
@@ -40,7 +41,8 @@ class PrivatePartyClient(PartyClient):
         super().__init__(*args, **kwargs)
         if self.privacy is None:
             raise ValueError(f"party {self.party_id}: a PrivatePartyClient needs privacy=PrivacyConfig(...)")
-        if str(self.penalty) != "l2":      # never trained silently with another penalty than asked
+        # never trained silently with another penalty than asked (core/penalties.py: supports_private_parties)
+        if not getattr(penalty_class(str(self.penalty)), "supports_private_parties", False):
             from flower_vfl.config.schema import ConfigError
             raise ConfigError(f"party {self.party_id} is private and its x-update is L2-regularized (its "
                               f"sensitivity bound needs the L2 term's strong convexity, docs/privacy.md); the run "
