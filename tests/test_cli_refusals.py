@@ -292,3 +292,24 @@ def test_report_into_a_file_s_folder_is_refused(capsys, tmp_path):
     f.write_text("x")
     assert refused(capsys, ["report", str(run), "-o", str(f / "x.html")]) == (
         f"-o {f / 'x.html'}: its folder {f} cannot be made (File exists); give a path in a writable folder")
+
+
+def test_the_server_apps_log_explains_paper_inf(caplog):
+    """The ServerApp's final lines (what `flwr run --stream` and `flower-vfl simulate` show) explain
+    paper=inf beside the party's totals, as `fit` does."""
+    import logging
+    from types import SimpleNamespace
+    from flower_vfl.apps.server import log_final
+    from flower_vfl.reporting.notes import PAPER_INF_NOTE
+    rep = {"config": {"epsilon": 1.0, "delta": 1e-5}, "totals": {"exact": 1.0, "paper": float("inf")},
+           "ledger": {"entries": [1, 2]}}
+    st = SimpleNamespace(final_={}, privacy_={1: rep}, stopped_reason_=None)
+    logger = logging.getLogger("flwr")
+    logger.addHandler(caplog.handler)
+    try:
+        log_final(st)
+    finally:
+        logger.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records]
+    assert "party 1 privacy: budget (eps=1, delta=1e-05), spent exact=1, paper=inf, 2 releases" in lines
+    assert f"party 1 privacy: {PAPER_INF_NOTE}" in lines

@@ -23,6 +23,7 @@ from flower_vfl.strategies import own_data
 from flower_vfl.strategies.moment import MomentStrategy
 from flower_vfl.strategies.stacked_ssp import StackedSSPStrategy
 from flower_vfl.strategies.config import StrategyConfig
+from flower_vfl.reporting.notes import paper_inf_note
 from flower_vfl.strategies.vertical_admm import VerticalADMMStrategy, log_round
 
 app = ServerApp()
@@ -183,6 +184,8 @@ def log_final(strategy: VerticalADMMStrategy) -> None:
             party, c["epsilon"], c["delta"],
             ", ".join(f"{m}={v:.4g}" if isinstance(v, float) else f"{m}={v}" for m, v in rep["totals"].items()),
             len(rep["ledger"]["entries"]))
+        if paper_inf_note(rep["totals"]):     # paper=inf printed unexplained otherwise
+            log(INFO, "party %s privacy: %s", party, paper_inf_note(rep["totals"]))
     lp = getattr(strategy, "label_privacy_", None)
     if lp is not None:     # epsilon answered by dp-accounting for the randomized response run
         log(INFO, "label owner privacy: randomized response on the training labels, label-DP eps=%.4g "
