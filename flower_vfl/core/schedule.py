@@ -11,7 +11,8 @@ def default_rho(loss, n_samples: int, penalty="l2") -> float:
     """Default penalty: the loss is averaged over N, so its curvature is ~c/N; rho is
     set to that scale (c = the loss's curvature bound, 1 for non-smooth losses).
 
-    Convex l: 0.2 c/N (measured on a9a (N=32561) and breast cancer: see docs/benchmarks.md);
+    Convex l: 0.2 c/N (measured on a9a (N=32561) and breast cancer: see docs/benchmarks-history.md); for
+    K > 1 outputs (multinomial) c is the per-entry curvature bound (1 - 1/K)/K;
     with a non-smooth penalty ('l1', 'elasticnet') 0.2 c/(8N): rounds to a relative gap of 1e-4
     with logistic L1, a9a > 400 -> 55, breast cancer 300 -> 75 (docs/math.md Section 4).
     Nonconvex l: with L = c/N the Lipschitz constant of grad l, Assumption 1.2 of the paper
@@ -20,6 +21,13 @@ def default_rho(loss, n_samples: int, penalty="l2") -> float:
     0). The default 3 c/N = 3L gives gamma/2 - L^2/rho = 2L/3 > 0. See docs/math.md.
     """
     c = loss.curvature if loss.curvature is not None else 1.0
+    k = int(getattr(loss, "n_outputs", 1) or 1)
+    if k > 1 and loss.convex:
+        # K outputs (multinomial): the per-entry curvature bound, the mean of the diagonal of
+        # diag(p) - p p^T over its K entries, (1 - sum p^2)/K <= (1 - 1/K)/K (0.25 at K = 2, the
+        # logistic c). Rounds to a gap of 1e-4 / 1e-6 against 0.2 * 0.5 / N: digits (K = 10)
+        # 89 / 134 -> 51 / 79, Fashion-MNIST 240 / > 300 -> 173 / 301 (docs/math.md Section 4)
+        c = (1.0 - 1.0 / k) / k
     if not loss.convex:
         return 3.0 * c / n_samples
     if getattr(penalty, "name", penalty) in ("l1", "elasticnet"):
