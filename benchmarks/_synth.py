@@ -60,3 +60,53 @@ def text_like(n_rows=50_000, widths=(200_000, 200_000), nnz_per_row=10, seed=0):
         D.sum_duplicates()
         blocks.append(D)
     return blocks, _labels(rng, blocks)
+
+
+# --- sets the engine's defaults were NOT tuned on (benchmarks/bench_vs_sklearn.py's "untuned"
+# rows): other distributions than the ones above. Do not tune defaults on these.
+
+def dense_skewed(n_rows=200_000, widths=(40, 60), seed=11):
+    """(blocks, y): real-valued, heavy-tailed and skewed columns (log-normal with per-column
+    scales over three decades, unstandardized), correlated across the parties through 5 shared
+    latent factors; binary labels from a planted model with logistic noise."""
+    rng = np.random.default_rng(seed)
+    latent = rng.normal(size=(n_rows, 5))
+    blocks = []
+    for d in widths:
+        mix = rng.normal(size=(5, d)) * 0.6
+        X = np.exp(latent @ mix + rng.normal(size=(n_rows, d)) * 0.8)       # log-normal, skewed
+        X *= 10.0 ** rng.uniform(-1.5, 1.5, size=d)                          # column scales
+        blocks.append(np.ascontiguousarray(X))
+    # labels on the standardized columns (else the largest column decides alone)
+    std = [(B - B.mean(axis=0)) / B.std(axis=0) for B in blocks]
+    return blocks, _labels(rng, std, scale=0.7)
+
+
+def multiclass_mixture(n_rows=20_000, widths=(30, 30), n_classes=5, seed=12):
+    """(blocks, y): K-class mixture with Student-t (3 degrees of freedom) noise around class
+    means that differ in both parties' columns, unequal class sizes; labels 0..K-1."""
+    rng = np.random.default_rng(seed)
+    d = int(sum(widths))
+    prior = rng.dirichlet(np.full(n_classes, 2.0))
+    y = rng.choice(n_classes, size=n_rows, p=prior)
+    means = rng.normal(size=(n_classes, d)) * 0.5
+    X = means[y] + rng.standard_t(3, size=(n_rows, d)) * rng.uniform(0.5, 2.0, size=d)
+    cut = np.cumsum(widths)[:-1]
+    return [np.ascontiguousarray(B) for B in np.split(X, cut, axis=1)], y
+
+
+def sparse_counts(n_rows=300_000, widths=(500, 1500), nnz_per_row=(8, 25), seed=13):
+    """(blocks, y): bag-of-words-like counts, log1p-scaled: per row a Poisson number of
+    distinct Zipf-popular columns (exponent 1.1) with geometric counts; binary labels."""
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for d, k in zip(widths, nnz_per_row):
+        nnz = rng.poisson(k, size=n_rows)
+        indptr = np.concatenate([[0], np.cumsum(nnz)])
+        p = 1.0 / np.arange(1, d + 1) ** 1.1
+        cols = rng.choice(d, size=int(indptr[-1]), p=p / p.sum()).astype(np.int32)
+        vals = np.log1p(rng.geometric(0.5, size=cols.size).astype(float))
+        D = sp.csr_matrix((vals, cols, indptr), shape=(n_rows, d))
+        D.sum_duplicates()
+        blocks.append(D)
+    return blocks, _labels(rng, blocks, scale=0.8)
