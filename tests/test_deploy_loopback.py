@@ -224,9 +224,10 @@ def test_superlink_and_server_app_killed_then_resumed(tmp_path):
 
 def test_simulate_exits_non_zero_when_the_server_app_fails(tmp_path, monkeypatch, capsys):
     """`flwr run --stream` would exit 0 here; `flower-vfl simulate` reads the run's status from
-    Flower: the ServerApp cannot find the a9a labels, the run is finished:failed, exit 1, and the
-    error the log shows is printed (not only Flower's status). The job's own SuperLink is
-    stopped (its registry record gone, no process of its group left)."""
+    Flower: the a9a files pass the CLI's checks before Flower starts (both present, labels +-1) but
+    a feature token is not a column number, so the ServerApp's loader fails; the run is
+    finished:failed, exit 1, and the error the log shows is printed (not only Flower's status). The
+    job's own SuperLink is stopped (its registry record gone, no process of its group left)."""
     from flower_vfl.cli import main
     from flower_vfl.deploy import local
 
@@ -234,11 +235,15 @@ def test_simulate_exits_non_zero_when_the_server_app_fails(tmp_path, monkeypatch
     started = []
     real = local.record_superlink
     monkeypatch.setattr(local, "record_superlink", lambda proc, *a, **k: started.append(proc.pid) or real(proc, *a, **k))
-    code = main(["simulate", "--dataset", "a9a", "--data-dir", str(tmp_path / "nowhere"), "--max-rounds", "1"])
+    bad = tmp_path / "a9a-bad"
+    bad.mkdir()
+    (bad / "a9a").write_text("+1 3:1 xx:1\n-1 5:1\n")
+    (bad / "a9a.t").write_text("+1 3:1\n-1 5:1\n")
+    code = main(["simulate", "--dataset", "a9a", "--data-dir", str(bad), "--max-rounds", "1"])
     err = capsys.readouterr().err
     assert code == 1
     assert "flower-vfl: error: run " in err and " finished:failed\n" in err
-    assert (f"  error: FileNotFoundError: a9a data file not found: {tmp_path / 'nowhere' / 'a9a'}. Set the node-config "
-            "/ run-config key data-dir to the folder holding a9a and a9a.t\n") in err
+    assert (f"  error: DataError: {bad / 'a9a'} is not a valid LIBSVM/svmlight file (invalid literal for int() with base 10: "
+            "b'xx'); set n-features if the party's last columns are all zero") in err
     assert len(started) == 1 and any_alive(started) == []
     assert local.recorded_superlinks() == []
