@@ -44,7 +44,7 @@ def flower_vs_engine(T):
     from flower_vfl.clients.dpiadmm import agent_privacy_from_node_config
     from flower_vfl.horizontal.data import split_arrays
     from flower_vfl.deploy.local_grid import LocalGrid
-    from flower_vfl.strategies import DPIADMMStrategy
+    from flower_vfl.strategies.dpiadmm import DPIADMMConfig, DPIADMMStrategy
     X, y = load_digits(return_X_y=True)
     Xp, yp = split_arrays(X / 16.0, y, 4)
     seeds = [1, 2, 3, 4]
@@ -61,7 +61,8 @@ def flower_vs_engine(T):
                       "query.identify": lambda m, c: client(c).identify(m, c)},
                      {100 + i: {"partition-id": i, "dp-eps-bar": 1.0, "dp-max-epsilon": 1e6} for i in range(4)})
     w0 = time.perf_counter()
-    DPIADMMStrategy("objt", 4, 64, 10, T, a=1.0).start(grid)
+    DPIADMMStrategy(DPIADMMConfig(variant="objt", num_agents=4, num_features=64, num_classes=10,
+                                  num_iterations=T, a=1.0)).start(grid)
     t_flower = time.perf_counter() - w0
     w0 = time.perf_counter()
     run_dpiadmm(Xp, yp, DPIADMMParams(variant="objt", eps_bar=1.0), T, [seeds], K=10, stream=1)

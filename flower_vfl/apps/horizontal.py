@@ -35,7 +35,7 @@ from flower_vfl.clients.dpiadmm import DPIADMMClient, agent_privacy_from_node_co
 from flower_vfl.clients.source import agent_source
 from flower_vfl.config.schema import parse_agent_node_config, parse_horizontal_run_config
 from flower_vfl.errors import install_log_filter, reply_user_errors
-from flower_vfl.strategies.dpiadmm import DPIADMMStrategy
+from flower_vfl.strategies.dpiadmm import DPIADMMConfig, DPIADMMStrategy
 
 __all__ = ["server", "client", "make_agent", "make_server_strategy"]
 
@@ -82,9 +82,8 @@ def make_server_strategy(run_config) -> DPIADMMStrategy:
     from flower_vfl.datasets import load_fashion_mnist
     g = parse_horizontal_run_config(run_config)      # every key checked before any data is read
     _, _, Xt, yt = load_fashion_mnist(g["data-dir"] or None)
-    return DPIADMMStrategy(g["hz-variant"], g["hz-num-agents"], Xt.shape[1], 10, g["hz-iterations"],
-                           a=g["hz-a"], beta=g["hz-beta"], trust=g["hz-trust"],
-                           X_test=Xt, y_test=yt, eval_every=g["hz-eval-every"])
+    config = DPIADMMConfig.from_run_config(g, num_features=Xt.shape[1], num_classes=10)
+    return DPIADMMStrategy(config, X_test=Xt, y_test=yt)
 
 
 def writable_out_dir(out: str):

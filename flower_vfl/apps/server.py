@@ -22,7 +22,7 @@ from flower_vfl.reporting.report import write_report
 from flower_vfl.strategies import own_data
 from flower_vfl.strategies.moment import MomentStrategy
 from flower_vfl.strategies.stacked_ssp import StackedSSPStrategy
-from flower_vfl.strategies.config import StrategyConfig
+from flower_vfl.strategies.config import MomentConfig, StrategyConfig
 from flower_vfl.reporting.notes import paper_inf_note
 from flower_vfl.strategies.vertical_admm import VerticalADMMStrategy, log_round
 
@@ -102,10 +102,7 @@ def make_moment_strategy(cfg: dict, y, y_test, ids=None) -> MomentStrategy:
     config ``cfg`` (:func:`check_route` passed): ``lam`` the pool objective's L2 coefficient,
     ``rho`` its ADMM penalty (0: 0.1 / pool rows), ``max-rounds`` the rounds per fit, ``tol`` the
     early stop (0: every round)."""
-    return MomentStrategy(y, y_test, num_parties=int(cfg["num-parties"]), lam=float(cfg["lam"]),
-                          rho=float(cfg["rho"]) or None, max_rounds=int(cfg["max-rounds"]), tol=float(cfg["tol"]),
-                          timeout=float(cfg["round-timeout"]), party_wait=float(cfg["party-wait"]),
-                          party_keys=cfg["party-keys"] or None, max_release=float(cfg["max-release"]))
+    return MomentStrategy(y, y_test, MomentConfig.from_run_config(cfg))
 
 
 def make_stacked_strategy(cfg: dict, y, y_test, ids=None) -> StackedSSPStrategy:

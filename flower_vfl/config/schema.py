@@ -56,6 +56,7 @@ from flower_vfl.io.data import DATASETS
 __all__ = ["ConfigError", "Key", "SCHEMA", "RETIRED", "HORIZONTAL_RUN_KEYS", "HORIZONTAL_NODE_KEYS",
            "run_defaults", "check_value", "parse_run_config", "parse_node_config", "parse_horizontal_run_config",
            "parse_agent_node_config", "setting", "markdown_table", "ParamError", "Param", "PARAMS",
+           "DPIADMM_PARAMS", "SGD_PARAMS",
            "PRIVACY_FIELDS", "check_param", "check_params", "check_privacy", "EnvVar", "ENVIRONMENT"]
 
 SCOPES = ("run", "node", "node-first", "party", "both", "hz-run", "hz-node")
@@ -534,6 +535,40 @@ PARAMS: dict[str, Param] = dict([
          "privacy_ledger", {"none": True}, lo=0.0, lo_open=True),
 ])
 
+#: the horizontal DP-IADMM server's arguments (flower_vfl.strategies.dpiadmm.DPIADMMConfig): the
+#: horizontal run config's ``hz-*`` key where one sets it, else its own declaration
+DPIADMM_PARAMS: dict[str, Param] = dict([
+    _p("variant", "hz-variant"), _p("num_agents", "hz-num-agents"), _p("num_iterations", "hz-iterations"),
+    _p("a", "hz-a"), _p("beta", "hz-beta"), _p("trust", "hz-trust"), _p("eval_every", "hz-eval-every"),
+    _api("num_features", int, 784, "J, the features of every agent's rows", lo=1),
+    _api("num_classes", int, 10, "K, the classes of the multiclass logistic regression", lo=2),
+    _api("box", float, 1.0, "the box W = [-box, box]^(J x K) of w and every z_p", lo=0.0, lo_open=True),
+    _api("c1", float, 2.0, "rho_t = min{rho_max, c1 * 1.2^floor(t/Tc) + c2/eps_bar} (eq. 21): c1", lo=0.0, lo_open=True),
+    _api("c2", float, 5.0, "rho_t (eq. 21): c2, the weight of 1/eps_bar", lo=0.0),
+    _api("Tc", float, 1e4, "rho_t (eq. 21): Tc, the iterations between two 1.2x steps", lo=0.0, lo_open=True),
+    _api("rho_max", float, 1e9, "rho_t (eq. 21): rho_max, its cap", lo=0.0, lo_open=True),
+    _api("timeout", float, 600.0, "seconds to wait for the agents' replies in one round", lo=0.0, lo_open=True),
+    _api("party_wait", float, 0.0, "seconds to wait for a missing agent (at identify, a lost node to come "
+         "back); 0: do not wait", lo=0.0),
+])
+
+#: the vertical SGD baseline's label owner's arguments (flower_vfl.routes.vertical_sgd.config.SGDConfig):
+#: a library route, no run config sets them; the vertical run config's key where one shares the meaning
+SGD_PARAMS: dict[str, Param] = dict([
+    _p("num_parties"), _p("loss", objects=True), _p("fit_intercept"), _p("timeout", "round-timeout"),
+    _api("lr", float, 0.1, "the SGD step size", lo=0.0, lo_open=True),
+    _api("lr_schedule", str, "constant", "the step size over the steps: 'constant' lr, 'inverse' "
+         "lr/(1 + lr_decay*step), 'sqrt' lr/sqrt(1 + lr_decay*step)", choices=("constant", "inverse", "sqrt")),
+    _api("lr_decay", float, 0.0, "the decay of the 'inverse' and 'sqrt' schedules", lo=0.0),
+    _api("batch_size", int, 256, "rows per SGD step (None: every row)", {"none": True}, lo=1),
+    _api("max_epochs", int, 20, "epochs (a round is an epoch)", lo=1, hi=1_000_000),
+    _api("init_scale", float, 0.01, "the scale of the parties' random initial x_m", lo=0.0),
+    _api("seed", int, 0, "the shared seed of the batches and the parties' initial x_m", lo=0, hi=2**63 - 1),
+    _api("eval_every", int, 1, "evaluate every k epochs and after the last (0: only after the last)", lo=0),
+    _api("party_wait", float, 0.0, "seconds to wait for a missing party (at identify, a lost node to come "
+         "back; a restarted SGD party has lost its x_m); 0: do not wait", lo=0.0),
+])
+
 #: a PrivacyConfig field -> the party key (node config ``dp-*``) whose range it shares
 PRIVACY_FIELDS = {"epsilon": "dp-epsilon", "delta": "dp-delta", "train_rounds": "dp-train-rounds",
                   "eval_rounds": "dp-eval-rounds", "calibration": "dp-calibration", "noise_form": "dp-noise",
@@ -561,7 +596,7 @@ def check_param(owner: str, name: str, value, param: Param | None = None):
     shown = next((v for v in param.also if isinstance(v, str)), param.key.default)
     default = "" if shown is None else f", e.g. the default {name}={shown!r}"
     where = f"; run config key {param.config!r}" if param.config and SCHEMA[param.config].scope in (
-        "run", "node-first", "both") else f"; node config key {param.config!r}" if param.config else ""
+        "run", "node-first", "both", "hz-run") else f"; node config key {param.config!r}" if param.config else ""
     raise ParamError(f"{owner}({name}={value!r}) is refused: expected {param.allowed()} ({param.key.help}{where}); "
                      f"pass {name}= such a value{default}")
 

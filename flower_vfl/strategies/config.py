@@ -12,6 +12,9 @@ with an error naming the argument, the value, the accepted range and the fix.
     strategy = VerticalADMMStrategy(y_train, y_test, num_parties=3, max_rounds=30, tol=1e-6)
 
 :meth:`StrategyConfig.from_run_config` builds it from a checked run config (the ServerApp's).
+:class:`MomentConfig` is the same for the moment route's label owner
+(:class:`~flower_vfl.strategies.moment.MomentStrategy`); :func:`build_config` is what every central
+node's config does with the former keyword (and, for DP-IADMM, positional) arguments.
 """
 
 from __future__ import annotations
@@ -22,10 +25,45 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from flower_vfl.config.schema import SCHEMA, ParamError, check_params
 from flower_vfl.core.rounds import DEFAULT_TOL_ABS
 
-__all__ = ["StrategyConfig"]
+__all__ = ["StrategyConfig", "MomentConfig", "build_config"]
+
+
+def build_config(cls, config=None, settings=None, args=()):
+    """The config of type ``cls`` (a dataclass with ``OWNER``, the strategy its refusals name, and
+    ``EXAMPLE``): ``config`` (or the defaults) with ``settings`` (the strategy's former keyword
+    arguments) over it. An unknown name is refused naming the closest field. A class with
+    ``POSITIONAL`` (field names) also takes the former positional arguments: ``config`` and
+    ``args`` are then those values, in that order."""
+    settings = dict(settings or {})
+    names = [f.name for f in dataclasses.fields(cls)]
+    for name in settings:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            raise ParamError(f"{cls.OWNER} got an unknown setting {name!r}"
+                             f"{f' (did you mean {close[0]!r}?)' if close else ''}; the settings are the "
+                             f"fields of {cls.__name__}: {', '.join(names)}")
+    positional = getattr(cls, "POSITIONAL", ())
+    if isinstance(config, cls) and not args:
+        return dataclasses.replace(config, **settings) if settings else config
+    if config is None and not args:
+        return cls(**settings)
+    if not positional or isinstance(config, cls):
+        raise ParamError(f"{cls.OWNER}(config={config!r}) is refused: expected a {cls.__name__} "
+                         f"({cls.__module__}) or None; pass e.g. {cls.EXAMPLE}")
+    values = (config, *args)
+    if len(values) > len(positional):
+        raise ParamError(f"{cls.OWNER} takes at most {len(positional)} settings by position "
+                         f"({', '.join(positional)}) but got {len(values)}; pass the others by name or "
+                         f"in a {cls.__name__}, e.g. {cls.EXAMPLE}")
+    for name in positional[:len(values)]:
+        if name in settings:
+            raise ParamError(f"{cls.OWNER} got the setting {name!r} both by position and by name; give it once")
+    return cls(**dict(zip(positional, values)), **settings)
 
 
 def _d(key):
@@ -135,23 +173,14 @@ class StrategyConfig:
             raise ParamError("secagg=true with stragglers='stale': a secure sum needs every party of the round (a "
                              "stale party's last release is not held); use stragglers='wait'")
 
+    #: the strategy the refusals name, and the example they give
+    OWNER, EXAMPLE = "VerticalADMMStrategy", "StrategyConfig(num_parties=3)"
+
     @classmethod
     def build(cls, config: "StrategyConfig | None" = None, **settings) -> "StrategyConfig":
         """``config`` (or the defaults) with ``settings`` (the former keyword arguments) over it;
         an unknown name is refused naming the closest field."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        for name in settings:
-            if name not in names:
-                close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-                raise ParamError(f"VerticalADMMStrategy got an unknown setting {name!r}"
-                                 f"{f' (did you mean {close[0]!r}?)' if close else ''}; the settings are the "
-                                 f"fields of StrategyConfig: {', '.join(names)}")
-        if config is not None and not isinstance(config, cls):
-            raise ParamError(f"VerticalADMMStrategy(config={config!r}) is refused: expected a StrategyConfig "
-                             "(flower_vfl.strategies.config) or None; pass e.g. StrategyConfig(num_parties=3)")
-        if config is None:
-            return cls(**settings)
-        return dataclasses.replace(config, **settings) if settings else config
+        return build_config(cls, config, settings)
 
     @classmethod
     def from_run_config(cls, cfg: dict, **settings) -> "StrategyConfig":
@@ -170,4 +199,67 @@ class StrategyConfig:
                     variant=str(cfg["variant"]), secagg=bool(cfg["secagg"]), wire_dtype=str(cfg["wire-dtype"]),
                     run_settings={"lam": float(cfg["lam"]), "x-solver": str(cfg["x-solver"]),
                                   "dataset": "" if cfg["labels-path"] else str(cfg["dataset"])})
+        return cls(**{**base, **settings})
+
+
+@dataclass(frozen=True)
+class MomentConfig:
+    """Settings of the label owner of the moment route
+    (:class:`~flower_vfl.strategies.moment.MomentStrategy`), checked by the parameter table
+    (:data:`flower_vfl.config.schema.PARAMS`) when the object is made.
+
+    Parameters
+    ----------
+    num_parties : int, default=2
+    lam : float > 0, default=3e-4
+        The L2 coefficient of the pool objective F (``lam``; 3e-4 is the in-process route's choice
+        at epsilon = 1).
+    rho : float, None or 'auto', default=None
+        The ADMM penalty (``rho``; None, 'auto' or 0: :func:`~flower_vfl.core.moment_sharing.default_rho`).
+    max_rounds : int, default=50
+        ADMM rounds per fit (``max-rounds``).
+    tol : float, default=0
+        Stop a fit when max |s^{k+1} - s^k| over the parties' pool scores and |b^{k+1} - b^k| are
+        below ``tol`` (``tol``; 0 runs every round).
+    timeout, party_wait, party_keys, max_release :
+        As :class:`StrategyConfig`'s (``round-timeout``, ``party-wait``, ``party-keys``, ``max-release``).
+    """
+
+    num_parties: int = _d("num-parties")
+    lam: float = 3e-4
+    rho: Any = None
+    max_rounds: int = _d("max-rounds")
+    tol: float = _d("tol")
+    timeout: float = _d("round-timeout")
+    party_wait: float = _d("party-wait")
+    party_keys: Any = None
+    max_release: float = _d("max-release")
+
+    OWNER, EXAMPLE = "MomentStrategy", "MomentConfig(num_parties=3, lam=3e-4)"
+
+    def __post_init__(self):
+        checked = check_params(self.OWNER, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                                            if f.name != "lam"})
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+        lam = self.lam
+        if isinstance(lam, bool) or not isinstance(lam, (int, float, np.integer, np.floating)) or not (
+                np.isfinite(lam) and lam > 0):
+            raise ParamError(f"{self.OWNER}(lam={lam!r}) is refused: the moment route needs a finite lam > 0 (the "
+                             "pool objective must be bounded; run config key 'lam'); pass lam= such a value, e.g. "
+                             "the default lam=0.0003 (the choice at epsilon = 1)")
+        object.__setattr__(self, "lam", float(lam))
+
+    @classmethod
+    def build(cls, config: "MomentConfig | None" = None, **settings) -> "MomentConfig":
+        """``config`` (or the defaults) with ``settings`` (the former keyword arguments) over it."""
+        return build_config(cls, config, settings)
+
+    @classmethod
+    def from_run_config(cls, cfg: dict, **settings) -> "MomentConfig":
+        """From a run config checked by :func:`~flower_vfl.config.schema.parse_run_config`."""
+        base = dict(num_parties=int(cfg["num-parties"]), lam=float(cfg["lam"]), rho=float(cfg["rho"]) or None,
+                    max_rounds=int(cfg["max-rounds"]), tol=float(cfg["tol"]), timeout=float(cfg["round-timeout"]),
+                    party_wait=float(cfg["party-wait"]), party_keys=cfg["party-keys"] or None,
+                    max_release=float(cfg["max-release"]))
         return cls(**{**base, **settings})

@@ -26,10 +26,12 @@ from flwr.serverapp import Grid
 from flower_vfl.errors import UserError
 from flower_vfl.horizontal.admm import DPIADMMParams, dual_step, rho_schedule, server_step
 from flower_vfl.horizontal.model import error_rate
+from flower_vfl.config.schema import DPIADMM_PARAMS, check_params
 from flower_vfl.strategies.base import CentralBase, RunState, check_num_rounds
+from flower_vfl.strategies.config import build_config
 from flower_vfl.strategies.exchange import ReplyError, identity_record
 
-__all__ = ["DPIADMMStrategy", "DPIADMMState", "AgentRefused"]
+__all__ = ["DPIADMMStrategy", "DPIADMMConfig", "DPIADMMState", "AgentRefused"]
 
 
 class AgentRefused(UserError, RuntimeError):
@@ -49,14 +51,17 @@ class DPIADMMState(RunState):
     params: DPIADMMParams | None = None
 
 
-class DPIADMMStrategy(CentralBase):
-    """Server of DP inexact ADMM over P agents holding different samples (same features).
+@dataclasses.dataclass(frozen=True)
+class DPIADMMConfig:
+    """Settings of the DP-IADMM server, checked by the parameter table
+    (:data:`flower_vfl.config.schema.DPIADMM_PARAMS`: the horizontal run config's ``hz-*`` keys'
+    types, ranges and defaults where one sets it) when the object is made.
 
     Parameters
     ----------
     variant : {'objp', 'objt', 'outp'}, default='objt'
-    num_agents : int
-    num_features, num_classes : int
+    num_agents : int, default=10
+    num_features, num_classes : int, default=784, 10
         J and K of the multiclass logistic regression.
     num_iterations : int, default=100
         T.
@@ -64,15 +69,78 @@ class DPIADMMStrategy(CentralBase):
         The public algorithm settings sent to every agent. The privacy settings (eps_bar,
         delta_bar, sensitivity, seed) are the agents' own (their node config); the server
         learns only eps_bar (for rho_t, eq. 21) from the identify reply.
-    X_test, y_test : arrays, optional
-        Held-out data for the test error of w (the server's own data, never sent).
-    eval_every : int, default=10
-    timeout : float, default=600
-    party_wait : float, default=0
+    eval_every : int >= 1, default=10
+    timeout : float > 0, default=600
+    party_wait : float >= 0, default=0
         Seconds to wait for a missing agent (at identify, and for a lost node to come back), as
         :class:`~flower_vfl.strategies.exchange.Exchange`.
+    """
+
+    variant: str = "objt"
+    num_agents: int = 10
+    num_features: int = 784
+    num_classes: int = 10
+    num_iterations: int = 100
+    a: float = 1.0
+    beta: float = 1e-6
+    box: float = 1.0
+    c1: float = 2.0
+    c2: float = 5.0
+    Tc: float = 1e4
+    rho_max: float = 1e9
+    trust: str = "paper"
+    eval_every: int = 10
+    timeout: float = 600.0
+    party_wait: float = 0.0
+
+    OWNER, EXAMPLE = "DPIADMMStrategy", "DPIADMMConfig(variant='objt', num_agents=4, num_iterations=50)"
+    #: the former positional arguments, in their order
+    POSITIONAL = ("variant", "num_agents", "num_features", "num_classes", "num_iterations", "a", "beta", "box",
+                  "c1", "c2", "Tc", "rho_max", "trust")
+
+    def __post_init__(self):
+        checked = check_params(self.OWNER, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                               DPIADMM_PARAMS)
+        for name, value in checked.items():          # typed as the table says
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def build(cls, config=None, *args, **settings) -> "DPIADMMConfig":
+        """``config`` (or the defaults) with ``settings`` over it; or, as before the config object,
+        the settings by position (``config`` the variant, ``args`` the rest, in :attr:`POSITIONAL`'s order)."""
+        return build_config(cls, config, settings, args)
+
+    @classmethod
+    def from_run_config(cls, g: dict, **settings) -> "DPIADMMConfig":
+        """From a horizontal run config checked by
+        :func:`~flower_vfl.config.schema.parse_horizontal_run_config` (``settings``: what it does
+        not hold, e.g. ``num_features``)."""
+        base = dict(variant=g["hz-variant"], num_agents=g["hz-num-agents"], num_iterations=g["hz-iterations"],
+                    a=g["hz-a"], beta=g["hz-beta"], trust=g["hz-trust"], eval_every=g["hz-eval-every"])
+        return cls(**{**base, **settings})
+
+    def public(self) -> DPIADMMParams:
+        """The public algorithm settings sent to every agent."""
+        return DPIADMMParams(variant=self.variant, a=self.a, beta=self.beta, box=self.box, c1=self.c1, c2=self.c2,
+                             Tc=self.Tc, rho_max=self.rho_max, trust=self.trust).validate()
+
+
+class DPIADMMStrategy(CentralBase):
+    """Server of DP inexact ADMM over P agents holding different samples (same features).
+
+    Parameters
+    ----------
+    config : DPIADMMConfig, optional
+        The settings (:class:`DPIADMMConfig`), checked by the parameter table when made. As before
+        the config object, the settings may also be given by position, ``DPIADMMStrategy(variant,
+        num_agents, num_features, num_classes, num_iterations, ...)``.
+    X_test, y_test : arrays, optional
+        Held-out data for the test error of w (the server's own data, never sent).
     progress : callable, optional
         ``progress(t, row)`` after each round (also settable as the attribute ``progress``).
+    **settings :
+        The settings by name (``num_agents=4``, ``beta=1e-4``, ...), over ``config``; a name that is
+        not a field of DPIADMMConfig is refused naming the closest one.
 
     After :meth:`start`: ``state_`` (:class:`DPIADMMState`) and its read-outs ``history_``,
     ``final_``, ``privacy_``, ``stopped_reason_``, ``w``, ``Z``, ``Lam``, ``params``, ``n_samples``.
@@ -82,18 +150,16 @@ class DPIADMMStrategy(CentralBase):
     ROLE, COUNT_KEY = "agent", "hz-num-agents"
     HALTS = (AgentRefused,)
 
-    def __init__(self, variant="objt", num_agents=10, num_features=784, num_classes=10, num_iterations=100,
-                 a=1.0, beta=1e-6, box=1.0, c1=2.0, c2=5.0, Tc=1e4, rho_max=1e9, trust="paper",
-                 X_test=None, y_test=None, eval_every=10, timeout=600.0, party_wait=0.0, progress=None):
-        self.public = DPIADMMParams(variant=variant, a=a, beta=beta, box=box, c1=c1, c2=c2, Tc=Tc,
-                                    rho_max=rho_max, trust=trust).validate()
-        if int(num_agents) < 1 or int(num_iterations) < 1:
-            raise ValueError(f"num_agents={num_agents!r}, num_iterations={num_iterations!r}; both must be >= 1")
-        self.num_agents, self.J, self.K = int(num_agents), int(num_features), int(num_classes)
+    def __init__(self, config: DPIADMMConfig | None = None, *args, X_test=None, y_test=None, progress=None,
+                 **settings):
+        # every setting checked by the parameter table (config/schema.py, DPIADMM_PARAMS) before any work
+        self.config = cfg = DPIADMMConfig.build(config, *args, **settings)
+        self.public = cfg.public()
+        self.num_agents, self.J, self.K = cfg.num_agents, cfg.num_features, cfg.num_classes
         self.num_parties = self.num_agents
-        self.T = int(num_iterations)
-        self.X_test, self.y_test, self.eval_every, self.timeout = X_test, y_test, int(eval_every), float(timeout)
-        self.party_wait = float(party_wait)
+        self.T = cfg.num_iterations
+        self.X_test, self.y_test, self.eval_every, self.timeout = X_test, y_test, cfg.eval_every, cfg.timeout
+        self.party_wait = cfg.party_wait
         self.progress = progress
         super().__init__()
 

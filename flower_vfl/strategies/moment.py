@@ -40,9 +40,9 @@ from flwr.common.logger import log
 
 from flower_vfl.core.moment_sharing import PoolExchange, default_rho, pool_driver
 from flower_vfl.privacy.ssp import cross_fit_halves
+from flower_vfl.strategies.config import MomentConfig
 from flower_vfl.strategies.exchange import PartyRefused, ReplyError, check_release, keep_report
 from flower_vfl.strategies.one_release import OneReleaseState, OneReleaseStrategy
-from flower_vfl.strategies.vertical_admm import DEFAULT_MAX_RELEASE
 
 __all__ = ["MomentStrategy", "MomentState", "MOMENT_ROUND", "POOL_SEED"]
 
@@ -70,18 +70,18 @@ class MomentStrategy(OneReleaseStrategy):
 
     Parameters
     ----------
-    y_train, y_test, num_parties, timeout, party_wait, party_keys, max_release, progress :
+    y_train, y_test : arrays
         As for :class:`~flower_vfl.strategies.stacked_ssp.StackedSSPStrategy` (``y_test``: for the
         test metrics only; no label of a pool row enters the fit).
-    lam : float, default=3e-4
-        The L2 coefficient of F (``lam``; 3e-4 is the in-process route's choice at epsilon = 1).
-    rho : float or None, default=None
-        The ADMM penalty (``rho``; None or 0: :func:`~flower_vfl.core.moment_sharing.default_rho`).
-    max_rounds : int, default=50
-        ADMM rounds per fit (``max-rounds``).
-    tol : float, default=0
-        Stop a fit when max |s^{k+1} - s^k| over the parties' pool scores and |b^{k+1} - b^k| are
-        below ``tol`` (``tol``; 0 runs every round).
+    config : MomentConfig, optional
+        The settings (:class:`~flower_vfl.strategies.config.MomentConfig`: ``num_parties``, ``lam``,
+        ``rho``, ``max_rounds``, ``tol``, ``timeout``, ``party_wait``, ``party_keys``,
+        ``max_release``), checked by the parameter table when made.
+    progress : callable, optional
+        ``progress(k, row)`` after each round.
+    **settings :
+        The same settings by name (as before the config object), over ``config``; a name that is
+        not a field of MomentConfig is refused naming the closest one.
 
     After :meth:`start`: ``state_`` (:class:`MomentState`) and its read-outs ``history_``, ``final_``,
     ``privacy_``, ``decision_test_``, ``metrics_``, ``halves_``, ``intercepts_``, ``rounds_``,
@@ -94,17 +94,15 @@ class MomentStrategy(OneReleaseStrategy):
     EXPOSED_ROWS = ("pool_rows", "not protected: the held-out rows are the pool; their scores reach the label owner "
                                  "every round")
 
-    def __init__(self, y_train, y_test=None, num_parties=2, lam=3e-4, rho=None, max_rounds=50, tol=0.0,
-                 timeout=600.0, party_wait=120.0, party_keys=None, max_release=DEFAULT_MAX_RELEASE, progress=None):
-        from flower_vfl.config.schema import check_params      # the one parameter table (schema.PARAMS)
-        check_params("MomentStrategy", dict(num_parties=num_parties, rho=rho, max_rounds=max_rounds, tol=tol,
-                                            timeout=timeout, party_wait=party_wait, max_release=max_release))
-        self._init_labels(y_train, y_test, num_parties, timeout, party_wait, party_keys, max_release, progress)
-        self.lam = float(lam)
-        if not (np.isfinite(self.lam) and self.lam > 0):
-            raise ValueError(f"lam={lam!r}: the moment route needs lam > 0 (the pool objective must be bounded)")
-        self.rho = None if not rho else float(rho)
-        self.max_rounds, self.tol = int(max_rounds), float(tol)
+    def __init__(self, y_train, y_test=None, config: MomentConfig | None = None, *, progress=None, **settings):
+        # every setting checked by the parameter table (config/schema.py, PARAMS) before any work;
+        # the former keyword arguments (num_parties=..., lam=...) still build the config
+        self.config = cfg = MomentConfig.build(config, **settings)
+        self._init_labels(y_train, y_test, cfg.num_parties, cfg.timeout, cfg.party_wait, cfg.party_keys,
+                          cfg.max_release, progress)
+        self.lam = cfg.lam
+        self.rho = None if cfg.rho in (None, "auto", 0) else float(cfg.rho)
+        self.max_rounds, self.tol = int(cfg.max_rounds), float(cfg.tol)
         super().__init__()
 
     def summary(self) -> None:

@@ -25,6 +25,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flower_vfl.core.losses import get_loss
+from flower_vfl.routes.vertical_sgd.config import SGDConfig
 from flower_vfl.routes.vertical_sgd.reference import (FLOAT_BYTES, SGDCentral, batch_indices, eval_metrics,
                                                        learning_rate, n_batches)
 from flower_vfl.strategies.base import CentralBase, RunState, check_num_rounds
@@ -54,20 +55,16 @@ class VerticalSGDStrategy(CentralBase):
     ----------
     y_train, y_test : arrays
         Labels of the aligned training / held-out rows (never sent).
-    num_parties : int, default=2
-    loss : str, default='logistic'
-    lr, lr_schedule, lr_decay, batch_size, max_epochs, fit_intercept, init_scale, seed :
-        As :class:`~flower_vfl.routes.vertical_sgd.reference.VerticalSGD` (``seed`` = its ``random_state``);
-        ``init_scale`` and ``seed`` are sent to the parties, which draw their own x_m.
-    eval_every : int, default=1
-        Evaluate (objective, test metrics) every k epochs and after the last.
-    timeout : float, default=600
-    party_wait : float, default=0
-        Seconds to wait for a missing party (at identify, and for a lost node to come back), as
-        :class:`~flower_vfl.strategies.exchange.Exchange`. A restarted SGD party has lost its x_m,
-        so the default stops the run naming the party.
+    config : SGDConfig, optional
+        The settings (:class:`~flower_vfl.routes.vertical_sgd.config.SGDConfig`: ``num_parties``,
+        ``loss``, ``lr``, ``lr_schedule``, ``lr_decay``, ``batch_size``, ``max_epochs``,
+        ``fit_intercept``, ``init_scale``, ``seed``, ``eval_every``, ``timeout``, ``party_wait``),
+        checked by the parameter table when made.
     progress : callable, optional
         ``progress(epoch, row)`` after each epoch (also settable as the attribute ``progress``).
+    **settings :
+        The same settings by name (as before the config object), over ``config``; a name that is
+        not a field of SGDConfig is refused naming the closest one.
 
     After :meth:`start`: ``state_`` (:class:`SGDState`) and its read-outs ``history_``, ``final_``,
     ``central`` (the intercept ``central.b``), ``steps_``, ``messages_``, ``bytes_``, ``decision_test_``.
@@ -75,20 +72,21 @@ class VerticalSGDStrategy(CentralBase):
 
     State = SGDState
 
-    def __init__(self, y_train, y_test=None, num_parties=2, loss="logistic", lr=0.1, lr_schedule="constant",
-                 lr_decay=0.0, batch_size=256, max_epochs=20, fit_intercept=True, init_scale=0.01, seed=0,
-                 eval_every=1, timeout=600.0, party_wait=0.0, progress=None):
-        self.loss = get_loss(loss) if isinstance(loss, str) else loss
+    def __init__(self, y_train, y_test=None, config: SGDConfig | None = None, *, progress=None, **settings):
+        # every setting checked by the parameter table (config/schema.py, SGD_PARAMS) before any work;
+        # the former keyword arguments (num_parties=..., lr=...) still build the config
+        self.config = cfg = SGDConfig.build(config, **settings)
+        self.loss = get_loss(cfg.loss) if isinstance(cfg.loss, str) else cfg.loss
         self.t = self.loss.encode_labels(np.asarray(y_train))
         self.t_test = None if y_test is None else self.loss.encode_labels(np.asarray(y_test))
-        self.fit_intercept = bool(fit_intercept)
+        self.fit_intercept = cfg.fit_intercept
         n = self.t.shape[0]
-        self.num_parties, self.n = int(num_parties), n
-        self.batch_size = n if batch_size is None else min(int(batch_size), n)
-        learning_rate(0, lr, lr_schedule, lr_decay)          # validates the schedule
-        self.lr, self.lr_schedule, self.lr_decay = float(lr), lr_schedule, float(lr_decay)
-        self.max_epochs, self.init_scale, self.seed = int(max_epochs), float(init_scale), int(seed)
-        self.eval_every, self.timeout, self.party_wait = int(eval_every), float(timeout), float(party_wait)
+        self.num_parties, self.n = cfg.num_parties, n
+        self.batch_size = n if cfg.batch_size is None else min(cfg.batch_size, n)
+        learning_rate(0, cfg.lr, cfg.lr_schedule, cfg.lr_decay)          # validates the schedule
+        self.lr, self.lr_schedule, self.lr_decay = cfg.lr, cfg.lr_schedule, cfg.lr_decay
+        self.max_epochs, self.init_scale, self.seed = cfg.max_epochs, cfg.init_scale, cfg.seed
+        self.eval_every, self.timeout, self.party_wait = cfg.eval_every, cfg.timeout, cfg.party_wait
         self.progress = progress
         super().__init__()
 
