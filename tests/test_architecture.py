@@ -59,7 +59,6 @@ FLWR_BELOW = {
 #: Across rooms:
 KNOWN_PRIVATE = {("flower_vfl.cli.ledger", "flower_vfl.privacy.store._count_journals"),
                  ("flower_vfl.clients.party_private", "flower_vfl.privacy.store._STORES"),
-                 ("flower_vfl.estimator.sklearn_api", "flower_vfl.io.model_files._write"),
                  # within one room:
                  ("flower_vfl.estimator.blocked", "flower_vfl.estimator.engine._has_proba"),
                  ("flower_vfl.core.label_noise", "flower_vfl.core.loss_base._check_binary"),

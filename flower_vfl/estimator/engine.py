@@ -412,11 +412,11 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
             return super().save(path)
         metas = [model.to_meta() for model in models]
         from flower_vfl.estimator.sklearn_api import estimator_meta
-        from flower_vfl.io.model_files import _write
+        from flower_vfl.io.model_files import write_model_file
         if not hasattr(self, "coef_"):
             raise AttributeError("this VerticalADMM is not fitted yet; call fit(X_blocks, y) before save")
         arrays, meta = estimator_meta(self)
-        return _write(path, arrays, {**meta, "party_models": metas})
+        return write_model_file(path, arrays, {**meta, "party_models": metas})
 
     @classmethod
     def load(cls, path):

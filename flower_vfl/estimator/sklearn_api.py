@@ -80,11 +80,11 @@ class SklearnAPIMixin:
     def save(self, path):
         """Write the fitted model (coefficients, intercept, classes, parameters, history) to a
         versioned ``.npz``; no training data is written."""
-        from flower_vfl.io.model_files import _write
+        from flower_vfl.io.model_files import write_model_file
         if not hasattr(self, "coef_"):
             raise AttributeError("this VerticalADMM is not fitted yet; call fit(X_blocks, y) before save")
         arrays, meta = estimator_meta(self)
-        return _write(path, arrays, meta)
+        return write_model_file(path, arrays, meta)
 
     @classmethod
     def load(cls, path):

@@ -45,7 +45,7 @@ def data_fingerprint(D, ids=None) -> str:
     return h.hexdigest()
 
 
-def _write(path, arrays: dict, meta: dict) -> Path:
+def write_model_file(path, arrays: dict, meta: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT, "version": VERSION, **meta}
@@ -75,7 +75,7 @@ def save_party_model(path, party_id: int, x, columns, preprocessing: dict, finge
             "x_kind": "released x_tilde" if private else "x_m", **(extra or {})}
     if block is not None:
         meta["block"] = dict(block)
-    return _write(path, {"x": x}, meta)
+    return write_model_file(path, {"x": x}, meta)
 
 
 def save_owner_model(path, intercept, loss: str, classes, config: dict, history: list,
@@ -84,7 +84,7 @@ def save_owner_model(path, intercept, loss: str, classes, config: dict, history:
     meta = {"kind": "label-owner", "loss": str(loss),
             "classes": None if classes is None else np.asarray(classes).tolist(),
             "config": dict(config), "history": list(history), **(extra or {})}
-    return _write(path, {"intercept": np.asarray(intercept, dtype=float)}, meta)
+    return write_model_file(path, {"intercept": np.asarray(intercept, dtype=float)}, meta)
 
 
 def load_model(path) -> dict:
