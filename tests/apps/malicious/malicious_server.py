@@ -13,11 +13,15 @@ test; a file of the attacker's own, so the party sees no unknown run-config key)
   forged ``query.psi_order``;
 * ``psi_key`` (hex of 32 bytes, or ``"fresh"``): the label owner's PSI key (a kept key makes a
   re-asked ID the same blinded item; a fresh one makes every ID new to the party's PSI log);
-* ``psi_order``: ``"permuted"`` (the intersection in a random order) or ``"short"`` (the
-  intersection without one row, in a random order);
+* ``psi_order``: ``"permuted"`` (the intersection in a random order), ``"short"`` (the
+  intersection without one row, in a random order) or ``"padded"`` (the intersection in a random
+  order, then the asked IDs the party did not match), or a list of them sent one after the other
+  (the last one's answer decides; ``psi_orders`` in the log holds each answer);
 * ``pause_after`` (int): after that training round, write ``out-dir``/paused and wait for the
   test to write ``out-dir``/resume (the test restarts the party's SuperNode meanwhile); then
   identify the new node, re-send it the last round with the same inputs, and go on;
+* ``resume_plans`` (dict party -> token): sent at identify as a resumed run sends its plan tokens
+  (``config['plans']``), e.g. the token another run's identify reply gave;
 * ``want_nodes`` (int): identify stops waiting once that many nodes answered (a SuperNode the
   test killed stays listed until its heartbeat expires).
 
@@ -83,28 +87,35 @@ def _align(grid, nodes, plan, log):
         rec = rep.content.config_records["psi"]
         common = [ids[i] for i in owner.intersect(bytes(rec["setup"]), bytes(rec["response"]))]
         entry["psi_common"] = len(common)
-        order = [common[i] for i in rng.permutation(len(common))]
-        if plan.get("psi_order") == "short":
-            order = order[:-1]
-        entry["psi_order_sent"] = order
-        msg = Message(RecordDict({"psi": ConfigRecord({"split": "train", "order": psi.encode_ids(order),
-                                                       "digest": psi.ids_digest(order)})}),
-                      dst_node_id=n, message_type="query.psi_order")
-        entry["psi_order"] = _record(_ask(grid, [msg])[0])
+        forms = plan.get("psi_order")
+        for form in forms if isinstance(forms, list) else [forms]:
+            order = [common[i] for i in rng.permutation(len(common))]
+            if form == "short":
+                order = order[:-1]
+            elif form == "padded":          # the intersection and every ID the party did not match
+                order = order + [i for i in ids if i not in set(common)]
+            entry["psi_order_sent"] = order
+            msg = Message(RecordDict({"psi": ConfigRecord({"split": "train", "order": psi.encode_ids(order),
+                                                           "digest": psi.ids_digest(order)})}),
+                          dst_node_id=n, message_type="query.psi_order")
+            entry["psi_order"] = _record(_ask(grid, [msg])[0])
+            entry.setdefault("psi_orders", []).append({"form": form, "n_sent": len(order), **entry["psi_order"]})
         if "psi" in entry["psi_order"]:
             aligned.append(n)
     return aligned
 
 
-def _identify(grid, nodes, log, want=None, skip=()):
+def _identify(grid, nodes, log, want=None, skip=(), plans=None):
     """Identify ``nodes``. With ``want``: stop once that many answered with their identity (a
     killed SuperNode stays listed until its heartbeat expires: its message is not waited for),
-    and ask every node that registers meanwhile (a restarted one), up to 120 s."""
+    and ask every node that registers meanwhile (a restarted one), up to 120 s. ``plans``: the
+    identify config's ``plans`` (party -> plan token: a resumed run's claim)."""
     rows, pending, asked, deadline = {}, {}, set(skip), time.monotonic() + 120
     while time.monotonic() < deadline:
         todo = [n for n in nodes if n not in asked]
         asked.update(todo)
-        msgs = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type="query.identify")
+        cfg = {} if plans is None else {"plans": json.dumps(plans)}
+        msgs = [Message(RecordDict({"config": ConfigRecord(cfg)}), dst_node_id=n, message_type="query.identify")
                 for n in todo]
         pending.update(zip(grid.push_messages(msgs), todo))
         for rep in grid.pull_messages(list(pending)):
@@ -156,7 +167,7 @@ def main(grid: Grid, context: Context) -> None:
         if plan.get("psi_ids"):
             nodes = _align(grid, nodes, plan, log)
             tick("psi")
-        rows = _identify(grid, nodes, log, plan.get("want_nodes"))
+        rows = _identify(grid, nodes, log, plan.get("want_nodes"), plans=plan.get("resume_plans"))
         tick("identify")
         rho = float(rc["rho"])
         for k in range(int(rc["max-rounds"])):
