@@ -267,3 +267,30 @@ def test_evaluation_noise_is_gaussian_in_parameter_space(block):
     r = np.corrcoef(z[:-1].ravel(), z[1:].ravel())[0, 1]
     assert abs(r) < 5 / np.sqrt(z[1:].size)
     assert p.ledger.totals()["exact"] == pytest.approx(2.0, rel=1e-6)   # the whole budget, no more
+
+
+def test_a_resume_over_another_view_of_the_party_is_refused_by_name(block):
+    """A server that presents a plan's token (a resume) while showing the party another block than
+    the plan was made on (another num-parties: other columns) gets a refusal naming the cause and the
+    fix, nothing released, not a raw reshape error."""
+    from flower_vfl.privacy.party import PlanViewChanged
+    from flower_vfl.privacy.store import PartyStore
+    D, rng = block
+    store = PartyStore(":memory:")
+    cfg = PrivacyConfig(epsilon=2.0, train_rounds=3, eval_rounds=0, b1=3.0, c_v=2.0, c_s=2.0)
+    p = PrivateParty(D, D[:50], 1e-2, cfg, party_id=1, store=store, run="a")
+    plan, _ = p.admit()
+    q, y = rng.normal(size=2000), np.zeros(2000)
+    p.train_release(1, q, y, rho=1e-3)
+    made = len(p.ledger.entries)
+    other = PrivateParty(D[:, :4], D[:50, :4], 1e-2, cfg, party_id=1, store=store, run="b")
+    with pytest.raises(PlanViewChanged) as err:
+        other.admit(token=plan.token)
+    assert err.value.code == "plan"
+    assert str(err.value) == (
+        f"party 1 refuses to continue plan {plan.plan}: that plan's iterate x has {D.shape[1]} entries, this "
+        f"run's block gives 4 (2000 rows x 4 columns): a resume must keep the party's view (the same "
+        "num-parties, split, preprocessing and files as the run it continues); resume with the original run's "
+        "settings, or start a new run once this plan's reservation is released (flower-vfl ledger "
+        "--release-plan)")
+    assert len(other.ledger.entries) == made                      # nothing released

@@ -39,7 +39,13 @@ from flower_vfl.privacy.mechanism import GaussianOutputMechanism
 from flower_vfl.privacy.sensitivity import (NEIGHBOURING_RELATIONS, paper_sensitivity, strict_param_sensitivity,
                                             strict_sensitivity)
 
-__all__ = ["PrivacyConfig", "PrivateParty", "ReplayRefused", "PlanExceeded", "normalize_rows"]
+__all__ = ["PrivacyConfig", "PrivateParty", "ReplayRefused", "PlanExceeded", "PlanViewChanged", "normalize_rows"]
+
+
+class PlanViewChanged(Refused):
+    """A resume whose run shows the party another block than the plan it continues was made on."""
+
+    code = "plan"
 
 
 @dataclass
@@ -314,6 +320,16 @@ class PrivateParty:
         """Resume this run's iterate from the ledger's store (a restarted node) or from ``state``."""
         state = state if state is not None else self.ledger.get_state(self.run)
         if state:
+            for k in ("x", "s"):      # a resume must keep the party's view: its block's columns and rows
+                have, want = np.asarray(state.get(k, ())).size, getattr(self.update, k).size
+                if k in state and have != want:
+                    raise PlanViewChanged(
+                        f"party {self.party_id} refuses to continue plan {self.run}: that plan's iterate "
+                        f"{k} has {have} entries, this run's block gives {want} ({self.D.shape[0]} rows x "
+                        f"{self.D.shape[1]} columns): a resume must keep the party's view (the same num-parties, "
+                        "split, preprocessing and files as the run it continues); resume with the original run's "
+                        "settings, or start a new run once this plan's reservation is released "
+                        "(flower-vfl ledger --release-plan)", field="plan")
             self.update.set_state(state)
 
     def admit(self, token=None):
