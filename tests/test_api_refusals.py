@@ -140,10 +140,10 @@ def test_a_multinomial_strategy_scores_test_labels_that_lack_a_class():
     from sklearn.metrics import accuracy_score, log_loss
 
     class Scores(VerticalADMMStrategy):      # the replies' checked scores, as aggregate_evaluate gets them
-        def _by_party(self, replies, what):
+        def by_party(self, state, replies, what):
             return dict(replies)
 
-        def _release(self, rep, party, key, shape, what):
+        def release(self, state, rep, party, key, shape, what):
             assert shape == rep.shape
             return rep
 

@@ -2,8 +2,8 @@
 ``CentralBase`` and keeps Flower's ``start(grid, initial_arrays, num_rounds, timeout, train_config,
 evaluate_config, evaluate_fn) -> Result`` contract, written once there.
 
-- the registry: each route's central node subclasses ``CentralBase`` and does not override ``start``
-  (the vertical ADMM route's is the one still to move, named here so this test changes with it);
+- the registry: each route's central node (the vertical ADMM one too) subclasses ``CentralBase`` and
+  does not override ``start``;
 - numbers: the vertical SGD route's Result equals its in-process reference
   (``routes/vertical_sgd/reference.py``: intercept, every epoch's metrics); the horizontal route's
   Result w equals the in-process engine's and ``evaluate_fn`` sees every round's w; a second
@@ -32,8 +32,8 @@ from flower_vfl.strategies.dpiadmm import DPIADMMStrategy
 from flower_vfl.strategies.moment import MomentStrategy
 from flower_vfl.strategies.stacked_ssp import StackedSSPStrategy
 
-#: routes whose central node is not on the base yet (VerticalADMMStrategy: next to move)
-NOT_YET = {"admm"}
+#: routes whose central node is not on the base yet: none
+NOT_YET = set()
 KW = dict(lr=0.3, lr_schedule="inverse", lr_decay=0.01, batch_size=64, max_epochs=3, init_scale=0.1)
 
 

@@ -81,10 +81,10 @@ def test_private_party_refuses_a_server_that_asks_past_its_budget():
     the run stops keeping the rounds done, and fails (no model: never reported as a success)."""
 
     class GreedyStrategy(sa.VerticalADMMStrategy):
-        def identify(self, grid):
-            mapping = super().identify(grid)
-            self.private_parties = {m: 5 for m in self.private_parties}   # ignore the party's plan
-            return mapping
+        def identify(self, grid, state):
+            state = super().identify(grid, state)
+            state.private_parties = {m: 5 for m in state.private_parties}   # ignore the party's plan
+            return state
 
     rc = {"dataset": "breast_cancer", "num-parties": 2, "max-rounds": 6, "lam": 1e-2}
     party1 = {"partition-id": 1, "dp": True, "dp-epsilon": 4.0, "dp-train-rounds": 3, "dp-eval-rounds": 0}

@@ -172,7 +172,7 @@ def test_resume_after_the_last_round_gives_the_uninterrupted_model_bitwise(check
     same_model(st, clean)
     assert st.final_["test_accuracy"] == pytest.approx(0.951049, abs=1e-6)     # df05b59: 0.6294 (x_m = 0)
     assert [t for t, _ in sent] == ["query.identify"] * 2 + ["train"] * 2 + ["evaluate"] * 2
-    assert st.replay_[0][0] == 8 and not st._resync
+    assert st.replay_[0][0] == 8 and not st.state_.resync
 
 
 def test_crash_in_the_final_evaluation_then_resume(tmp_path, clean):

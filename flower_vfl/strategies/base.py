@@ -174,9 +174,13 @@ class CentralBase(Strategy):
         """Refuse, naming the fix, what the route cannot honour; returns what it takes (``initial``)."""
         raise NotImplementedError
 
-    def identify_query(self) -> tuple[str, RecordDict, str]:
+    def identify_query(self, state: RunState) -> tuple[str, RecordDict, str]:
         """(message type, content, what) of the identify query."""
         return "query.identify", RecordDict({"config": ConfigRecord({"want": self.ROLE})}), "the identify query"
+
+    def exchange_kwargs(self, state: RunState) -> dict:
+        """The route's further :class:`Exchange` arguments (``on_join``, ``claim_error``, ``wire_dtype``)."""
+        return {}
 
     def read_identity(self, nid: int, rep: Message):
         """``(index, info)`` of an identify reply (checked)."""
@@ -185,8 +189,9 @@ class CentralBase(Strategy):
     def identify(self, grid: Grid, state: RunState) -> RunState:
         """Ask every node which index it serves (:meth:`identify_query`, :meth:`read_identity`)."""
         state.exchange = Exchange(grid, self.num_parties, role=self.ROLE, count_key=self.COUNT_KEY,
-                                  timeout=state.timeout, party_wait=self.party_wait, party_keys=self.party_keys)
-        message_type, content, what = self.identify_query()
+                                  timeout=state.timeout, party_wait=self.party_wait, party_keys=self.party_keys,
+                                  **self.exchange_kwargs(state))
+        message_type, content, what = self.identify_query(state)
         state.identity = state.exchange.identify(message_type, content, self.read_identity, what=what)
         return state
 
@@ -205,6 +210,10 @@ class CentralBase(Strategy):
     def round_metrics(self, state: RunState) -> tuple[dict, dict]:
         """(round -> train metrics, round -> evaluate metrics) for the Result."""
         return history_metrics(state.history)
+
+    def stop_line(self, state: RunState, exc: BaseException) -> str:
+        """The log line of a stop (:attr:`STOPS`)."""
+        return f"stopping ({self.ROUTE} route): {exc}"
 
     # ------------------------------------------------------------------ shared steps
     def progress_row(self, rnd: int, row: dict) -> None:
@@ -265,7 +274,7 @@ class CentralBase(Strategy):
             state = self.run(grid, state)
         except self.STOPS as exc:
             state.stopped_reason, state.failed = str(exc), True
-            log(ERROR, "stopping (%s route): %s", self.ROUTE, exc)
+            log(ERROR, "%s", self.stop_line(state, exc))
             self.state_ = self.finish(state)
             raise
         except self.HALTS as exc:

@@ -45,12 +45,13 @@ class ResumeRefused(UserError, ValueError):
     """A resume that would not continue the checkpoint's run (other settings or other data)."""
 
 
-def run_record(st) -> dict:
-    """The settings that define the run (run-config key names where the run config has one)."""
-    c = st.central
+def run_record(st, state) -> dict:
+    """The settings that define the run (run-config key names where the run config has one):
+    ``st`` the strategy (its settings), ``state`` the run (:class:`~.vertical_admm.VADMMState`)."""
+    c = state.central
     rec = {"num-parties": st.num_parties, "loss": st.loss_name, "n": int(c.n), "rho": st.rho_requested,
            "alpha": float(c.alpha), "variant": st.variant, "fit-intercept": bool(c.fit_intercept),
-           "max-rounds": int(st.max_rounds), "tol": float(st.tol), "tol_abs": float(st.tol_abs),
+           "max-rounds": int(st.rounds_of(state)), "tol": float(st.tol), "tol_abs": float(st.tol_abs),
            "adaptive_rho": bool(st.adaptive_rho), "acceleration": str(st.acceleration),
            "penalty": str(st.penalty), "constraint": None if st.constraint is None else repr(st.constraint),
            "label-epsilon": float(st.label_epsilon or 0.0), "stragglers": st.stragglers}
@@ -60,10 +61,10 @@ def run_record(st) -> dict:
     return to_jsonable(rec)
 
 
-def party_record(st) -> dict:
+def party_record(state) -> dict:
     """What the parties declared at identify: private plan and data description per party."""
-    return to_jsonable({"private_parties": {str(m): t for m, t in sorted(st.private_parties.items())},
-                        "data": {str(m): v for m, v in sorted(st.party_data.items())}})
+    return to_jsonable({"private_parties": {str(m): t for m, t in sorted(state.private_parties.items())},
+                        "data": {str(m): v for m, v in sorted(state.party_data.items())}})
 
 
 def _differences(theirs: dict, mine: dict) -> list[str]:
@@ -118,40 +119,40 @@ def plans(ckpt) -> dict:
     return {str(m): str(t) for m, t in got.items()} if isinstance(got, dict) else {}
 
 
-def save(st, k, i_phase, j, stopped) -> None:
+def save(st, state, k, i_phase, j, stopped) -> None:
     """Checkpoint after round ``k`` (phase ``i_phase``, its round ``j``; ``stopped``: the
-    stopping rule ended the phase): handed to ``st.writer`` as a snapshot; durable once
-    ``st.writer.wait()`` returned."""
+    stopping rule ended the phase) of the run ``state`` of strategy ``st``: handed to
+    ``state.writer`` as a snapshot; durable once ``state.writer.wait()`` returned."""
     if not st.state_dir:
         return
-    c = st.central
+    c = state.central
     arrays = {"z": c.z, "y": c.y, "q": c.q, "b": np.asarray(c.b), **c.predictor_state()}
     if st.label_privacy_ is not None:   # the one label-DP draw: a resumed run reuses it
-        arrays["t_label_dp"] = st.t
-    arrays.update({f"s{m}": np.asarray(v) for m, v in st._last_s.items()})
+        arrays["t_label_dp"] = state.t
+    arrays.update({f"s{m}": np.asarray(v) for m, v in state.last_s.items()})
     replay, ys = {}, {}
-    for m, (rk, q, y, rho, s_prev) in sorted(st.replay_.items()):
+    for m, (rk, q, y, rho, s_prev) in sorted(state.replay.items()):
         arrays[f"rq{m}"] = replay_q(q, s_prev, c.theta)
         key = ys.setdefault(id(y), f"ry{m}")     # one copy of a y several parties were sent
         arrays.setdefault(key, y)
         replay[str(m)] = {"round": int(rk), "rho": float(rho), "y": key}
     aa = None
-    acc = st.driver.acc
+    acc = state.driver.acc
     if acc is not None:
         aa_arrays, aa = acc.get_state()
         arrays.update(aa_arrays)
-        arrays.update({f"aq{m}": q for m, q in enumerate(st.driver.qs or [])})
+        arrays.update({f"aq{m}": q for m, q in enumerate(state.driver.qs or [])})
     header = {"round": k, "phase": i_phase, "j": j, "phase_stopped": bool(stopped), "rho": c.rho,
-              "theta": c.theta, "run": st.run_record_, "parties": party_record(st), "replay": replay,
-              "node_to_party": {str(n): p for n, p in st.node_to_party.items()},
-              "stale": {str(m): v for m, v in st._stale.items()},
-              "history": st.history_, "privacy": st.privacy_, "anderson": aa,
-              "plans": {str(m): t for m, t in sorted(getattr(st, "party_plans_", {}).items())}}
+              "theta": c.theta, "run": state.run_record, "parties": party_record(state), "replay": replay,
+              "node_to_party": {str(n): p for n, p in state.exchange.node_to_party.items()},
+              "stale": {str(m): v for m, v in state.stale.items()},
+              "history": state.history, "privacy": state.privacy, "anderson": aa,
+              "plans": {str(m): t for m, t in sorted(state.party_plans.items())}}
     # a snapshot (the next round updates z, y, q and Anderson's history in place), written by
     # the strategy's RoundWriter while the parties compute the next round (io/writer.py)
     arrays = {key: np.array(v, copy=True) for key, v in arrays.items()}
     header, folder = to_jsonable(header), st.state_dir
-    st.writer.submit(lambda: save_checkpoint(folder, arrays, header))
+    state.writer.submit(lambda: save_checkpoint(folder, arrays, header))
 
 
 def load(folder, mine: dict) -> tuple[dict, dict]:
@@ -161,27 +162,27 @@ def load(folder, mine: dict) -> tuple[dict, dict]:
     return arrays, header
 
 
-def restore(st, folder, arrays: dict, h: dict) -> tuple:
-    """Put a loaded checkpoint's state into the strategy (its parties checked first); returns
-    the driver's start (round, phase, j, phase_stopped)."""
-    check_same_parties(folder, h, party_record(st))
-    c = st.central
+def restore(st, state, folder, arrays: dict, h: dict) -> tuple:
+    """Put a loaded checkpoint's state into the run ``state`` of strategy ``st`` (its parties checked
+    first); returns the driver's start (round, phase, j, phase_stopped)."""
+    check_same_parties(folder, h, party_record(state))
+    c = state.central
     c.z, c.y, c.q = arrays["z"], arrays["y"], arrays["q"]
     if "t_label_dp" in arrays:     # the checkpointed privatized labels, not a second draw
-        st.t = c.t = arrays["t_label_dp"]
+        state.t = c.t = arrays["t_label_dp"]
     c.b = np.float64(arrays["b"][()]) if arrays["b"].ndim == 0 else arrays["b"]
     c.set_rho(h["rho"])
     c.set_predictor_state(arrays)      # the z-update's warm-start predictor (core/central.py)
-    st._last_s.update({int(k[1:]): v for k, v in arrays.items() if k[0] == "s" and k[1:].isdigit()})
+    state.last_s.update({int(k[1:]): v for k, v in arrays.items() if k[0] == "s" and k[1:].isdigit()})
     # the replay record, already in the form a party without state needs (s_prev folded in)
-    st.replay_ = {int(m): (r["round"], arrays[f"rq{m}"], arrays[r["y"]], r["rho"], None)
+    state.replay = {int(m): (r["round"], arrays[f"rq{m}"], arrays[r["y"]], r["rho"], None)
                   for m, r in h["replay"].items()}
-    acc = st.driver.acc
+    acc = state.driver.acc
     if acc is not None and h.get("anderson") is not None:
         acc.set_state(arrays, h["anderson"])
         qs = [arrays.get(f"aq{m}") for m in range(st.num_parties)]
-        st.driver.qs = None if any(q is None for q in qs) else qs
-    st._stale = {int(m): v for m, v in h["stale"].items()}
-    st.history_[:] = h["history"]          # the driver's list: it appends the next rounds
-    st.privacy_ = {int(m): v for m, v in h["privacy"].items()}
+        state.driver.qs = None if any(q is None for q in qs) else qs
+    state.stale = {int(m): v for m, v in h["stale"].items()}
+    state.history[:] = h["history"]          # the driver's list: it appends the next rounds
+    state.privacy = {int(m): v for m, v in h["privacy"].items()}
     return h["round"], h["phase"], h["j"], h["phase_stopped"]

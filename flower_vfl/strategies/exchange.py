@@ -334,6 +334,8 @@ class Exchange:
         Raised when two nodes claim one index.
     on_join : callable(index, info, first) or None
         Called for every node that identifies (``first``: at :meth:`identify`, not a rejoin).
+    wire_dtype : str, default='float64'
+        The dtype N-vectors travel in (:attr:`wire_dtype`).
     """
 
     #: False: no request is packed (every request travels as Flower's ArrayRecords; tests compare)
@@ -341,7 +343,7 @@ class Exchange:
 
     def __init__(self, grid, num_parties: int, *, role: str = "party", count_key: str = "num-parties",
                  timeout: float = 600.0, party_wait: float = 0.0, party_keys=None, claim_error: type = ValueError,
-                 on_join: Callable | None = None):
+                 on_join: Callable | None = None, wire_dtype: str = "float64"):
         self.grid, self.num_parties = grid, int(num_parties)
         self.role, self.count_key = role, count_key
         self.roles = "parties" if role == "party" else role + "s"
@@ -362,7 +364,7 @@ class Exchange:
         self._sent: dict[str, int] = {}      # message id -> party, of the last exchange
         self._losses: tuple[str, dict[int, int]] = ("", {})   # (request, party -> times lost on it)
         #: the dtype N-vectors travel in (:func:`wire_content`; run config ``wire-dtype``)
-        self.wire_dtype = "float64"
+        self.wire_dtype = wire_dtype
         #: node id -> the message types its party reads packed (its identify reply;
         #: :mod:`flower_vfl.io.wire`); a request of such a type is packed for it
         self._packed_of: dict[int, frozenset] = {}

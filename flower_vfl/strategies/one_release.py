@@ -100,7 +100,7 @@ class OneReleaseStrategy(CentralBase):
     def _check_identity(self, party, nid, info) -> None:
         """A route's own identity checks (after 'private', before 'c_v'); none by default."""
 
-    def identify_query(self):
+    def identify_query(self, state):
         return (f"query.{self.QUERY}_identify", RecordDict({"config": ConfigRecord({"want": self.QUERY})}),
                 f"the {self.QUERY}_identify query")
 

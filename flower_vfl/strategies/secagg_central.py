@@ -7,11 +7,16 @@ naming the parties of that sum). The message is the same for every party. The re
 masked uint64 vectors; the central node adds them mod 2^64 and decodes the sum only
 (:func:`flower_vfl.secagg.secure_sum`): a party missing means no sum (the round is retried), masks
 that do not cancel (parties shown different messages or rosters) are refused. Glue only.
+
+:class:`SecureExchange` wraps the run's :class:`~flower_vfl.strategies.exchange.Exchange` (as Flower's
+DP strategies wrap a strategy): the key agreement, and a request one party refused for want of a key
+(restarted) sent again to every party after a new key agreement, happen inside it; every other
+request and attribute is the wrapped exchange's.
 """
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
@@ -19,9 +24,9 @@ from flwr.common.logger import log
 
 from flower_vfl.secagg import Advert, Roster, SecAggError, secure_sum
 from flower_vfl.secagg.masking import ADVERTS, PARTIES
-from flower_vfl.strategies.exchange import ReplyError
+from flower_vfl.strategies.exchange import Exchange, ReplyError
 
-__all__ = ["CentralSecAgg", "REKEY"]
+__all__ = ["CentralSecAgg", "SecureExchange", "REKEY"]
 
 #: the refusal code of a party that holds no key for this run (restarted): re-key, retry the round
 REKEY = "secagg-rekey"
@@ -105,3 +110,41 @@ class CentralSecAgg:
                                  f"shape {v.shape}; expected uint64 of shape {tuple(shape)} (secagg=true)")
             masked[self.name_of[p]] = v
         return secure_sum(masked, self.sub(parties))
+
+
+class SecureExchange:
+    """An :class:`~flower_vfl.strategies.exchange.Exchange` under secure aggregation (see the module doc).
+
+    ``exchange``: the run's exchange (identify made it); ``secagg``: the run's roster and sums."""
+
+    #: the sums come masked (the central node reads their total only)
+    secure = True
+
+    def __init__(self, exchange: Exchange, secagg: CentralSecAgg):
+        self.exchange, self.secagg = exchange, secagg
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["exchange"], name)
+
+    def agree(self) -> Roster:
+        """The key agreement: every party's advert, the roster relayed in every request."""
+        return self.secagg.keys(self.exchange, self.exchange.num_parties)
+
+    def send_messages(self, messages, what: str, rebuild=None, stale_ok: bool = False, parties=None):
+        """As :meth:`Exchange.send_messages`; a party that holds no key for this run (restarted) refuses
+        with ``secagg-rekey``: then every party is asked for its advert again (the others keep theirs),
+        the new roster is relayed and the whole request is sent again: never a sum with a hole."""
+        ex = self.exchange
+        got = ex.send_messages(messages, what, rebuild, stale_ok=stale_ok, parties=parties)
+        if stale_ok:          # (got, lost): stragglers='stale' is refused with secagg=true (StrategyConfig)
+            return got
+        for _ in range(max(1, 2 * ex.num_parties)):
+            rekey = sorted(p for p, rep in got.items() if "refusal" in rep.content.config_records
+                           and rep.content.config_records["refusal"].get("code") == REKEY)
+            if not rekey:
+                return got
+            log(WARNING, "parties %s hold no secure-aggregation key for this run (restarted): new key "
+                "adverts, then %s again for every party", rekey, what)
+            self.agree()
+            got = ex.send_messages([], what, rebuild, parties=parties)
+        raise ReplyError(f"{what}: parties kept losing their secure-aggregation keys; check their SuperNodes")

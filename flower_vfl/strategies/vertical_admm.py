@@ -16,16 +16,16 @@ nothing for vertical training, and why).
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import time
 from collections.abc import Iterable
-from logging import ERROR, INFO, WARNING
+from functools import partial
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
 from flower_vfl.core.accel import make_accelerator
 from flower_vfl.core.central import CentralUpdate
@@ -39,6 +39,7 @@ from flower_vfl.core.validation import check_labels, encode_test_labels
 from flower_vfl.strategies.config import StrategyConfig
 from flower_vfl.core.scoring import combine
 from flower_vfl.strategies import checkpointing, vertical_outcome
+from flower_vfl.strategies.base import CentralBase, RunState
 from flower_vfl.strategies.checkpointing import ResumeRefused, replay_q
 from flower_vfl.strategies.exchange import (WIRE_DTYPES, Exchange, PartyFailed, PartyLost, PartyRefused,  # noqa: F401 (re-exported)
                                             ReplyError, check_release, keep_report, party_keys_from)
@@ -46,7 +47,7 @@ from flower_vfl.strategies.vertical_rounds import FlowerRounds, check_penalty, r
 from flower_vfl.secagg import SecAggError
 from flower_vfl.io.writer import RoundWriter
 
-__all__ = ["VerticalADMMStrategy", "PartyRefused", "PartyFailed", "PartyLost", "ReplyError", "ResumeRefused",
+__all__ = ["VerticalADMMStrategy", "VADMMState", "PartyRefused", "PartyFailed", "PartyLost", "ReplyError", "ResumeRefused",
            "DEFAULT_MAX_RELEASE"]
 
 #: the run config's max-release default: the largest |value| of a party's release accepted
@@ -61,7 +62,70 @@ def log_round(k: int, row: dict) -> None:
         row.get("parties", 0), extra)
 
 
-class VerticalADMMStrategy(Strategy):
+@dataclasses.dataclass
+class VADMMState(RunState):
+    """One run of the vertical ADMM central node (:class:`~flower_vfl.strategies.base.RunState`):
+    the iterates, the round loop and what the parties said and sent. The constructor's settings stay
+    on the strategy; :class:`~flower_vfl.strategies.vertical_rounds.FlowerRounds`,
+    :mod:`~flower_vfl.strategies.checkpointing` and the hooks read and write this."""
+
+    #: z, y, q, the intercept and rho (:class:`~flower_vfl.core.central.CentralUpdate`)
+    central: CentralUpdate | None = None
+    #: the encoded training labels (label DP: the privatized ones; a resume restores its draw)
+    t: np.ndarray | None = None
+    #: the round loop (run() makes it)
+    driver: RoundDriver | None = None
+    #: the per-round checkpoint and report: written in line until run() hands them to a thread
+    writer: RoundWriter = dataclasses.field(default_factory=lambda: RoundWriter(inline=True))
+    #: secure aggregation's roster and sums (secagg=true), this run's
+    secagg: object = None
+    #: party -> planned training releases, for the parties that declared themselves private
+    private_parties: dict = dataclasses.field(default_factory=dict)
+    #: party -> the token of its plan (its identify reply), checkpointed for a resume
+    party_plans: dict = dataclasses.field(default_factory=dict)
+    #: party -> what it said of its data at identify (rows, held-out rows, fingerprint)
+    party_data: dict = dataclasses.field(default_factory=dict)
+    #: party -> its block model's kind and settings, as it said at identify
+    party_models: dict = dataclasses.field(default_factory=dict)
+    #: stateless restarted parties to re-synchronize (see joined), and those that cannot be
+    resync: set = dataclasses.field(default_factory=set)
+    stateless: set = dataclasses.field(default_factory=set)
+    #: party -> (round, q, y, rho, s_prev) of the last round it answered (checkpointing.py)
+    replay: dict = dataclasses.field(default_factory=dict)
+    #: party -> (round, q, y, rho, s_prev) of the round being sent
+    sending: dict = dataclasses.field(default_factory=dict)
+    #: the identify query, also sent to a restarted node (secagg: the round a rejoining party restores)
+    identify_query: ConfigRecord | None = None
+    #: the parties of the round / of the evaluation being sent; whether it is the final evaluation
+    active: list = dataclasses.field(default_factory=list)
+    ask: list = dataclasses.field(default_factory=list)
+    final_eval: bool = False
+    #: the accelerator's per-party q of the round (None: c.q for all)
+    qs: list | None = None
+    #: party -> rounds it missed in a row
+    stale: dict = dataclasses.field(default_factory=dict)
+    #: the round's releases and penalties (aggregate_train)
+    fresh: dict = dataclasses.field(default_factory=dict)
+    penalties: dict = dataclasses.field(default_factory=dict)
+    #: message id -> party, of the replies being read
+    reply_party: dict = dataclasses.field(default_factory=dict)
+    #: a resume's loaded checkpoint (arrays, header), or None
+    checkpoint: tuple | None = None
+    resume_round: int | None = None
+    resume_plans: dict = dataclasses.field(default_factory=dict)
+    run_record: dict | None = None
+    acceleration: str | None = None
+    decision_test: np.ndarray | None = None
+    nonprivate_reference: dict | None = None
+    dp_warning: str | None = None
+
+    @property
+    def last_s(self) -> dict:
+        """party -> its last release, as the round driver holds it."""
+        return {} if self.driver is None else self.driver.last_s
+
+
+class VerticalADMMStrategy(CentralBase):
     """Central node (label owner) of vertical ADMM sharing.
 
     Parameters
@@ -99,6 +163,10 @@ class VerticalADMMStrategy(Strategy):
     #: True: the per-round checkpoint and report are written in line (benchmarks compare both)
     write_inline = False
 
+    State = VADMMState
+    ROUTE = "vertical ADMM"
+    STOPS = (PartyRefused, PartyLost, PartyFailed, ReplyError, ResumeRefused, PermissionError, SecAggError)
+
     def __init__(self, y_train, y_test=None, config: StrategyConfig | None = None, *, progress=None,
                  label_seed=None, label_source=None, label_store=None, **settings):
         # every setting checked by the parameter table (config/schema.py, PARAMS) before any work;
@@ -109,7 +177,7 @@ class VerticalADMMStrategy(Strategy):
         y_train = check_labels(y_train, "y_train", loss_name)
         y_test = None if y_test is None else check_labels(y_test, "y_test", loss_name)
         variant = cfg.variant
-        theta = initial_theta(variant, int(num_parties))
+        self.theta = initial_theta(variant, int(num_parties))
         self.loss = get_loss(loss) if isinstance(loss, str) else loss
         self.loss_name, self.variant = self.loss.name, variant
         self.rho_requested = 0.0 if rho in (None, "auto", 0) else float(rho)
@@ -123,56 +191,74 @@ class VerticalADMMStrategy(Strategy):
         self.t_test = None if y_test is None else encode_test_labels(self.loss, np.asarray(y_test))
         self.num_parties = int(num_parties)
         n = self.t.shape[0]
-        rho = default_rho(self.loss, n, cfg.penalty) if rho in (None, "auto", 0) else rho
-        self.central = CentralUpdate(self.loss, self.t, rho, alpha=alpha,
-                                     theta=theta,
-                                     fit_intercept=cfg.fit_intercept)
+        #: the z-update's rho at the start of a run (the requested one, else the default for the loss)
+        self.rho_start = default_rho(self.loss, n, cfg.penalty) if rho in (None, "auto", 0) else rho
+        self.alpha, self.fit_intercept = alpha, cfg.fit_intercept
         self.max_rounds, self.tol, self.tol_abs = cfg.max_rounds, cfg.tol, cfg.tol_abs
         self.adaptive_rho, self.progress = bool(cfg.adaptive_rho), progress
         self.eval_every, self.round_timeout = cfg.eval_every, float(cfg.timeout)
+        self.timeout = self.round_timeout
         stragglers = cfg.stragglers
         self.party_wait, self.stragglers, self.max_staleness = float(cfg.party_wait), stragglers, int(cfg.max_staleness)
         self.state_dir, self.resume = cfg.state_dir or None, cfg.resume or None
-        #: the per-round checkpoint and report: written in line until start() hands them to a thread
-        self.writer = RoundWriter(inline=True)
         self.party_keys = party_keys_from(cfg.party_keys, self.num_parties)
         self.max_release = float(cfg.max_release)
         self.wire_dtype = cfg.wire_dtype
         self.run_settings = dict(cfg.run_settings or {})
-        self.secagg = None
-        if cfg.secagg:      # stragglers='stale' and resume: refused by StrategyConfig
-            from flower_vfl.strategies.secagg_central import CentralSecAgg
-            self.secagg = CentralSecAgg()
-        self.failed_ = False
-        make_accelerator(cfg.acceleration, self.central, [])          # checks the name
         #: 'anderson': core/accel.py, the engine's default; off with private parties or stragglers='stale'
         self.acceleration = cfg.acceleration
-        self.driver: RoundDriver | None = None       # the round loop (start makes it)
-        self._active: list[int] = list(range(self.num_parties))   # the parties of the round being sent
-        self._ask: list[int] = list(range(self.num_parties))      # ... of the evaluation being sent
-        self._final = False
-        self._qs = None
-        self._stale: dict[int, int] = {}
-        self._reply_party: dict[str, int] = {}
         self.penalty, self.constraint = cfg.penalty, cfg.constraint   # the parties' (run config): see make_accelerator
-        self.exchange: Exchange | None = None        # the channel to the parties (identify sets it)
-        self._resync: set[int] = set()                 # stateless restarted parties (see _joined)
-        self._stateless: set[int] = set()              # ... and those that cannot be re-synchronized
-        #: party -> (round, q, y, rho, s_prev) of the last round it answered (checkpointing.py)
-        self.replay_: dict[int, tuple] = {}
-        self._sending: dict[int, tuple] = {}
-        #: party -> what it said of its data at identify (rows, held-out rows, fingerprint)
-        self.party_data: dict[int, dict] = {}
-        #: party -> its block model's kind and settings, as it said at identify (report.json, the HTML report)
-        self.party_models_: dict[int, str] = {}
-        #: party -> planned training releases, for the parties that declared themselves private
-        self.private_parties: dict[int, int] = {}
-        #: party -> the token of its plan (its identify reply), checkpointed for a resume
-        self.party_plans_: dict[int, str] = {}
-        self.history_: list[dict] = []
-        self.privacy_: dict[int, dict] = {}
-        self.final_: dict = {}
-        self.stopped_reason_: str | None = None
+        super().__init__()
+        make_accelerator(cfg.acceleration, self.central, [])          # checks the name
+
+    def new_state(self) -> VADMMState:
+        """A fresh run: z, y and the intercept from the labels, no party known yet."""
+        state = super().new_state()
+        state.t = self.t
+        state.central = CentralUpdate(self.loss, self.t, self.rho_start, alpha=self.alpha, theta=self.theta,
+                                      fit_intercept=self.fit_intercept)
+        state.active, state.ask = list(range(self.num_parties)), list(range(self.num_parties))
+        if self.config.secagg:      # stragglers='stale' and resume: refused by StrategyConfig
+            from flower_vfl.strategies.secagg_central import CentralSecAgg
+            state.secagg = CentralSecAgg()
+        return state
+
+    # ------------------------------------------------------------------ read-outs of the last run
+    @property
+    def central(self) -> CentralUpdate:
+        """z, y, q, the intercept and rho of the last run (before a run: its start)."""
+        return self.state_.central
+
+    @property
+    def secagg(self):
+        """Secure aggregation's roster and sums of the last run (None: secagg=false)."""
+        return self.state_.secagg
+
+    @property
+    def driver(self) -> RoundDriver | None:
+        return self.state_.driver
+
+    @property
+    def writer(self) -> RoundWriter:
+        """The run's writer (a ``progress`` callback may hand it its per-round files)."""
+        return self.state_.writer
+
+    @property
+    def private_parties(self) -> dict:
+        return self.state_.private_parties
+
+    @property
+    def party_data(self) -> dict:
+        return self.state_.party_data
+
+    @property
+    def party_plans_(self) -> dict:
+        return self.state_.party_plans
+
+    @property
+    def party_models_(self) -> dict:
+        """party -> its block model's kind and settings, as it said at identify (report.json, the HTML report)."""
+        return self.state_.party_models
 
     # ------------------------------------------------------------------ setup
     def summary(self) -> None:
@@ -180,18 +266,15 @@ class VerticalADMMStrategy(Strategy):
         log(INFO, "\t├── VerticalADMMStrategy: %d parties, loss=%s, N=%d", self.num_parties, self.loss.name, c.n)
         log(INFO, "\t└── rho=%.3g alpha=%g theta=%g intercept=%s", c.rho, c.alpha, c.theta, c.fit_intercept)
 
-    @property
-    def _last_s(self) -> dict:
-        """party -> its last release, as the round driver holds it."""
-        return {} if self.driver is None else self.driver.last_s
+    def check_start(self, initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn):
+        vertical_outcome.check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
+
+    def rounds_of(self, state: VADMMState) -> int:
+        """The run's max rounds: ``start``'s ``num_rounds``, else the constructor's ``max_rounds``."""
+        return self.max_rounds if state.num_rounds is None else int(state.num_rounds)
 
     # ------------------------------------------------------------ identify
-    @property
-    def node_to_party(self) -> dict[int, int]:
-        """node id -> party, as the exchange knows it (a restarted party's new node included)."""
-        return {} if self.exchange is None else self.exchange.node_to_party
-
-    def _joined(self, party, info, first) -> None:
+    def joined(self, state: VADMMState, party, info, first) -> None:
         """A node identified itself as ``party`` (``first``: at identify, not a rejoin).
 
         A non-private party that answers without its state (``last_train`` absent or < 0: a
@@ -202,17 +285,17 @@ class VerticalADMMStrategy(Strategy):
         (other data or settings are refused). A party that restored its own state
         (``last_train`` >= 0) is left as it is."""
         if first and info["private"]:
-            self.private_parties[party] = info["train_rounds"]
+            state.private_parties[party] = info["train_rounds"]
         if first and info.get("plan"):  # a private party's plan token, a non-private party's resume token under
-            self.party_plans_[party] = info["plan"]   # secagg (party_secagg.py): checkpointed, sent back by a resume
+            state.party_plans[party] = info["plan"]   # secagg (party_secagg.py): checkpointed, sent back by a resume
         if first:
-            self.party_data[party] = info["data"]
-            self.party_models_[party] = info.get("party_model", "linear")   # for the report (its own word)
-        elif info["data"] != self.party_data.get(party, info["data"]):
+            state.party_data[party] = info["data"]
+            state.party_models[party] = info.get("party_model", "linear")   # for the report (its own word)
+        elif info["data"] != state.party_data.get(party, info["data"]):
             raise ResumeRefused(f"party {party} came back with other data than it declared at identify: "
-                                f"{info['data']!r} now, {self.party_data[party]!r} before; give it its original data")
-        if (not first and not info["private"] and info["restored"] and self.exchange.same_id_restart
-                and self.secagg is None):    # (secagg: a state a party restored from its own disk at identify)
+                                f"{info['data']!r} now, {state.party_data[party]!r} before; give it its original data")
+        if (not first and not info["private"] and info["restored"] and state.exchange.same_id_restart
+                and state.secagg is None):    # (secagg: a state a party restored from its own disk at identify)
             # a SuperNode restarted with its registered key starts with an empty context.state: a
             # state now means it answered a message of its previous session before it was identified
             # again, from x_m = 0 (the central node never used that reply); that iterate is not the run's
@@ -221,79 +304,93 @@ class VerticalADMMStrategy(Strategy):
                 "before it was identified again (its SuperNode came back within the SuperLink's heartbeat window "
                 "and pulled it): its state is not the run's. " + (
                     "Resume from the checkpoint (resume='<state-dir>'): each non-private party restores its own "
-                    "state of the checkpoint's round from its state-dir" if self.secagg is not None else
+                    "state of the checkpoint's round from its state-dir" if state.secagg is not None else
                     "Resume from the checkpoint (resume='<state-dir>'): a new run re-synchronizes every party"))
         if info["private"] or info["restored"]:
-            self._resync.discard(party)
+            state.resync.discard(party)
             return
-        if self.secagg is not None and not first:
-            k = int(self._identify_query.get("resume-round", 0) or 0)
+        if state.secagg is not None and not first:
+            k = int(state.identify_query.get("resume-round", 0) or 0)
             if k <= 0:               # no round summed yet: x_m = 0 is its state in this run
-                self._resync.discard(party)
+                state.resync.discard(party)
                 return
             raise ResumeRefused(f"party {party} came back without its state (a restarted SuperNode) and secagg=true, "
                                 f"and its state-dir holds no state of round {k} under the run's resume token (another "
                                 "state-dir, partition-id or secagg-name): re-synchronizing it needs its own last "
                                 "release s_m, which the central node does not hold under secure aggregation. Restart "
                                 "it with its node config and state-dir, and resume the run (resume='<state-dir>')")
-        self._stateless.add(party)
-        if float(getattr(self.central, "alpha", 1.0)) != 1.0:
+        state.stateless.add(party)
+        if float(getattr(state.central, "alpha", 1.0)) != 1.0:
             log(WARNING, "party %s restarts from x = 0: re-synchronizing a stateless party needs alpha = 1", party)
             return
-        self._resync.add(party)
+        state.resync.add(party)
 
-    def _rejoin_round(self, k) -> None:
+    def rejoin_round(self, state: VADMMState, k) -> None:
         """Secure aggregation: every party of round ``k`` answered it, so each non-private party
         holds its state after round ``k`` on its own disk (party_secagg.py). A node that restarts
         from now on is identified again with its run's resume token and this round, and restores
         that state (the central node, which never saw its release, cannot re-synchronize it)."""
-        if set(self.private_parties) == set(range(self.num_parties)) or not self.party_plans_:
+        if set(state.private_parties) == set(range(self.num_parties)) or not state.party_plans:
             return
-        self._identify_query["plans"] = json.dumps({str(m): t for m, t in sorted(self.party_plans_.items())},
+        state.identify_query["plans"] = json.dumps({str(m): t for m, t in sorted(state.party_plans.items())},
                                                    sort_keys=True)
-        self._identify_query["resume-round"] = int(k)
+        state.identify_query["resume-round"] = int(k)
 
-    def identify(self, grid) -> dict[int, int]:
+    def identify(self, grid: Grid, state: VADMMState) -> VADMMState:
         """Map node id -> party (:class:`~flower_vfl.strategies.exchange.Exchange`): waits up to
-        ``party_wait`` s for every party to have a node; checks node keys against ``party_keys``."""
-        self._resync, self._stateless = set(), set()
-        self.exchange = Exchange(grid, self.num_parties, timeout=self.round_timeout, party_wait=self.party_wait,
-                                 party_keys=self.party_keys, on_join=self._joined)
-        self.exchange.wire_dtype = self.wire_dtype
+        ``party_wait`` s for every party to have a node; checks node keys against ``party_keys``.
+        Before: the run record, and a resume's checkpoint (another run's is refused before any
+        party is contacted)."""
+        state.run_record = checkpointing.run_record(self, state)
+        state.checkpoint = checkpointing.load(self.resume, state.run_record) if self.resume else None
+        state.resume_plans = checkpointing.plans(state.checkpoint)
+        state.resume_round = int(state.checkpoint[1]["round"]) if state.checkpoint is not None else None
         query = {"want": "party"}
-        if getattr(self, "resume_plans_", None):     # a resume: each private party continues its plan
-            query["plans"] = json.dumps(self.resume_plans_, sort_keys=True)
-            if self.secagg is not None:     # a non-private party restores its own state of this round
-                query["resume-round"] = int(self.resume_round_)
-        #: the identify query, also sent to a restarted node (secagg: the round a rejoining party restores)
-        self._identify_query = ConfigRecord(query)
-        self.exchange.identify("query.identify", RecordDict({"config": self._identify_query}),
-                               lambda nid, rep: read_identity(self, nid, rep))
-        return self.node_to_party
+        if state.resume_plans:     # a resume: each private party continues its plan
+            query["plans"] = json.dumps(state.resume_plans, sort_keys=True)
+            if state.secagg is not None:     # a non-private party restores its own state of this round
+                query["resume-round"] = int(state.resume_round)
+        state.identify_query = ConfigRecord(query)
+        state = super().identify(grid, state)
+        if state.secagg is not None:       # the exchange of every later request: key agreement, re-keying
+            from flower_vfl.strategies.secagg_central import SecureExchange
+            state.exchange = SecureExchange(state.exchange, state.secagg)
+        return state
+
+    def identify_query(self, state: VADMMState):
+        return "query.identify", RecordDict({"config": state.identify_query}), "the identify query"
+
+    def exchange_kwargs(self, state: VADMMState) -> dict:
+        return {"on_join": partial(self.joined, state), "wire_dtype": self.wire_dtype}
+
+    def read_identity(self, nid, rep):
+        return read_identity(self, nid, rep)
 
     # ------------------------------------------------------------ the 4 hooks
-    def _round_content(self, server_round, party=None, parties=None, **extra) -> RecordDict:
-        c = self.central
-        if self.secagg is not None:      # one message for every party: the roster and the sum's parties
-            extra.update(self.secagg.fields(self._active if parties is None else parties))
-            return self._content(server_round, c.q, c.y, c.rho, **extra)
-        q = c.q if self._qs is None or party is None else self._qs[party]   # per party when accelerated
-        if party in self._resync and party in self._last_s:
+    def round_content(self, state: VADMMState, server_round, party=None, parties=None, **extra) -> RecordDict:
+        """The train request of round ``server_round`` for ``party`` (None: the one every party gets)."""
+        c = state.central
+        if state.secagg is not None:      # one message for every party: the roster and the sum's parties
+            extra.update(state.secagg.fields(state.active if parties is None else parties))
+            return self.content(state, server_round, c.q, c.y, c.rho, **extra)
+        q = c.q if state.qs is None or party is None else state.qs[party]   # per party when accelerated
+        if party in state.resync and party in state.last_s:
             # a restarted party that lost its state (s_m = 0): q - s_m/theta gives it the same
             # x-update target z_loc = s_m - theta q as the party that kept s_m (eq. 6, alpha = 1)
-            q = replay_q(q, self._last_s[party], c.theta)
+            q = replay_q(q, state.last_s[party], c.theta)
         elif sends_target(self, party):     # alpha = 1: the x-update target alone (8 N bytes, not 16 N)
-            return self._content(server_round, q, c.y, c.rho, vectors=target_vectors(self, party, q), **extra)
-        return self._content(server_round, q, c.y, c.rho, **extra)
+            return self.content(state, server_round, q, c.y, c.rho, vectors=target_vectors(self, party, q),
+                                **extra)
+        return self.content(state, server_round, q, c.y, c.rho, **extra)
 
-    def _content(self, server_round, q, y, rho, vectors=None, **extra) -> RecordDict:
-        c = self.central
+    def content(self, state: VADMMState, server_round, q, y, rho, vectors=None, **extra) -> RecordDict:
+        c = state.central
         # no accelerator extrapolates the rounds: a non-private party may take the looser x-update
         # the engine's parties take then (PartyUpdate.plain_rounds); a private party ignores it.
         # Not in a run that checkpoints or resumes: a resumed run replays the parties' last round
         # from x = 0, which an inexact warm-started CG solve does not reproduce (the resume would
         # be refused); the engine keeps no checkpoint, so it and a run without one agree
-        plain = (self.driver is not None and self.driver.acc is None
+        plain = (state.driver is not None and state.driver.acc is None
                  and self.state_dir is None and self.resume is None)
         if vectors is None:
             vectors = {"q": Array(np.asarray(q)), "y": Array(np.asarray(y))}
@@ -307,10 +404,10 @@ class VerticalADMMStrategy(Strategy):
                                     **extra}),
         })
 
-    def _replay_content(self, party) -> RecordDict:
+    def replay_content(self, state: VADMMState, party) -> RecordDict:
         """The last round ``party`` answered, as a party without state needs it (checkpointing.py)."""
-        k, q, y, rho, s_prev = self.replay_[party]
-        return self._content(k, replay_q(q, s_prev, self.central.theta), y, rho)
+        k, q, y, rho, s_prev = state.replay[party]
+        return self.content(state, k, replay_q(q, s_prev, state.central.theta), y, rho)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -321,30 +418,33 @@ class VerticalADMMStrategy(Strategy):
         training has neither (x_m stays on its party; a party takes its settings from its own
         node config), so they are not read (:meth:`start` refuses non-empty ones). The parties
         of the round are those of the phase (:func:`~flower_vfl.core.schedule.private_schedule`)."""
-        if self._qs is None and not self._resync and not any(sends_target(self, p) for p in self._active):
-            content = self._round_content(server_round)
+        state = self.state_
+        if state.qs is None and not state.resync and not any(sends_target(self, p) for p in state.active):
+            content = self.round_content(state, server_round)
             build = lambda p: content  # noqa: E731
         else:
-            build = lambda p: self._round_content(server_round, party=p)  # noqa: E731
-        node_of = self.exchange.node_of()
+            build = lambda p: self.round_content(state, server_round, party=p)  # noqa: E731
+        node_of = state.exchange.node_of()
         return [Message(build(p), dst_node_id=node_of[p], message_type="train")
-                for p in sorted(self._active) if p in node_of]
+                for p in sorted(state.active) if p in node_of]
 
-    def _refused(self, rep, party) -> None:
+    @staticmethod
+    def refused(state: VADMMState, rep, party) -> None:
         """Keep a private party's report; a refusal stops the run (:class:`PartyRefused`)."""
-        keep_report(rep, party, self.privacy_)
+        keep_report(rep, party, state.privacy)
 
-    def _release(self, rep, party, key, shape, what) -> np.ndarray:
+    def release(self, state: VADMMState, rep, party, key, shape, what) -> np.ndarray:
         """A reply's checked release; a refusal stops the run (:class:`PartyRefused`)."""
-        keep_report(rep, party, self.privacy_, what)
+        keep_report(rep, party, state.privacy, what)
         return check_release(rep, party, key, shape, what, bound=self.max_release,
-                             cause=noise_divergence_cause(self.privacy_) if self.private_parties else None)
+                             cause=noise_divergence_cause(state.privacy) if state.private_parties else None)
 
-    def _by_party(self, replies, what) -> dict[int, Message]:
+    @staticmethod
+    def by_party(state: VADMMState, replies, what) -> dict[int, Message]:
         """party -> reply, the party being the one the exchange sent the request to."""
         out = {}
         for rep in replies:
-            party = self._reply_party.get(rep.metadata.reply_to_message_id)
+            party = state.reply_party.get(rep.metadata.reply_to_message_id)
             if party is None:
                 raise ReplyError(f"{what}: a reply to message {rep.metadata.reply_to_message_id!r}, which this "
                                  "round did not send")
@@ -358,44 +458,45 @@ class VerticalADMMStrategy(Strategy):
         driver's (:class:`~flower_vfl.core.rounds.RoundDriver`, shared with the engine): a stale or
         idle party counts there with its last release. There is no global model to return
         (``None``); the metrics are the round's count of fresh releases and stale parties."""
-        what = f"round {server_round} (train)"
-        got = self._by_party(replies, what)
-        shape = self.central.z.shape
-        if self.secagg is not None:
+        state, what = self.state_, f"round {server_round} (train)"
+        got = self.by_party(state, replies, what)
+        shape = state.central.z.shape
+        if state.secagg is not None:
             for p, rep in got.items():
-                self._refused(rep, p)
-            fresh = {SUM: self.secagg.total(got, self._active, "s", shape, what) if self._active
+                self.refused(state, rep, p)
+            fresh = {SUM: state.secagg.total(got, state.active, "s", shape, what) if state.active
                      else np.zeros(shape)}
-            self._stale = dict.fromkeys(self._active, 0)
-            self._fresh = fresh
-            self._rejoin_round(server_round)
-            self._penalties = {p: v for p, rep in got.items() if (v := check_penalty(rep, p, what)) is not None}
+            state.stale = dict.fromkeys(state.active, 0)
+            state.fresh = fresh
+            self.rejoin_round(state, server_round)
+            state.penalties = {p: v for p, rep in got.items() if (v := check_penalty(rep, p, what)) is not None}
             return None, MetricRecord({"releases": len(got), "stale": 0})
-        fresh = {p: self._release(rep, p, "s", shape, what) for p, rep in got.items()}
-        self._resync.difference_update(fresh)
-        for p in self._active:
-            self._stale[p] = 0 if p in fresh else self._stale.get(p, 0) + 1
+        fresh = {p: self.release(state, rep, p, "s", shape, what) for p, rep in got.items()}
+        state.resync.difference_update(fresh)
+        for p in state.active:
+            state.stale[p] = 0 if p in fresh else state.stale.get(p, 0) + 1
         # lam R(x_m) from the parties that report it (non-private): the objective column
         penalties = {p: v for p, rep in got.items() if (v := check_penalty(rep, p, what)) is not None}
-        self.replay_.update({p: self._sending[p] for p in fresh if p in self._sending and p not in self.private_parties})
-        self._fresh, self._penalties = fresh, penalties
-        return None, MetricRecord({"releases": len(fresh), "stale": len(set(self._active) - set(fresh))})
+        state.replay.update({p: state.sending[p] for p in fresh
+                             if p in state.sending and p not in state.private_parties})
+        state.fresh, state.penalties = fresh, penalties
+        return None, MetricRecord({"releases": len(fresh), "stale": len(set(state.active) - set(fresh))})
 
-    def _eval_content(self, server_round, party, final=False) -> RecordDict:
+    def eval_content(self, state: VADMMState, server_round, party, final=False) -> RecordDict:
         """Ask for D_test x_m. In the final evaluation private parties also get the last
         q, y: they make their unreleased final x-update first (:func:`private_schedule`)."""
-        c = self.central
+        c = state.central
         cfg = {"round": int(server_round), "rho": float(c.rho), "alpha": float(c.alpha),
                "theta": float(c.theta), "n_outputs": int(self.loss.n_outputs)}
-        if final and party in self.private_parties:
-            return self._round_content(server_round, parties=self._ask, n_outputs=int(self.loss.n_outputs),
-                                       final_update=True)
-        if self.secagg is not None:
-            if final and self.private_parties:
+        if final and party in state.private_parties:
+            return self.round_content(state, server_round, parties=state.ask, n_outputs=int(self.loss.n_outputs),
+                                      final_update=True)
+        if state.secagg is not None:
+            if final and state.private_parties:
                 # one message for every party of the sum: the private parties' (q, y) too
-                return self._round_content(server_round, parties=self._ask, n_outputs=int(self.loss.n_outputs),
-                                           final_update=True)
-            cfg.update(self.secagg.fields(self._ask))
+                return self.round_content(state, server_round, parties=state.ask,
+                                          n_outputs=int(self.loss.n_outputs), final_update=True)
+            cfg.update(state.secagg.fields(state.ask))
         return RecordDict({"config": ConfigRecord(cfg)})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -404,29 +505,31 @@ class VerticalADMMStrategy(Strategy):
 
         ``arrays`` / ``config``: as in :meth:`configure_train`, not read. Before the final
         update a private party is not asked (it releases its model once, at the end)."""
-        node_of = self.exchange.node_of()
-        return [Message(self._eval_content(server_round, p, self._final), dst_node_id=node_of[p],
-                        message_type="evaluate") for p in sorted(self._ask) if p in node_of]
+        state = self.state_
+        node_of = state.exchange.node_of()
+        return [Message(self.eval_content(state, server_round, p, state.final_eval), dst_node_id=node_of[p],
+                        message_type="evaluate") for p in sorted(state.ask) if p in node_of]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
         """Check the scores D_test x_m and combine them with the intercept
         (:func:`flower_vfl.core.scoring.combine`, as in the predict job) into the test metrics.
         Asked of the non-private parties alone, the metrics are named ``*_nonprivate``."""
-        what = f"round {server_round} ({'final ' if self._final else ''}evaluate)"
-        shape = self.t_test.shape[:1] + self.central.z.shape[1:]
-        suffix = "" if set(self._ask) == set(range(self.num_parties)) else "_nonprivate"
-        if self.secagg is not None:
-            got = self._by_party(replies, what)
+        state = self.state_
+        what = f"round {server_round} ({'final ' if state.final_eval else ''}evaluate)"
+        shape = self.t_test.shape[:1] + state.central.z.shape[1:]
+        suffix = "" if set(state.ask) == set(range(self.num_parties)) else "_nonprivate"
+        if state.secagg is not None:
+            got = self.by_party(state, replies, what)
             for p, rep in got.items():
-                self._refused(rep, p)
-            f = (self.secagg.total(got, self._ask, "s_test", shape, what) if self._ask else np.zeros(shape)) \
-                + self.central.b
+                self.refused(state, rep, p)
+            f = (state.secagg.total(got, state.ask, "s_test", shape, what) if state.ask else np.zeros(shape)) \
+                + state.central.b
         else:
-            scores = {p: self._release(rep, p, "s_test", shape, what)
-                      for p, rep in self._by_party(replies, what).items()}
-            f = combine(scores, self.central.b, sorted(scores) if suffix else range(self.num_parties), "test scores")
+            scores = {p: self.release(state, rep, p, "s_test", shape, what)
+                      for p, rep in self.by_party(state, replies, what).items()}
+            f = combine(scores, state.central.b, sorted(scores) if suffix else range(self.num_parties), "test scores")
         if not suffix:
-            self.decision_test_ = f
+            state.decision_test = f
         # test labels are clean: with label DP score them with the plain logistic loss (log-loss)
         test_loss = get_loss("logistic") if self.label_privacy_ is not None else self.loss
         out = {"test_loss" + suffix: test_loss.mean(f, self.t_test)}
@@ -437,14 +540,13 @@ class VerticalADMMStrategy(Strategy):
         return MetricRecord({k: float(v) for k, v in out.items()})
 
     # ------------------------------------------------------------------- loop
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
-              timeout: float | None = None, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None, evaluate_fn=None) -> Result:
-        """Identify the parties, then run the rounds (:class:`~flower_vfl.core.rounds.RoundDriver`,
-        the engine's loop) until the stopping rule or the last round; returns Flower's Result.
+    def run(self, grid: Grid, state: VADMMState) -> VADMMState:
+        """``start`` (Flower's, :class:`~flower_vfl.strategies.base.CentralBase`'s) identifies the parties,
+        then this runs the rounds (:class:`~flower_vfl.core.rounds.RoundDriver`,
+        the engine's loop) until the stopping rule or the last round (``start`` then returns Flower's Result).
 
-        Parameters
-        ----------
+        Parameters (of ``start``)
+        -------------------------
         grid : Grid
         initial_arrays : ArrayRecord or None
             Must be empty: vertical training has no global model to send (each party starts
@@ -478,111 +580,110 @@ class VerticalADMMStrategy(Strategy):
         raised again so that the ServerApp (and the Flower run) fail: a run without a model
         never reports success.
         """
-        vertical_outcome.check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
-        if num_rounds is not None:
-            self.max_rounds = int(num_rounds)
-        if timeout is not None:
-            self.round_timeout = float(timeout)
-        t0 = time.perf_counter()
-        log(INFO, "Starting %s strategy:", type(self).__name__)
-        self.summary()
-        self.run_record_ = checkpointing.run_record(self)
-        # another run's checkpoint is refused before any party is contacted
-        ckpt = checkpointing.load(self.resume, self.run_record_) if self.resume else None
-        self.resume_plans_ = checkpointing.plans(ckpt)
-        self.resume_round_ = int(ckpt[1]["round"]) if ckpt is not None else None
-        self.identify(grid)
-        if ckpt is not None and self._stateless and float(self.central.alpha) != 1.0:
-            raise ResumeRefused(f"resume={str(self.resume)!r}: parties {sorted(self._stateless)} came back without "
-                                f"their state and alpha={self.central.alpha:g}: the relaxed x-update needs the "
+        ckpt = state.checkpoint
+        if ckpt is not None and state.stateless and float(state.central.alpha) != 1.0:
+            raise ResumeRefused(f"resume={str(self.resume)!r}: parties {sorted(state.stateless)} came back without "
+                                f"their state and alpha={state.central.alpha:g}: the relaxed x-update needs the "
                                 "party's own z_loc, which the central node cannot restore. Resume with parties that "
                                 "kept their state, or start a new run without resume")
-        self._stale, self._qs = {}, None
-        self.driver = RoundDriver(self.central, self.num_parties, max_rounds=self.max_rounds, tol=self.tol,
-                                  tol_abs=self.tol_abs, adaptive_rho=self.adaptive_rho, eval_every=self.eval_every)
+        state.stale, state.qs = {}, None
+        state.driver = driver = RoundDriver(state.central, self.num_parties, max_rounds=self.rounds_of(state),
+                                            tol=self.tol, tol_abs=self.tol_abs, adaptive_rho=self.adaptive_rho,
+                                            eval_every=self.eval_every)
         acceleration = self.acceleration
-        if self.secagg is not None and acceleration != "none":
+        if state.secagg is not None and acceleration != "none":
             log(WARNING, "secagg=true: acceleration=%s turned off (per-party Anderson needs each party's release, "
                 "which the central node does not see under secure aggregation)", acceleration)
             acceleration = "none"
-        self.driver.plan([m in self.private_parties for m in range(self.num_parties)],
-                         list(self.private_parties.values()), acceleration, self.penalty,
-                         self.constraint is not None, stale=self.stragglers == "stale",
-                         # as the plain-rounds flag (_content): a resumed run replays the parties'
-                         # last round, whose theta a checkpoint does not keep
-                         adapt_theta=self.variant == "sharing" and self.secagg is None and self.state_dir is None
-                         and self.resume is None)
-        public = [m for m in range(self.num_parties) if m not in self.private_parties]
-        lost = sorted(set(public) & self._stateless)
-        if ckpt is not None and self.secagg is not None and lost and self.resume_round_ > 0:
+        driver.plan([m in state.private_parties for m in range(self.num_parties)],
+                    list(state.private_parties.values()), acceleration, self.penalty,
+                    self.constraint is not None, stale=self.stragglers == "stale",
+                    # as the plain-rounds flag (content): a resumed run replays the parties'
+                    # last round, whose theta a checkpoint does not keep
+                    adapt_theta=self.variant == "sharing" and state.secagg is None and self.state_dir is None
+                    and self.resume is None)
+        public = [m for m in range(self.num_parties) if m not in state.private_parties]
+        lost = sorted(set(public) & state.stateless)
+        if ckpt is not None and state.secagg is not None and lost and state.resume_round > 0:
             raise ResumeRefused(f"resume={str(self.resume)!r} with secagg=true: non-private parties {lost} hold no "
-                                f"state of round {self.resume_round_} under the checkpoint's resume token (their "
+                                f"state of round {state.resume_round} under the checkpoint's resume token (their "
                                 "state-dir, partition-id or secagg-name is not the run's, or the run kept no token): "
                                 "re-synchronizing them needs their own last release, which the central node never "
                                 "saw under secure aggregation. Resume with the parties' original node configs and "
                                 "state-dirs, or start a new run without resume")
         if ckpt is None:       # round 0, before any key agreement or round: the private parties' plans, for a resume
-            checkpointing.save(self, 0, 0, 0, False)
-        if self.secagg is not None:
-            small = [sum(active) for _, active, _ in self.driver.phases if 0 < sum(active) < 2]
+            checkpointing.save(self, state, 0, 0, 0, False)
+        if state.secagg is not None:
+            small = [sum(active) for _, active, _ in driver.phases if 0 < sum(active) < 2]
             if small or self.num_parties < 2:
                 n = small[0] if small else self.num_parties
                 raise ValueError(f"secagg=true needs at least 2 parties in every sum; this run has a phase of {n} "
-                                 f"part{'y' if n == 1 else 'ies'} (private parties {sorted(self.private_parties)} "
+                                 f"part{'y' if n == 1 else 'ies'} (private parties {sorted(state.private_parties)} "
                                  "sit out the warm start): run with 2 or more non-private parties, every party "
                                  "private, or secagg=false")
-            self.secagg.check_phases(self.driver.phases, self.private_parties)      # one roster per run
-            self.secagg.keys(self.exchange, self.num_parties)
-        self.acceleration_ = self.driver.acceleration
-        self.history_ = self.driver.history
+            state.secagg.check_phases(driver.phases, state.private_parties)      # one roster per run
+            state.exchange.agree()
+        state.acceleration = driver.acceleration
+        state.history = driver.history
         begin = (0, 0, 0, False)
         if ckpt is not None:
-            begin = checkpointing.restore(self, self.resume, *ckpt)
+            begin = checkpointing.restore(self, state, self.resume, *ckpt)
             log(INFO, "resuming from %s after round %d", self.resume, begin[0])
-        rounds = FlowerRounds(self, grid)
-        self.writer = RoundWriter(inline=self.write_inline)
+        rounds = FlowerRounds(self, state, grid)
+        state.writer = RoundWriter(inline=self.write_inline)
         try:
             rounds.resync(range(self.num_parties))    # parties back without state: their x_m first
-            self.driver.run(rounds, start=begin, t0=t0, on_round=self._on_round, on_warm_start=self._on_warm_start)
-            self.writer.close()                      # the last round's checkpoint and report are on disk
+            driver.run(rounds, start=begin, t0=state.t0, on_round=partial(self._on_round, state),
+                       on_warm_start=partial(self._on_warm_start, state))
+            state.writer.close()                      # the last round's checkpoint and report are on disk
             if self.t_test is not None:
-                vertical_outcome.warn_if_dp_hurts(self)
-        except (PartyRefused, PartyLost, PartyFailed, ReplyError, ResumeRefused, PermissionError, SecAggError) as exc:
-            # no model: the run fails (a refusal too: the rounds done are kept, never reported as a success)
-            self._close_writer()
-            self.stopped_reason_, self.failed_ = str(exc), True
-            log(ERROR, "stopping after round %d (checkpoint: %s): %s", len(self.history_),
-                self.state_dir or "none, set state-dir or out-dir", exc)
-            vertical_outcome.finish(self, t0)
-            raise
+                vertical_outcome.warn_if_dp_hurts(state)
         except BaseException:
-            self._close_writer()
+            # no model: the run fails (a refusal too: the rounds done are kept, never reported as a success)
+            self._close_writer(state)
             raise
-        vertical_outcome.finish(self, t0)
-        return vertical_outcome.flower_result(self)
+        return state
 
-    def _close_writer(self) -> None:
+    def stop_line(self, state: VADMMState, exc: BaseException) -> str:
+        return (f"stopping after round {len(state.history)} (checkpoint: "
+                f"{self.state_dir or 'none, set state-dir or out-dir'}): {exc}")
+
+    def report(self, state: VADMMState) -> dict:
+        """The report's intercept, DP warning and the plain statement of what the run protects."""
+        out = {"intercept": np.asarray(state.central.b).tolist()}
+        if state.dp_warning:
+            out["dp_warning"] = state.dp_warning
+        out["protection"] = vertical_outcome.protection(self)
+        return out
+
+    def model(self, state: VADMMState) -> dict:
+        """The central node's part of the model: the intercept."""
+        return {"intercept": np.atleast_1d(np.asarray(state.central.b, float))}
+
+    @staticmethod
+    def _close_writer(state: VADMMState) -> None:
         """The run is failing: the writes of the rounds done still reach the disk (their own
         error is logged: the run's error is the one to see)."""
-        err = self.writer.close(raising=False)
+        err = state.writer.close(raising=False)
         if err is not None:
             log(WARNING, "%s", err)
 
-    def _on_round(self, k, row, i_phase, j, stopped) -> None:
+    def _on_round(self, state, k, row, i_phase, j, stopped) -> None:
         # round k-1's checkpoint and report were written while the parties computed round k
         # (io/writer.py): wait for them (their disk error stops the run here), then hand over k's
-        self.writer.wait()
-        checkpointing.save(self, k, i_phase, j, stopped)
+        state.writer.wait()
+        checkpointing.save(self, state, k, i_phase, j, stopped)
         if self.progress is not None:
             self.progress(k, row)
         else:                 # a custom ServerApp without a callback still sees each round in its log
             log_round(k, row)
 
-    def _on_warm_start(self, k, metrics) -> None:
+    @staticmethod
+    def _on_warm_start(state, k, metrics) -> None:
         # the non-private parties alone, at the end of the warm start: the bar the private
         # parties must clear (a warning after the run if they do not)
         if metrics is not None:
-            self.nonprivate_reference_ = metrics
+            state.nonprivate_reference = metrics
 
     def protection(self) -> dict:
         """What this run protects, per party (the run report's plain statement)."""

@@ -1,19 +1,16 @@
-"""The vertical central node's run outcome: Flower's start() arguments it refuses, the Result
-it returns, the report's ``final`` and the plain statement of what the run protects."""
+"""The vertical central node's run outcome: Flower's start() arguments it refuses, the warning when
+DP made the model worse, and the plain statement of what the run protects (the report's
+``protection``; the report and the Result are built by :class:`~flower_vfl.strategies.base.CentralBase`)."""
 
 from __future__ import annotations
 
-import time
 from logging import WARNING
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp.strategy import Result
 
 from flower_vfl.privacy.outcome import FIX_NODE, dp_hurts_message
 
-__all__ = ["check_start", "flower_result", "protection", "warn_if_dp_hurts", "finish"]
+__all__ = ["check_start", "protection", "warn_if_dp_hurts"]
 
 
 def check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn) -> None:
@@ -36,22 +33,6 @@ def check_start(initial_arrays, num_rounds, train_config, evaluate_config, evalu
                          "(and eval_every) and pass evaluate_fn=None")
 
 
-def flower_result(st) -> Result:
-    """Flower's Result of the run (see :meth:`VerticalADMMStrategy.start`)."""
-    num = lambda v: int(v) if isinstance(v, (int, np.integer)) else float(v)  # noqa: E731
-    res = Result(arrays=ArrayRecord({"intercept": Array(np.atleast_1d(np.asarray(st.central.b, float)))}))
-    for row in st.history_:
-        k = int(row["round"])
-        vals = {key: v for key, v in row.items() if isinstance(v, (int, float, np.number)) and not
-                isinstance(v, bool)}
-        res.train_metrics_clientapp[k] = MetricRecord({key: num(v) for key, v in vals.items()
-                                                       if not key.startswith("test_")})
-        test = {key: num(v) for key, v in vals.items() if key.startswith("test_")}
-        if test:
-            res.evaluate_metrics_clientapp[k] = MetricRecord(test)
-    return res
-
-
 def protection(st) -> dict:
     """What the run protects, per party (the run report's plain statement)."""
     label_eps = getattr(st, "label_epsilon", None)
@@ -69,28 +50,12 @@ def protection(st) -> dict:
     return out
 
 
-def warn_if_dp_hurts(st) -> None:
-    """Set and log ``st.dp_warning_`` when the private parties made the test loss worse than the
+def warn_if_dp_hurts(state) -> None:
+    """Set and log ``state.dp_warning`` when the private parties made the test loss worse than the
     non-private parties alone (the warm start's reference)."""
-    ref = getattr(st, "nonprivate_reference_", None)
-    final = st.history_[-1].get("test_loss") if st.history_ else None
+    ref = state.nonprivate_reference
+    final = state.history[-1].get("test_loss") if state.history else None
     msg = dp_hurts_message(final, ref["test_loss_nonprivate"], measured="test loss", fix=FIX_NODE) if ref else None
     if msg:
-        st.dp_warning_ = msg
-        log(WARNING, "%s", st.dp_warning_)
-
-
-def finish(st, t0) -> None:
-    """``st.final_``: the last history row, rounds, wall time, intercept, protection, and why
-    the run stopped (``failed`` when it ended without a model)."""
-    st.final_ = dict(st.history_[-1]) if st.history_ else {}
-    st.final_["rounds"] = len(st.history_)
-    st.final_["wall_time_s"] = time.perf_counter() - t0
-    st.final_["intercept"] = np.asarray(st.central.b).tolist()
-    if getattr(st, "dp_warning_", None):
-        st.final_["dp_warning"] = st.dp_warning_
-    st.final_["protection"] = protection(st)
-    if st.stopped_reason_:
-        st.final_["stopped_reason"] = st.stopped_reason_
-    if st.failed_:
-        st.final_["failed"] = True
+        state.dp_warning = msg
+        log(WARNING, "%s", state.dp_warning)

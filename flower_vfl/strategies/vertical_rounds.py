@@ -5,9 +5,10 @@
 - :func:`check_penalty`: the lam R(x_m) a non-private party reports (finite, >= 0);
 - :class:`FlowerRounds`: the strategy's :class:`~flower_vfl.core.rounds.RoundExchange`,
   Flower's hooks over the :class:`~flower_vfl.strategies.exchange.Exchange` (a lost party is
-  waited for, or counted stale with ``stragglers='stale'``), and the re-synchronization of a
-  party that came back without its state (:meth:`FlowerRounds.resync`) before it is asked
-  anything else.
+  waited for, or counted stale with ``stragglers='stale'``; under secure aggregation the exchange is
+  a :class:`~flower_vfl.strategies.secagg_central.SecureExchange`, which re-keys on its own), and the
+  re-synchronization of a party that came back without its state (:meth:`FlowerRounds.resync`)
+  before it is asked anything else.
 """
 
 from __future__ import annotations
@@ -103,38 +104,41 @@ def sends_target(st, party) -> bool:
     stragglers='stale' (a reply lost after the party answered leaves the two apart); and not
     over-relaxed rounds (alpha != 1: the party's z_loc)."""
     c = st.central
-    return (party is not None and st.secagg is None and float(c.alpha) == 1.0
-            and st.stragglers != "stale" and party not in st._resync and party in st._last_s)
+    state = st.state_
+    return (party is not None and state.secagg is None and float(c.alpha) == 1.0
+            and st.stragglers != "stale" and party not in state.resync and party in state.last_s)
 
 
 def target_vectors(st, party, q) -> dict:
     """``{"v": target, "q_norm": ||q||}`` of ``party`` this round (:func:`sends_target`); ``q`` is its
     q (per party when accelerated)."""
     c = st.central
-    _, v = x_update_target(st._last_s[party], q, c.y, c.rho, c.theta)
+    _, v = x_update_target(st.state_.last_s[party], q, c.y, c.rho, c.theta)
     return {"v": v, "q_norm": target_norm(q)}
 
 
 class FlowerRounds:
-    """The strategy's :class:`~flower_vfl.core.rounds.RoundExchange` (see the module doc)."""
+    """The strategy's :class:`~flower_vfl.core.rounds.RoundExchange` (see the module doc): it calls
+    the strategy's Flower hooks and its public message builders, and reads and writes the run's
+    state (:class:`~flower_vfl.strategies.vertical_admm.VADMMState`)."""
 
-    def __init__(self, strategy, grid):
-        self.st, self.grid = strategy, grid
+    def __init__(self, strategy, state, grid):
+        self.st, self.state, self.grid = strategy, state, grid
         self.evaluates = strategy.t_test is not None
 
     def _send(self, messages, what, rebuild, parties, stale_ok=False):
-        return self.st.exchange.send_messages(messages, what, rebuild, stale_ok=stale_ok, parties=parties)
+        return self.state.exchange.send_messages(messages, what, rebuild, stale_ok=stale_ok, parties=parties)
 
     def train(self, k, parties, qs):
-        st, what = self.st, f"round {k} (train)"
-        st._active, st._qs = list(parties), qs
-        c = st.central
+        st, state, what = self.st, self.state, f"round {k} (train)"
+        state.active, state.qs = list(parties), qs
+        c = state.central
         # what each party is sent, for the replay record: copies (an accelerator updates its
         # buffers in place after the round), one per distinct array
         kept = {}
         copy = lambda a: kept.setdefault(id(a), (a, np.array(a, dtype=float)))[1]  # noqa: E731
-        st._sending = {p: (k, copy(c.q if qs is None else qs[p]), copy(c.y), float(c.rho), st._last_s.get(p))
-                       for p in parties}
+        state.sending = {p: (k, copy(c.q if qs is None else qs[p]), copy(c.y), float(c.rho), state.last_s.get(p))
+                         for p in parties}
         messages = list(st.configure_train(k, ArrayRecord(), ConfigRecord(), self.grid))
         replayed = set()
 
@@ -142,21 +146,20 @@ class FlowerRounds:
             # a party back without its state (a restarted SuperNode) is first sent the last round
             # it answered again: its release is checked against the one the central node holds
             # (other data or settings are refused), then it is sent this round (below)
-            if p in st._resync and p in st.replay_ and p in st._last_s and st.secagg is None:
+            if p in state.resync and p in state.replay and p in state.last_s and state.secagg is None:
                 replayed.add(p)
-                return Message(st._replay_content(p), dst_node_id=nid, message_type="train")
+                return Message(st.replay_content(state, p), dst_node_id=nid, message_type="train")
             replayed.discard(p)
-            return Message(st._round_content(k, party=p), dst_node_id=nid, message_type="train")
+            return Message(st.round_content(state, k, party=p), dst_node_id=nid, message_type="train")
         if st.stragglers == "stale":
             got, lost = self._send(messages, what, rebuild, parties, stale_ok=True)
-            over = {p for p in lost if st._stale.get(p, 0) + 1 > st.max_staleness}
+            over = {p for p in lost if state.stale.get(p, 0) + 1 > st.max_staleness}
             if over:
                 log(WARNING, "parties %s missed %d rounds in a row (max-staleness): waiting", sorted(over),
                     st.max_staleness)
                 got.update(self._send([], what, rebuild, over))
         else:
             got = self._send(messages, what, rebuild, parties)
-            got = self._rekeyed(got, what, parties, rebuild)
         for _ in range(MAX_LOSSES + 2):     # each pass follows a loss; the exchange stops after MAX_LOSSES
             back = sorted(p for p in got if p in replayed)
             if not back:
@@ -168,28 +171,9 @@ class FlowerRounds:
         if any(p in replayed for p in got):
             raise ResumeRefused(f"parties {sorted(replayed)} kept losing their state while being re-synchronized "
                                 f"in {what}; check their SuperNodes and resume")
-        st._reply_party = {rep.metadata.reply_to_message_id: p for p, rep in got.items()}
+        state.reply_party = {rep.metadata.reply_to_message_id: p for p, rep in got.items()}
         st.aggregate_train(k, [got[p] for p in sorted(got)])
-        return st._fresh, st._penalties
-
-    def _rekeyed(self, got, what, parties, rebuild):
-        """Secure aggregation: a party that holds no key for this run (restarted) refuses with
-        ``secagg-rekey``; then every party is asked for its advert again (the others keep theirs),
-        the new roster is relayed and the whole request is sent again: never a sum with a hole."""
-        st = self.st
-        if st.secagg is None:
-            return got
-        from flower_vfl.strategies.secagg_central import REKEY
-        for _ in range(max(1, 2 * st.num_parties)):
-            rekey = sorted(p for p, rep in got.items() if "refusal" in rep.content.config_records
-                           and rep.content.config_records["refusal"].get("code") == REKEY)
-            if not rekey:
-                return got
-            log(WARNING, "parties %s hold no secure-aggregation key for this run (restarted): new key "
-                "adverts, then %s again for every party", rekey, what)
-            st.secagg.keys(st.exchange, st.num_parties)
-            got = st.exchange.send_messages([], what, rebuild, parties=parties)
-        raise ReplyError(f"{what}: parties kept losing their secure-aggregation keys; check their SuperNodes")
+        return state.fresh, state.penalties
 
     def resync(self, parties) -> None:
         """Send every party of ``parties`` that came back without its state the last round it
@@ -198,55 +182,55 @@ class FlowerRounds:
         uninterrupted party would. Its release must be the one the checkpoint holds (bitwise
         when theta is a power of two; within rounding otherwise), else the resume is refused:
         the party's data or settings changed."""
-        st = self.st
+        st, state = self.st, self.state
         for _ in range(max(1, 2 * st.num_parties)):      # a party may be lost and come back meanwhile
-            todo = sorted(p for p in parties if p in st._resync and p in st.replay_)
+            todo = sorted(p for p in parties if p in state.resync and p in state.replay)
             if not todo:
                 return
-            what = f"re-synchronization (round {max(st.replay_[p][0] for p in todo)} again)"
-            got = st.exchange.send(lambda p, nid: st._replay_content(p), "train", todo, what)
+            what = f"re-synchronization (round {max(state.replay[p][0] for p in todo)} again)"
+            got = state.exchange.send(lambda p, nid: st.replay_content(state, p), "train", todo, what)
             for p, rep in sorted(got.items()):
                 self._check_replay(p, rep)
-        raise ResumeRefused(f"parties {sorted(p for p in parties if p in st._resync)} kept losing their state "
+        raise ResumeRefused(f"parties {sorted(p for p in parties if p in state.resync)} kept losing their state "
                             "while being re-synchronized; check their SuperNodes and resume")
 
     def _check_replay(self, p, rep) -> None:
         """``rep`` answers the last round party ``p`` answered, sent again: its release must be
         the one the central node holds, else :class:`ResumeRefused` (its data or settings changed)."""
-        st = self.st
-        what = f"re-synchronization (round {st.replay_[p][0]} again)"
-        s = st._release(rep, p, "s", st.central.z.shape, what)
-        kept = st._last_s[p]
+        st, state = self.st, self.state
+        what = f"re-synchronization (round {state.replay[p][0]} again)"
+        s = st.release(state, rep, p, "s", state.central.z.shape, what)
+        kept = state.last_s[p]
         if not np.array_equal(s, kept):
             diff = float(np.max(np.abs(s - kept)))
             scale = max(1.0, float(np.max(np.abs(kept))))
             if diff > 1e-9 * scale:
                 raise ResumeRefused(
-                    f"party {p} (node {rep.metadata.src_node_id}) was sent round {st.replay_[p][0]} again "
+                    f"party {p} (node {rep.metadata.src_node_id}) was sent round {state.replay[p][0]} again "
                     f"to restore its state and released another s_m than in that round (max |difference| "
                     f"{diff:.3g} over {s.shape[0]} rows): its data or its settings changed (rows, row "
                     "order, columns, lam, penalty, x-solver). Give the party its original data and node "
                     "config, or start a new run without resume")
-        st._resync.discard(p)
-        log(INFO, "party %s re-synchronized: round %d again, the same release", p, st.replay_[p][0])
+        state.resync.discard(p)
+        log(INFO, "party %s re-synchronized: round %d again, the same release", p, state.replay[p][0])
 
     def evaluate(self, k, parties, final):
-        st = self.st
-        st._ask, st._final = list(parties), bool(final)
+        st, state = self.st, self.state
+        state.ask, state.final_eval = list(parties), bool(final)
         what = f"round {k} ({'final ' if final else ''}evaluate)"
         self.resync(parties)
         messages = list(st.configure_evaluate(k, ArrayRecord(), ConfigRecord(), self.grid))
-        rebuild = lambda p, nid: Message(st._eval_content(k, p, final), dst_node_id=nid,  # noqa: E731
+        rebuild = lambda p, nid: Message(st.eval_content(state, k, p, final), dst_node_id=nid,  # noqa: E731
                                          message_type="evaluate")
-        got = self._rekeyed(self._send(messages, what, rebuild, parties), what, parties, rebuild)
+        got = self._send(messages, what, rebuild, parties)
         for _ in range(max(1, 2 * st.num_parties)):
-            again = sorted(p for p in got if p in st._resync and p in st.replay_)
+            again = sorted(p for p in got if p in state.resync and p in state.replay)
             if not again:
                 break
             # a party restarted during the evaluation answered from x_m = 0: restore it, ask again
             self.resync(again)
             got.update(self._send([], what, rebuild, again))
-        st._reply_party = {rep.metadata.reply_to_message_id: p for p, rep in got.items()}
+        state.reply_party = {rep.metadata.reply_to_message_id: p for p, rep in got.items()}
         return dict(st.aggregate_evaluate(k, [got[p] for p in sorted(got)]))
 
     def finish(self, k):
