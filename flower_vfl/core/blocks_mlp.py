@@ -18,7 +18,7 @@ import contextlib
 import numpy as np
 import scipy.sparse as sp
 
-from flower_vfl.core.party import x_update_target
+from flower_vfl.core.party import Releases, x_update_target
 
 __all__ = ["MLPBlock", "MLPUpdate", "torch_or_refuse"]
 
@@ -130,7 +130,7 @@ class _Solver:
         return None
 
 
-class MLPUpdate:
+class MLPUpdate(Releases):
     """The x-update of an MLP party (the release interface of :class:`~flower_vfl.core.party.PartyUpdate`:
     ``train_release``, ``commit``, ``penalty_value``, ``x``, ``s``): a few warm-started Adam epochs
     toward v each round."""
@@ -236,14 +236,6 @@ class MLPUpdate:
         if "z_loc" in state:
             self.z_loc = np.asarray(state["z_loc"], dtype=float).reshape(shape)
         self.s = np.asarray(state["s"], dtype=float).reshape(shape) if "s" in state else self._forward()
-
-    def commit(self, s_released):
-        self.s = np.asarray(s_released, dtype=float)
-
-    def train_release(self, round, q, y, rho, alpha=1.0, theta=1.0, v=None, q_norm=None):
-        s = self.step(q, y, rho, alpha, theta, v=v, q_norm=q_norm)
-        self.commit(s)
-        return s
 
     def eval_release(self, round, rho=None, theta=None, D_eval=None):
         return self.block.predict(D_eval, self.x)

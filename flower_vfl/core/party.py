@@ -20,7 +20,7 @@ import numpy as np
 
 from flower_vfl.core.xsolve import XSolver, _norm
 
-__all__ = ["PartyUpdate", "PLAIN_ROUNDS", "x_update_target", "target_norm"]
+__all__ = ["PartyUpdate", "Releases", "PLAIN_ROUNDS", "x_update_target", "target_norm"]
 
 #: the train-config flag by which the central node tells a party that no accelerator
 #: extrapolates the rounds (:meth:`PartyUpdate.plain_rounds`); the Flower strategy sends it, a
@@ -51,7 +51,24 @@ def target_norm(q) -> float:
     return _norm(q)
 
 
-class PartyUpdate:
+class Releases:
+    """The non-private release interface every party block update shares (the linear
+    :class:`PartyUpdate`, the MLP block's update in :mod:`flower_vfl.core.blocks_mlp`; a private
+    party's is :class:`flower_vfl.privacy.PrivateParty`): ``step`` toward the target, then the exact
+    release, cached for the next residual."""
+
+    def commit(self, s_released):
+        """Cache the value actually sent (noisy when private): the next residual contains it."""
+        self.s = np.asarray(s_released, dtype=float)
+
+    def train_release(self, round, q, y, rho, alpha=1.0, theta=1.0, v=None, q_norm=None):
+        """Non-private release: the exact block output (``v``, ``q_norm``: the update's ``step``)."""
+        s = self.step(q, y, rho, alpha, theta, v=v, q_norm=q_norm)
+        self.commit(s)
+        return s
+
+
+class PartyUpdate(Releases):
     """The x-update of one party plus the bookkeeping it needs across rounds.
 
     State (kept by the party, never sent): ``x`` (its model block), ``s`` (the
@@ -124,17 +141,6 @@ class PartyUpdate:
         (:meth:`XSolver.plain_rounds`). Called before the first x-update, by the engine and by a
         non-private party's ClientApp alike; never for a private party."""
         self.solver.plain_rounds()
-
-    def commit(self, s_released):
-        """Cache the value actually sent (noisy when private): the next residual contains it."""
-        self.s = np.asarray(s_released, dtype=float)
-
-    # the release interface shared with flower_vfl.privacy.PrivateParty
-    def train_release(self, round, q, y, rho, alpha=1.0, theta=1.0, v=None, q_norm=None):
-        """Non-private release: the exact D_m x_m (``v``, ``q_norm``: :meth:`step`)."""
-        s = self.step(q, y, rho, alpha, theta, v=v, q_norm=q_norm)
-        self.commit(s)
-        return s
 
     def eval_release(self, round, rho=None, theta=None, D_eval=None):
         return D_eval @ self.x
