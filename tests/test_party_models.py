@@ -334,3 +334,14 @@ def test_a_private_party_refuses_a_node_config_mlp_by_name(_task_identity, tmp_p
         "party 0 is private and party-model='mlp' is refused: no accountant here covers a network's training (its "
         "releases would carry privacy loss without an ε); use 'linear', 'rff', 'spline' or 'bins' for a private "
         "party, or run it without dp")
+
+
+def test_a_setting_of_another_kind_is_refused_never_ignored():
+    """An operator who sets party-model-width (an MLP setting) while the party's block is 'rff' (e.g.
+    the run config's suggestion) is told so, by key, instead of running a block that ignores it."""
+    from flower_vfl.core.blocks import BlockError, block_from_config
+    with pytest.raises(BlockError) as e:
+        block_from_config({"party-model": "rff", "party-model-width": 8})
+    assert str(e.value) == ("node config key 'party-model-width'=8 applies to party-model 'mlp' only, and this "
+                            "party's party-model is 'rff'; remove 'party-model-width' or set party-model to one of "
+                            "those (docs/party-models.md)")

@@ -268,8 +268,10 @@ def _settings_of(config: dict, kind: str, where: str) -> dict:
         if s is None:
             raise BlockError(f"{where} key {key!r} is unknown; the party-model settings are "
                              f"{', '.join(SETTINGS)} (docs/party-models.md)")
-        if kind not in s.kinds:
-            continue                 # a setting of another kind (e.g. a run-config default): not read
+        if kind not in s.kinds:      # never silently ignored: the operator meant another kind
+            raise BlockError(f"{where} key {key!r}={value!r} applies to {MODEL_KEY} "
+                             f"{' / '.join(repr(k) for k in s.kinds)} only, and this party's {MODEL_KEY} is {kind!r}; "
+                             f"remove {key!r} or set {MODEL_KEY} to one of those (docs/party-models.md)")
         out[key] = _convert(s, value, where)
     return out
 
