@@ -81,13 +81,14 @@ class DPIADMMConfig:
     num_features: int = 784
     num_classes: int = 10
     num_iterations: int = 100
-    a: float = 1.0
-    beta: float = 1e-6
-    box: float = 1.0
-    c1: float = 2.0
-    c2: float = 5.0
-    Tc: float = 1e4
-    rho_max: float = 1e9
+    # the paper's schedule constants: the agents' DPIADMMParams defaults (one place)
+    a: float = DPIADMMParams.a
+    beta: float = DPIADMMParams.beta
+    box: float = DPIADMMParams.box
+    c1: float = DPIADMMParams.c1
+    c2: float = DPIADMMParams.c2
+    Tc: float = DPIADMMParams.Tc
+    rho_max: float = DPIADMMParams.rho_max
     trust: str = "paper"
     eval_every: int = 10
     timeout: float = 600.0
