@@ -57,23 +57,7 @@ FLWR_BELOW = {
 #: private names imported from another module today (module, imported name), each to be removed by
 #: its owner (made public or moved); the test fails once one is gone, so the entry is dropped with it.
 #: Across rooms:
-KNOWN_PRIVATE = {("flower_vfl.cli.ledger", "flower_vfl.privacy.store._count_journals"),
-                 ("flower_vfl.clients.party_private", "flower_vfl.privacy.store._STORES"),
-                 # within one room:
-                 ("flower_vfl.estimator.blocked", "flower_vfl.estimator.engine._has_proba"),
-                 ("flower_vfl.core.label_noise", "flower_vfl.core.loss_base._check_binary"),
-                 ("flower_vfl.core.label_noise", "flower_vfl.core.loss_base._newton_1d"),
-                 ("flower_vfl.core.losses", "flower_vfl.core.loss_base._check_binary"),
-                 ("flower_vfl.core.losses", "flower_vfl.core.loss_base._newton_1d"),
-                 ("flower_vfl.core.party", "flower_vfl.core.xsolve._norm"),
-                 ("flower_vfl.core.xsolve_prox", "flower_vfl.core.penalties._spectral_norm_sq"),
-                 ("flower_vfl.privacy.distributed", "flower_vfl.privacy.accounting._check_positive"),
-                 ("flower_vfl.privacy.ledger", "flower_vfl.privacy.accounting._check_delta"),
-                 ("flower_vfl.privacy.ledger", "flower_vfl.privacy.accounting._check_method"),
-                 ("flower_vfl.privacy.ledger", "flower_vfl.privacy.accounting._check_positive"),
-                 ("flower_vfl.privacy.ledger", "flower_vfl.privacy.accounting._import_opacus_accountants"),
-                 ("flower_vfl.reporting.html", "flower_vfl.reporting.plots._label"),
-                 ("flower_vfl.reporting.html", "flower_vfl.reporting.plots._series")}
+KNOWN_PRIVATE: set = set()
 
 
 def _modules():
@@ -209,7 +193,7 @@ def test_no_flower_import_below_the_glue_line():
 
 def test_no_private_name_is_imported_from_another_module():
     """``from flower_vfl.x import _name`` in another module: a helper another module needs is public
-    (or moves); the ones left today are KNOWN_PRIVATE."""
+    (or moves); KNOWN_PRIVATE is empty and stays so."""
     mods = _modules()
     found = set()
     for m, path in mods.items():

@@ -83,9 +83,9 @@ def counted_noise(monkeypatch, tmp_path):
         return np.random.default_rng(np.random.SeedSequence([int(self.party_id), n]))
     monkeypatch.setattr(mech.GaussianOutputMechanism, "rng", rng)
     monkeypatch.setenv("FLOWER_VFL_STATE_DIR", str(tmp_path / "default-state"))
-    store_mod._STORES.clear()
+    store_mod.OPEN_STORES.clear()
     yield counters
-    store_mod._STORES.clear()
+    store_mod.OPEN_STORES.clear()
 
 
 def ledger(nc, rc):

@@ -36,9 +36,9 @@ def train(nc, run, rnd):
 
 def close_stores():
     """The SuperNode process ends (each message is a fresh process on a real SuperNode)."""
-    for store in party_private._STORES.values():
+    for store in party_private.OPEN_STORES.values():
         store.close()
-    party_private._STORES.clear()
+    party_private.OPEN_STORES.clear()
 
 
 def ledger_cli(nc, *extra):

@@ -40,9 +40,9 @@ def send(handler, context, cfg, vectors=True, kind="train"):
 
 
 def close_stores():
-    for store in party_private._STORES.values():
+    for store in party_private.OPEN_STORES.values():
         store.close()
-    party_private._STORES.clear()
+    party_private.OPEN_STORES.clear()
 
 
 # --------------------------------------------------------------- settings a private party cannot honour

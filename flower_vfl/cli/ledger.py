@@ -162,13 +162,13 @@ def _print_others(others: dict):
 
 
 def cmd_ledger(args) -> int:
-    from flower_vfl.privacy.store import PartyStore, _count_journals, accept_reset, journal_check
+    from flower_vfl.privacy.store import PartyStore, count_journals, accept_reset, journal_check
     path = _state_dir(args)
     check = journal_check(path)
     others = _others(path)
     if args.accept_reset:
         folder = Path(check["ledger_file"]).parent
-        if not (check["ledger_exists"] or check["journal_exists"] or _count_journals(folder)):
+        if not (check["ledger_exists"] or check["journal_exists"] or count_journals(folder)):
             print(f"flower-vfl ledger: nothing to reset at {path} (no ledger, no journal)", file=sys.stderr)
             return 2
         done = accept_reset(path)

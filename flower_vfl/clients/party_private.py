@@ -27,7 +27,7 @@ from flower_vfl.core.penalties import penalty_class
 from flower_vfl.core.scoring import released_scores
 from flower_vfl.privacy.boundary import Refused, inputs_hash
 from flower_vfl.privacy.ledger import BudgetReserved, PlanUnaffordable
-from flower_vfl.privacy.store import _STORES, party_store  # noqa: F401  (re-exported: one store per process)
+from flower_vfl.privacy.store import OPEN_STORES, party_store  # noqa: F401  (re-exported: one store per process)
 
 __all__ = ["PrivatePartyClient"]
 

@@ -19,7 +19,7 @@ l is bounded (0 <= l <= -log p) and nonconvex for p > 0 (l'' < 0 for v < -kappa/
 |l'| <= 1 and |l''| <= c(p) <= 1/4, c(p) = max_v |l''(v)| computed below. It is handled exactly
 as the nonconvex sigmoid loss (docs/math.md, Sections 4 and 9): default rho = 3 c/N (> 2L,
 Assumption 1.2 of the paper), the intercept as its own block (``CentralUpdate._intercept_then_z``),
-the z-update (eq. 7) by the bracketed vectorized Newton ``_newton_1d``.
+the z-update (eq. 7) by the bracketed vectorized Newton ``newton_1d``.
 At p = 0 it is the logistic loss. No Flower imports here.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import expit
 
-from flower_vfl.core.loss_base import Loss, _check_binary, _newton_1d
+from flower_vfl.core.loss_base import Loss, check_binary, newton_1d
 
 __all__ = ["ForwardCorrectedLogistic", "curvature_bound"]
 
@@ -89,7 +89,7 @@ class ForwardCorrectedLogistic(Loss):
         return f"ForwardCorrectedLogistic(flip_prob={self.flip_prob!r})"
 
     def encode_labels(self, y):
-        return _check_binary(y, self.name)
+        return check_binary(y, self.name)
 
     def value(self, z, t):
         v = np.multiply(t, z)
@@ -118,7 +118,7 @@ class ForwardCorrectedLogistic(Loss):
                 f"rho > {self.curvature / n:.3g} (= c(p)/N with c(p)={self.curvature:.4g}) to be "
                 "strongly convex; use rho='auto'")
         a = np.asarray(a, dtype=float)
-        return _newton_1d(a, y, rho, n, lambda z: self.grad(z, t), lambda z: self.hess(z, t),
+        return newton_1d(a, y, rho, n, lambda z: self.grad(z, t), lambda z: self.hess(z, t),
                           a + y / rho if z0 is None else z0)
 
     def predict(self, f):

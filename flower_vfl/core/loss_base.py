@@ -1,6 +1,6 @@
 """The loss base class and the scalar Newton shared by the losses (paper eq. 7).
 
-:class:`Loss` is what every loss implements; :func:`_newton_1d` solves the separable z-update
+:class:`Loss` is what every loss implements; :func:`newton_1d` solves the separable z-update
 of a smooth nonconvex scalar loss. They sit below :mod:`flower_vfl.core.losses` (the convex and
 sigmoid losses, :func:`~flower_vfl.core.losses.get_loss`) and
 :mod:`flower_vfl.core.label_noise` (the label-noise-corrected logistic), so the registry can
@@ -76,7 +76,7 @@ class Loss:
         raise AttributeError(f"loss={self.name!r} has no probabilistic output")
 
 
-def _check_binary(y, name):
+def check_binary(y, name):
     y = np.asarray(y)
     if y.ndim != 1:
         raise ValueError(f"y must be 1-D for loss={name!r}; got shape {y.shape}")
@@ -92,7 +92,7 @@ def _check_binary(y, name):
     return np.where(y > 0, 1.0, -1.0)
 
 
-def _newton_1d(a, c, rho, n, grad, hess, z0, max_iter=100, tol=1e-13):
+def newton_1d(a, c, rho, n, grad, hess, z0, max_iter=100, tol=1e-13):
     """Safeguarded Newton (rtsafe) for phi(z) = (1/n) l(z) - c z + rho/2 (z - a)^2.
 
     phi' is increasing (rho > curvature/n), so keep a bracket [lo, hi] around its root

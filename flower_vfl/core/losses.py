@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit, softmax
 
-from flower_vfl.core.loss_base import Loss, _check_binary, _newton_1d  # noqa: F401  (re-exported)
+from flower_vfl.core.loss_base import Loss, check_binary, newton_1d  # noqa: F401  (re-exported)
 
 __all__ = ["Loss", "LogisticLoss", "SquaredLoss", "HingeLoss", "MultinomialLoss",
            "SigmoidLoss", "SoftLabelLogisticLoss", "get_loss", "loss_class", "LOSSES"]
@@ -37,7 +37,7 @@ class LogisticLoss(Loss):
     grad_hess_f32 = True
 
     def encode_labels(self, y):
-        return _check_binary(y, self.name)
+        return check_binary(y, self.name)
 
     def value(self, z, t):
         # log(1 + e^-u) = max(-u, 0) + log1p(e^-|u|), u = t z: numpy's SIMD exp/log1p, 8x faster
@@ -176,7 +176,7 @@ class LogisticLoss(Loss):
         so the iteration stops as soon as that bound is below ``tol`` for every entry, without
         a further confirming iteration; warm-started on a9a this takes 3-4 iterations. Entries
         not certified after ``max_iter`` iterations (or NaN) go to the bracketed
-        :func:`_newton_1d`.
+        :func:`newton_1d`.
         """
         a = np.asarray(a, dtype=float)
         size = a.shape[0]
@@ -235,7 +235,7 @@ class LogisticLoss(Loss):
         bad = np.flatnonzero(~(np.abs(G) <= smax))
         tb = t[bad]
         zb = np.where(np.isfinite(z[bad]), z[bad], a[bad] + y[bad] / rho)
-        z[bad] = _newton_1d(a[bad], y[bad], rho, n, lambda v: self.grad(v, tb),
+        z[bad] = newton_1d(a[bad], y[bad], rho, n, lambda v: self.grad(v, tb),
                             lambda v: self.hess(v, tb), zb, tol=tol)
         return z
 
@@ -308,7 +308,7 @@ class SigmoidLoss(Loss):
     convex = False
 
     def encode_labels(self, y):
-        return _check_binary(y, self.name)
+        return check_binary(y, self.name)
 
     def value(self, z, t):
         return expit(-t * z)
@@ -326,7 +326,7 @@ class SigmoidLoss(Loss):
             raise ValueError(
                 f"rho={rho:g} is too small for the nonconvex sigmoid loss: the z-update needs "
                 f"rho > {self.curvature / n:.3g} (= 0.0963/N) to be strongly convex")
-        return _newton_1d(a, y, rho, n, lambda z: self.grad(z, t), lambda z: self.hess(z, t),
+        return newton_1d(a, y, rho, n, lambda z: self.grad(z, t), lambda z: self.hess(z, t),
                           a + y / rho if z0 is None else z0)
 
     def predict(self, f):
@@ -366,7 +366,7 @@ class HingeLoss(Loss):
     name = "hinge"
 
     def encode_labels(self, y):
-        return _check_binary(y, self.name)
+        return check_binary(y, self.name)
 
     def value(self, z, t):
         return np.maximum(0.0, 1.0 - t * z)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flower_vfl.core.xsolve import XSolver, _norm
+from flower_vfl.core.xsolve import XSolver, vector_norm
 
 __all__ = ["PartyUpdate", "Releases", "PLAIN_ROUNDS", "x_update_target", "target_norm"]
 
@@ -48,7 +48,7 @@ def x_update_target(x_hat, q, y, rho, theta):
 def target_norm(q) -> float:
     """``||q||``, which the inexact (CG) x-update ties its tolerance to: sent beside ``v`` when the
     central node sends the target alone (the party then has no q)."""
-    return _norm(q)
+    return vector_norm(q)
 
 
 class Releases:
@@ -127,7 +127,7 @@ class PartyUpdate(Releases):
         # non-private party lets it go (M N-vectors less between rounds: 24 MB at 1M x 3)
         self.last_target = v if self.v_clip is not None else None
         # inexact (CG / FISTA-on-D) solvers tie their tolerance to the residual received
-        outer = (theta * (_norm(q) if q_norm is None else float(q_norm))) if self.solver.inexact else None
+        outer = (theta * (vector_norm(q) if q_norm is None else float(q_norm))) if self.solver.inexact else None
         # x is the party's own array (never handed out except by get_state): the CG path
         # updates it in place instead of allocating a new d-vector each round
         self.x = self.solver.solve(v, rho_x, x0=self.x, outer=outer, carry=self.carry,

@@ -148,7 +148,7 @@ def get_penalty(penalty, l1_ratio=0.5) -> Penalty:
     return ElasticNet(l1_ratio) if penalty == "elasticnet" else PENALTIES[penalty]()
 
 
-def _spectral_norm_sq(D) -> float:
+def spectral_norm_sq(D) -> float:
     """||D||_2^2 (largest eigenvalue of D^T D), via a few Lanczos steps."""
     n, d = D.shape
     if min(n, d) <= 200 and not sp.issparse(D):

@@ -119,7 +119,7 @@ def choose_method(D, penalty, constraint, plain=False) -> str:
     return "cg"
 
 
-def _norm(v) -> float:
+def vector_norm(v) -> float:
     v = np.ravel(v)
     return float(np.sqrt(np.einsum("i,i->", v, v)))
 
@@ -442,7 +442,7 @@ class XSolver:
             # the very first round (q = 0, x = 0): nothing to be exact about yet; the floor
             # made it 10 CG iterations against ~4 later (sparse 300k x 600)
             return max(self.inner_tol, self.forcing)
-        return max(self.inner_tol, min(0.1, self.forcing * outer / max(_norm(v), 1e-300)))
+        return max(self.inner_tol, min(0.1, self.forcing * outer / max(vector_norm(v), 1e-300)))
 
     def _cg(self, v, rho, x0, rtol, carry=None, overwrite_x0=False, overwrite_v=False):
         """Preconditioned CG on (lam I + rho D^T D) x = rho D^T v, column-wise for (N, K).

@@ -315,8 +315,8 @@ def fista_on_D(solver, v, rho, x0, tol):
     """FISTA on D itself (no Gram): 2 mat-vecs per step; returns (x, inner iterations)."""
     D = solver.D
     if getattr(solver, "_L", None) is None or solver._L_rho != rho:
-        from flower_vfl.core.penalties import _spectral_norm_sq     # no circle: penalties imports no solver
-        solver._L, solver._L_rho = rho * _spectral_norm_sq(D), rho
+        from flower_vfl.core.penalties import spectral_norm_sq     # no circle: penalties imports no solver
+        solver._L, solver._L_rho = rho * spectral_norm_sq(D), rho
     d = D.shape[1]
     shape = (d,) if v.ndim == 1 else (d, v.shape[1])
     x = np.zeros(shape) if x0 is None else np.array(x0, dtype=float).reshape(shape)

@@ -35,7 +35,7 @@ from sklearn.base import BaseEstimator, TransformerMixin, clone
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_array, check_is_fitted
 
-from flower_vfl.estimator.engine import VerticalADMM, _has_proba
+from flower_vfl.estimator.engine import VerticalADMM, loss_has_proba
 from flower_vfl.estimator.sklearn_api import column_blocks, split_columns
 
 __all__ = ["BlockedVerticalADMM", "PartyColumnTransformer"]
@@ -225,7 +225,7 @@ class BlockedVerticalADMM(VerticalADMM):
     def predict(self, X):
         return super().predict(self._split(X))
 
-    @available_if(_has_proba)
+    @available_if(loss_has_proba)
     def predict_proba(self, X):
         return super().predict_proba(self._split(X))
 

@@ -76,7 +76,7 @@ def _check_classes(y) -> None:
                          "classes; give rows of every class")
 
 
-def _has_proba(est) -> bool:
+def loss_has_proba(est) -> bool:
     """Whether the estimator's loss gives probabilities (its ``has_proba``: core/loss_base.py)."""
     loss = getattr(est, "loss_", None)
     if loss is None:
@@ -444,7 +444,7 @@ class VerticalADMM(SklearnAPIMixin, BaseEstimator):
         f = self.decision_function(X_blocks)
         return decode_scores(f, self.loss_, self.classes_)[0] if self.classes_ is not None else f
 
-    @available_if(_has_proba)
+    @available_if(loss_has_proba)
     def predict_proba(self, X_blocks):
         """Class probabilities (losses with them: 'logistic', 'multinomial'; for the others the
         method is absent, as scikit-learn's ``hasattr(est, 'predict_proba')`` expects)."""

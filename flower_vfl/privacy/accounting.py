@@ -96,7 +96,7 @@ PLD_DISCRETIZATION = 1e-4
 # validation at the boundary
 
 
-def _check_method(method: str) -> str:
+def check_method(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not supported; accepted values: {METHODS}")
     return method
@@ -108,13 +108,13 @@ def _check_rounds(rounds) -> int:
     return int(rounds)
 
 
-def _check_delta(delta) -> float:
+def check_delta(delta) -> float:
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 < delta < 1.0:
         raise ValueError(f"delta={delta!r} must be a real number with 0 < delta < 1")
     return float(delta)
 
 
-def _check_positive(name: str, value) -> float:
+def check_positive(name: str, value) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, numbers.Real)
@@ -132,7 +132,7 @@ def available_methods() -> tuple[str, ...]:
     return METHODS
 
 
-def _import_opacus_accountants():
+def import_opacus_accountants():
     try:
         from opacus.accountants import PRVAccountant, RDPAccountant
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -219,7 +219,7 @@ def _opacus_history(zs: Sequence[float]) -> list[tuple[float, float, int]]:
 
 
 def _eps_rdp(zs: Sequence[float], delta: float) -> float:
-    RDPAccountant, _ = _import_opacus_accountants()
+    RDPAccountant, _ = import_opacus_accountants()
     accountant = RDPAccountant()
     accountant.history = _opacus_history(zs)
     with warnings.catch_warnings():
@@ -228,7 +228,7 @@ def _eps_rdp(zs: Sequence[float], delta: float) -> float:
 
 
 def _eps_prv(zs: Sequence[float], delta: float) -> float:
-    _, PRVAccountant = _import_opacus_accountants()
+    _, PRVAccountant = import_opacus_accountants()
     accountant = PRVAccountant()
     accountant.history = _opacus_history(zs)
     # sample rate 1 makes opacus take log(1 - q) = -inf; that branch is handled
@@ -262,9 +262,9 @@ def epsilon_for_releases(
     method : str, default="exact"
         One of ``METHODS``; see the module docstring.
     """
-    _check_method(method)
-    delta = _check_delta(delta)
-    zs = [_check_positive("noise_multiplier", z) for z in noise_multipliers]
+    check_method(method)
+    delta = check_delta(delta)
+    zs = [check_positive("noise_multiplier", z) for z in noise_multipliers]
     if not zs:
         return 0.0
     return _EPSILON[method](zs, delta)
@@ -284,9 +284,9 @@ def epsilon_for_events(events: Sequence[tuple[str, float]], delta: float, method
     privacy-loss distribution (dp-accounting's ``PLDAccountant``), whatever ``method`` says
     among ``"exact"``/``"pld"``; the other methods have no Laplace curve and refuse.
     """
-    _check_method(method)
-    delta = _check_delta(delta)
-    events = [(str(m), _check_positive("noise_multiplier", z)) for m, z in events]
+    check_method(method)
+    delta = check_delta(delta)
+    events = [(str(m), check_positive("noise_multiplier", z)) for m, z in events]
     bad = sorted({m for m, _ in events} - set(MECHANISMS))
     if bad:
         raise ValueError(f"mechanism(s) {bad} are not supported; accepted values: {MECHANISMS}")
@@ -332,10 +332,10 @@ def epsilon_spent(noise_multiplier, rounds, delta, method="exact") -> float:
     float
         The total ε.
     """
-    _check_method(method)
-    z = _check_positive("noise_multiplier", noise_multiplier)
+    check_method(method)
+    z = check_positive("noise_multiplier", noise_multiplier)
     rounds = _check_rounds(rounds)
-    delta = _check_delta(delta)
+    delta = check_delta(delta)
     if method in ("exact", "pld"):  # one Gaussian at z / sqrt(T) (module docstring)
         return float(dpa().get_epsilon_gaussian(z / math.sqrt(rounds), delta))
     return _EPSILON[method]([z] * rounds, delta)
@@ -387,7 +387,7 @@ def _invert(f, target: float, z0: float) -> float:
 
 def calibrate_sigma(epsilon, delta, rounds, sensitivity, method="exact") -> float:
     """σ = z·C with z = :func:`noise_multiplier_for` (epsilon, delta, rounds, method)."""
-    sensitivity = _check_positive("sensitivity", sensitivity)
+    sensitivity = check_positive("sensitivity", sensitivity)
     return noise_multiplier_for(epsilon, delta, rounds, method) * sensitivity
 
 
@@ -412,9 +412,9 @@ def noise_multiplier_for(epsilon, delta, rounds, method="exact") -> float:
     ValueError
         On bad input, or for ``"paper"`` when the target needs a per-round ε₀ > 1.
     """
-    _check_method(method)
-    epsilon = _check_positive("epsilon", epsilon)
-    delta = _check_delta(delta)
+    check_method(method)
+    epsilon = check_positive("epsilon", epsilon)
+    delta = check_delta(delta)
     rounds = _check_rounds(rounds)
 
     def spent(z: float) -> float:
@@ -451,10 +451,10 @@ def epsilon_rdp(events: Sequence[tuple[str, float]], delta: float) -> float:
     for a Skellam release, ``z`` is :func:`flower_vfl.privacy.distributed.dominating_multiplier`, whose curve
     bounds the paper's RDP bound at every integer order); ``"laplace"`` entries are dp-accounting's Laplace
     RDP. dp-accounting's ``RdpAccountant`` composes them and converts to (epsilon, delta)."""
-    delta = _check_delta(delta)
+    delta = check_delta(delta)
     from dp_accounting.rdp import RdpAccountant     # local: the module's import lines are shared
     accountant = RdpAccountant(orders=list(INTEGER_ORDERS))
-    for (mech, z), n in sorted(Counter((str(m), _check_positive("noise_multiplier", z)) for m, z in events).items()):
+    for (mech, z), n in sorted(Counter((str(m), check_positive("noise_multiplier", z)) for m, z in events).items()):
         if mech not in MECHANISMS:
             raise ValueError(f"mechanism {mech!r} is not supported; accepted values: {MECHANISMS}")
         ev = dpa().LaplaceDpEvent(z) if mech == "laplace" else dpa().GaussianDpEvent(z)
@@ -465,8 +465,8 @@ def epsilon_rdp(events: Sequence[tuple[str, float]], delta: float) -> float:
 def noise_multiplier_rdp(epsilon, delta, rounds) -> float:
     """Smallest-ish z such that ``rounds`` Gaussian-RDP releases at z cost at most ``epsilon`` under
     :func:`epsilon_rdp` (within 1e-6 relative of equality)."""
-    epsilon = _check_positive("epsilon", epsilon)
-    delta = _check_delta(delta)
+    epsilon = check_positive("epsilon", epsilon)
+    delta = check_delta(delta)
     rounds = _check_rounds(rounds)
 
     def spent(z):

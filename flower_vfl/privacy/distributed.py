@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flower_vfl.privacy.accounting import INTEGER_ORDERS, _check_positive, noise_multiplier_rdp
+from flower_vfl.privacy.accounting import INTEGER_ORDERS, check_positive, noise_multiplier_rdp
 from flower_vfl.privacy.boundary import Refused
 from flower_vfl.privacy.party import PrivacyConfig, PrivateParty
 
@@ -94,13 +94,13 @@ def skellam_rdp(alpha, l1, l2, variance) -> float:
 def dominating_multiplier(l1, l2, variance) -> float:
     """z with alpha / (2 z^2) >= :func:`skellam_rdp` (alpha, l1, l2, variance) at every integer alpha >= 2:
     1/z^2 = l2^2 / v + (2 l2^2 + 6 l1) / (2 v^2), since (2 alpha - 1) l2^2 + 6 l1 <= alpha (2 l2^2 + 6 l1)."""
-    l1, l2, v = (_check_positive(n, x) for n, x in (("l1", l1), ("l2", l2), ("variance", variance)))
+    l1, l2, v = (check_positive(n, x) for n, x in (("l1", l1), ("l2", l2), ("variance", variance)))
     return 1.0 / math.sqrt(l2 * l2 / v + (2 * l2 * l2 + 6 * l1) / (2 * v * v))
 
 
 def variance_for(z, l1, l2) -> float:
     """The smallest per-entry variance v whose :func:`dominating_multiplier` is >= z."""
-    z, l1, l2 = (_check_positive(n, x) for n, x in (("z", z), ("l1", l1), ("l2", l2)))
+    z, l1, l2 = (check_positive(n, x) for n, x in (("z", z), ("l1", l1), ("l2", l2)))
     a, b, c = (2 * l2 * l2 + 6 * l1) / 2.0, l2 * l2, 1.0 / (z * z)
     x = 2 * c / (b + math.sqrt(b * b + 4 * a * c))         # 1/v, the positive root of a x^2 + b x - c (stable)
     v = 1.0 / x
@@ -112,7 +112,7 @@ def variance_for(z, l1, l2) -> float:
 def integer_sensitivity(C, gamma, n) -> tuple[float, float]:
     """(D1, D2) of round(gamma s) when s moves by at most C in L2 (n entries, deterministic rounding):
     D2 = gamma C + sqrt(n), D1 = sqrt(n) D2."""
-    C, gamma = _check_positive("C", C), _check_positive("gamma", gamma)
+    C, gamma = check_positive("C", C), check_positive("gamma", gamma)
     n = _check_int("n", n, 1)
     l2 = gamma * C + math.sqrt(n)
     return math.sqrt(n) * l2, l2
@@ -121,7 +121,7 @@ def integer_sensitivity(C, gamma, n) -> tuple[float, float]:
 def noise_bits(C, n, max_bits) -> int:
     """j with gamma = 2^j: the smallest j >= 0 with gamma C >= 2^INFLATION_BITS sqrt(n), at most ``max_bits``
     (the roster's fixed-point exponent: the secure sum must carry round(gamma s) exactly)."""
-    C = _check_positive("C", C)
+    C = check_positive("C", C)
     n, max_bits = _check_int("n", n, 1), _check_int("max_bits", max_bits, 0)
     j = max(0, math.ceil(math.log2(2.0 ** INFLATION_BITS * math.sqrt(n) / C)))
     return min(j, max_bits)
@@ -129,7 +129,7 @@ def noise_bits(C, n, max_bits) -> int:
 
 def skellam_noise(rng: np.random.Generator, variance: float, shape) -> np.ndarray:
     """Symmetric Skellam noise of per-entry variance ``variance``: Poisson(v/2) - Poisson(v/2), int64."""
-    v = _check_positive("variance", variance)
+    v = check_positive("variance", variance)
     if v > MAX_VARIANCE:
         raise ValueError(f"variance={v:g} is above {MAX_VARIANCE:g}: use a coarser quantization (fewer noise bits)")
     return rng.poisson(v / 2.0, shape).astype(np.int64) - rng.poisson(v / 2.0, shape).astype(np.int64)
@@ -173,8 +173,8 @@ class DistributedNoise:
 
     def __post_init__(self):
         _check_int("n", self.n, 1)
-        _check_positive("sensitivity", self.sensitivity)
-        _check_positive("z", self.z)
+        check_positive("sensitivity", self.sensitivity)
+        check_positive("z", self.z)
         _check_int("adders", self.adders, 1)
         _check_int("colluders", self.colluders, 0)
         _check_int("bits", self.bits, 0)

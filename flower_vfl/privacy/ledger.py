@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flower_vfl.privacy.accounting import (
-    _check_delta,
-    _check_method,
-    _check_positive,
+    check_delta,
+    check_method,
+    check_positive,
     available_methods,
     epsilon_for_events,
 )
@@ -90,12 +90,12 @@ class Budget:
     accountant: str = "exact"
 
     def __post_init__(self):
-        _check_positive("epsilon", self.epsilon)
-        _check_delta(self.delta)
-        _check_method(self.accountant)
+        check_positive("epsilon", self.epsilon)
+        check_delta(self.delta)
+        check_method(self.accountant)
         if self.accountant not in available_methods():      # fail now, not on the first release
-            from flower_vfl.privacy.accounting import _import_opacus_accountants
-            _import_opacus_accountants()
+            from flower_vfl.privacy.accounting import import_opacus_accountants
+            import_opacus_accountants()
 
 
 def _events(entries):
@@ -251,7 +251,7 @@ class Ledger:
         if sensitivity == 0 and noise_multiplier == 0:
             z = 0.0            # nothing data-dependent released (e.g. an agent whose residuals vanished): free
         else:
-            z = _check_positive("noise_multiplier", noise_multiplier)
+            z = check_positive("noise_multiplier", noise_multiplier)
 
         def check(entries):
             # what other runs' open plans reserved is not this release's to spend (inside the write lock)

@@ -193,7 +193,7 @@ def accept_reset(path) -> dict:
     if journal.is_file():
         archived = journal.with_name(f"{journal.name}.reset-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
         journal.rename(archived)
-    if before["journal_exists"] or before["ledger_exists"] or not _count_journals(journal.parent):
+    if before["journal_exists"] or before["ledger_exists"] or not count_journals(journal.parent):
         store = PartyStore(before["ledger_file"], check=False)
         try:
             _append(journal, sorted(_ledger_lines(store._db)))
@@ -203,7 +203,7 @@ def accept_reset(path) -> dict:
     return {**before, "archived_journal": None if archived is None else str(archived), "archived_others": others}
 
 
-def _count_journals(folder: Path) -> list:
+def count_journals(folder: Path) -> list:
     return [p for p in folder.glob("*.journal") if p.name != "party.journal"] if folder.is_dir() else []
 
 
@@ -881,7 +881,7 @@ class PartyStore:
 
 
 #: open party stores by state-dir (one SQLite connection per process)
-_STORES: dict = {}
+OPEN_STORES: dict = {}
 
 
 def party_store(state_dir):
@@ -889,9 +889,9 @@ def party_store(state_dir):
     opened once per process, and opened again (its journal re-checked) when the file was deleted
     or replaced since."""
     key = str(state_dir or default_state_dir())
-    if key not in _STORES or not _STORES[key].still_there():
-        old = _STORES.pop(key, None)
+    if key not in OPEN_STORES or not OPEN_STORES[key].still_there():
+        old = OPEN_STORES.pop(key, None)
         if old is not None:
             old.close()
-        _STORES[key] = PartyStore(key)
-    return _STORES[key]
+        OPEN_STORES[key] = PartyStore(key)
+    return OPEN_STORES[key]

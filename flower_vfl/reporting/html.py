@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 from flower_vfl.errors import UserError
-from flower_vfl.reporting.plots import PANELS, _label, _series, panels_with_data, privacy_curves
+from flower_vfl.reporting.plots import PANELS, run_label, run_series, panels_with_data, privacy_curves
 
 __all__ = ["RunFolderError", "load_run", "render_html", "write_html"]
 
@@ -58,7 +58,7 @@ def load_run(path) -> tuple[Path, dict, dict, str]:
     rows = [r for r in report.get("rounds") or [] if isinstance(r, dict)]
     keys = list(dict.fromkeys(k for r in rows for k in r))
     cols = {k: [_num(r.get(k)) for r in rows] for k in keys}
-    return p, cols, report, _label(p, report)
+    return p, cols, report, run_label(p, report)
 
 
 def _num(v) -> float:
@@ -204,7 +204,7 @@ def _panels_html(runs) -> str:
             continue
         lines = []
         for i, (_, cols, report, label) in enumerate(runs):
-            series = _series(cols, report.get("final"))
+            series = run_series(cols, report.get("final"))
             for j, key in enumerate(keys):
                 if len(series.get(key, ())) > 1:
                     lines.append({"run": i, "key": key, "pts": series[key], "color": COLORS[i % 10],

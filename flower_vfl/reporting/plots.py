@@ -107,13 +107,13 @@ def _label_dp_curve(rep, entries, report):
             ([0, last] if last else [0], [total, total] if last else [total])}
 
 
-def _label(run_dir, report):
+def run_label(run_dir, report):
     algo, name = report.get("algorithm", "admm"), Path(run_dir).name
     return f"{name} ({report.get('engine', '?')})" if name == algo else \
         f"{name} ({algo}, {report.get('engine', '?')})"
 
 
-def _series(cols, final=None) -> dict[str, list[tuple[float, float]]]:
+def run_series(cols, final=None) -> dict[str, list[tuple[float, float]]]:
     """Per metric column, the (round, value) points of the run (NaN rounds dropped); the final
     evaluation fills the last round when the rows lack it."""
     x = cols.get("round", list(range(1, 1 + len(next(iter(cols.values()), [])))))
@@ -138,7 +138,7 @@ def panels_with_data(runs) -> list[str]:
     some run has a private party."""
     names = []
     for title, keys, _ in PANELS:
-        if any(len(_series(cols, report.get("final")).get(k, ())) > 1 for _, cols, report, _ in runs for k in keys):
+        if any(len(run_series(cols, report.get("final")).get(k, ())) > 1 for _, cols, report, _ in runs for k in keys):
             names.append(title)
     if any(privacy_curves(report) for _, _, report, _ in runs):
         names.append("privacy")
@@ -147,7 +147,7 @@ def panels_with_data(runs) -> list[str]:
 
 def _draw(axes, cols, eps_curves, label, style, final=None, color=None):
     """One run's lines on the panels of ``axes`` (a dict title -> Axes)."""
-    series = _series(cols, final)
+    series = run_series(cols, final)
     for title, keys, logy in PANELS:
         ax = axes.get(title)
         if ax is None:
@@ -238,7 +238,7 @@ def _final_table(ax, runs):
 def plot_run(run_dir, out=None) -> Path:
     """``run.png`` (or ``out``) for one run directory; returns the path written."""
     report = _read_report(run_dir)
-    label = _label(run_dir, report)
+    label = run_label(run_dir, report)
     fig, plt = _figure([(run_dir, read_metrics(run_dir), report, label)], f"run {label}")
     path = Path(out) if out else Path(run_dir) / "run.png"
     fig.savefig(path, dpi=90)
@@ -256,7 +256,7 @@ def plot_runs(run_dirs, out, labels=None) -> Path:
     runs = []
     for i, d in enumerate(run_dirs):
         report = _read_report(d)
-        runs.append((d, read_metrics(d), report, labels[i] if labels else _label(d, report)))
+        runs.append((d, read_metrics(d), report, labels[i] if labels else run_label(d, report)))
     fig, plt = _figure(runs, f"{len(runs)} runs")
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
