@@ -30,20 +30,20 @@ from flwr.serverapp import Grid
 from flower_vfl.core.accel import make_accelerator
 from flower_vfl.core.central import CentralUpdate
 from flower_vfl.core.party import PLAIN_ROUNDS
-from flower_vfl.core.rounds import SUM, RoundDriver, initial_theta
+from flower_vfl.core.rounds import RoundDriver, initial_theta
 from flower_vfl.core.schedule import default_rho
 from flower_vfl.core.losses import get_loss
 from flower_vfl.privacy.label_dp import privatize_labels
 from flower_vfl.privacy.outcome import noise_divergence_cause
 from flower_vfl.core.validation import check_labels, encode_test_labels
 from flower_vfl.strategies.config import StrategyConfig
-from flower_vfl.core.scoring import combine
 from flower_vfl.strategies import checkpointing, vertical_outcome
 from flower_vfl.strategies.base import CentralBase, RunState
 from flower_vfl.strategies.checkpointing import ResumeRefused, replay_q
+from flower_vfl.strategies.sums import PlainSums, Sums, sums_for
 from flower_vfl.strategies.exchange import (WIRE_DTYPES, Exchange, PartyFailed, PartyLost, PartyRefused,  # noqa: F401 (re-exported)
                                             ReplyError, check_release, keep_report, party_keys_from)
-from flower_vfl.strategies.vertical_rounds import FlowerRounds, check_penalty, read_identity, sends_target, target_vectors
+from flower_vfl.strategies.vertical_rounds import FlowerRounds, read_identity, sends_target
 from flower_vfl.secagg import SecAggError
 from flower_vfl.io.writer import RoundWriter
 
@@ -77,8 +77,9 @@ class VADMMState(RunState):
     driver: RoundDriver | None = None
     #: the per-round checkpoint and report: written in line until run() hands them to a thread
     writer: RoundWriter = dataclasses.field(default_factory=lambda: RoundWriter(inline=True))
-    #: secure aggregation's roster and sums (secagg=true), this run's
-    secagg: object = None
+    #: how the round's sums over parties are formed, chosen once per run (strategies/sums.py: each
+    #: party's release seen, or under secure aggregation their masked total alone)
+    sums: Sums = dataclasses.field(default_factory=PlainSums)
     #: party -> planned training releases, for the parties that declared themselves private
     private_parties: dict = dataclasses.field(default_factory=dict)
     #: party -> the token of its plan (its identify reply), checkpointed for a resume
@@ -94,7 +95,8 @@ class VADMMState(RunState):
     replay: dict = dataclasses.field(default_factory=dict)
     #: party -> (round, q, y, rho, s_prev) of the round being sent
     sending: dict = dataclasses.field(default_factory=dict)
-    #: the identify query, also sent to a restarted node (secagg: the round a rejoining party restores)
+    #: the identify query, also sent to a restarted node (under secure aggregation: the round a
+    #: rejoining party restores)
     identify_query: ConfigRecord | None = None
     #: the parties of the round / of the evaluation being sent; whether it is the final evaluation
     active: list = dataclasses.field(default_factory=list)
@@ -218,9 +220,7 @@ class VerticalADMMStrategy(CentralBase):
         state.central = CentralUpdate(self.loss, self.t, self.rho_start, alpha=self.alpha, theta=self.theta,
                                       fit_intercept=self.fit_intercept)
         state.active, state.ask = list(range(self.num_parties)), list(range(self.num_parties))
-        if self.config.secagg:      # stragglers='stale' and resume: refused by StrategyConfig
-            from flower_vfl.strategies.secagg_central import CentralSecAgg
-            state.secagg = CentralSecAgg()
+        state.sums = sums_for(self.config.secagg)   # (secure: stragglers='stale' refused by StrategyConfig)
         return state
 
     # ------------------------------------------------------------------ read-outs of the last run
@@ -231,8 +231,8 @@ class VerticalADMMStrategy(CentralBase):
 
     @property
     def secagg(self):
-        """Secure aggregation's roster and sums of the last run (None: secagg=false)."""
-        return self.state_.secagg
+        """Secure aggregation's roster and sums of the last run (None: without secure aggregation)."""
+        return self.state_.sums.agreement
 
     @property
     def driver(self) -> RoundDriver | None:
@@ -283,58 +283,30 @@ class VerticalADMMStrategy(CentralBase):
         :meth:`FlowerRounds.resync`; a party that rejoins during a round is sent that replay
         first, by the round's rebuild), and its release must be the one the central node holds
         (other data or settings are refused). A party that restored its own state
-        (``last_train`` >= 0) is left as it is."""
+        (``last_train`` >= 0) is left as it is. The run's sums (:mod:`~flower_vfl.strategies.sums`) may
+        say otherwise: under secure aggregation the central node holds no release to replay, so a party
+        back without its state is refused once a round was summed (it restores its own from its disk)."""
         if first and info["private"]:
             state.private_parties[party] = info["train_rounds"]
         if first and info.get("plan"):  # a private party's plan token, a non-private party's resume token under
-            state.party_plans[party] = info["plan"]   # secagg (party_secagg.py): checkpointed, sent back by a resume
+            state.party_plans[party] = info["plan"]   # secure aggregation: checkpointed, sent back by a resume
         if first:
             state.party_data[party] = info["data"]
             state.party_models[party] = info.get("party_model", "linear")   # for the report (its own word)
         elif info["data"] != state.party_data.get(party, info["data"]):
             raise ResumeRefused(f"party {party} came back with other data than it declared at identify: "
                                 f"{info['data']!r} now, {state.party_data[party]!r} before; give it its original data")
-        if (not first and not info["private"] and info["restored"] and state.exchange.same_id_restart
-                and state.secagg is None):    # (secagg: a state a party restored from its own disk at identify)
-            # a SuperNode restarted with its registered key starts with an empty context.state: a
-            # state now means it answered a message of its previous session before it was identified
-            # again, from x_m = 0 (the central node never used that reply); that iterate is not the run's
-            raise ResumeRefused(
-                f"party {party} restarted and answered a message sent to its previous session from an empty state "
-                "before it was identified again (its SuperNode came back within the SuperLink's heartbeat window "
-                "and pulled it): its state is not the run's. " + (
-                    "Resume from the checkpoint (resume='<state-dir>'): each non-private party restores its own "
-                    "state of the checkpoint's round from its state-dir" if state.secagg is not None else
-                    "Resume from the checkpoint (resume='<state-dir>'): a new run re-synchronizes every party"))
-        if info["private"] or info["restored"]:
+        if not first and not info["private"] and info["restored"] and state.exchange.same_id_restart:
+            state.sums.refuse_early_answer(party)    # (not a state the party restored from its own disk)
+        # back without its state: nothing to restore (the sums' say), else re-synchronized below
+        if info["private"] or info["restored"] or (not first and state.sums.rejoin_without_state(state, party)):
             state.resync.discard(party)
             return
-        if state.secagg is not None and not first:
-            k = int(state.identify_query.get("resume-round", 0) or 0)
-            if k <= 0:               # no round summed yet: x_m = 0 is its state in this run
-                state.resync.discard(party)
-                return
-            raise ResumeRefused(f"party {party} came back without its state (a restarted SuperNode) and secagg=true, "
-                                f"and its state-dir holds no state of round {k} under the run's resume token (another "
-                                "state-dir, partition-id or secagg-name): re-synchronizing it needs its own last "
-                                "release s_m, which the central node does not hold under secure aggregation. Restart "
-                                "it with its node config and state-dir, and resume the run (resume='<state-dir>')")
         state.stateless.add(party)
         if float(getattr(state.central, "alpha", 1.0)) != 1.0:
             log(WARNING, "party %s restarts from x = 0: re-synchronizing a stateless party needs alpha = 1", party)
             return
         state.resync.add(party)
-
-    def rejoin_round(self, state: VADMMState, k) -> None:
-        """Secure aggregation: every party of round ``k`` answered it, so each non-private party
-        holds its state after round ``k`` on its own disk (party_secagg.py). A node that restarts
-        from now on is identified again with its run's resume token and this round, and restores
-        that state (the central node, which never saw its release, cannot re-synchronize it)."""
-        if set(state.private_parties) == set(range(self.num_parties)) or not state.party_plans:
-            return
-        state.identify_query["plans"] = json.dumps({str(m): t for m, t in sorted(state.party_plans.items())},
-                                                   sort_keys=True)
-        state.identify_query["resume-round"] = int(k)
 
     def identify(self, grid: Grid, state: VADMMState) -> VADMMState:
         """Map node id -> party (:class:`~flower_vfl.strategies.exchange.Exchange`): waits up to
@@ -348,13 +320,10 @@ class VerticalADMMStrategy(CentralBase):
         query = {"want": "party"}
         if state.resume_plans:     # a resume: each private party continues its plan
             query["plans"] = json.dumps(state.resume_plans, sort_keys=True)
-            if state.secagg is not None:     # a non-private party restores its own state of this round
-                query["resume-round"] = int(state.resume_round)
+            query.update(state.sums.resume_fields(state))
         state.identify_query = ConfigRecord(query)
         state = super().identify(grid, state)
-        if state.secagg is not None:       # the exchange of every later request: key agreement, re-keying
-            from flower_vfl.strategies.secagg_central import SecureExchange
-            state.exchange = SecureExchange(state.exchange, state.secagg)
+        state.exchange = state.sums.wrap(state.exchange)   # the exchange of every later request
         return state
 
     def identify_query(self, state: VADMMState):
@@ -370,18 +339,9 @@ class VerticalADMMStrategy(CentralBase):
     def round_content(self, state: VADMMState, server_round, party=None, parties=None, **extra) -> RecordDict:
         """The train request of round ``server_round`` for ``party`` (None: the one every party gets)."""
         c = state.central
-        if state.secagg is not None:      # one message for every party: the roster and the sum's parties
-            extra.update(state.secagg.fields(state.active if parties is None else parties))
-            return self.content(state, server_round, c.q, c.y, c.rho, **extra)
-        q = c.q if state.qs is None or party is None else state.qs[party]   # per party when accelerated
-        if party in state.resync and party in state.last_s:
-            # a restarted party that lost its state (s_m = 0): q - s_m/theta gives it the same
-            # x-update target z_loc = s_m - theta q as the party that kept s_m (eq. 6, alpha = 1)
-            q = replay_q(q, state.last_s[party], c.theta)
-        elif sends_target(self, party):     # alpha = 1: the x-update target alone (8 N bytes, not 16 N)
-            return self.content(state, server_round, q, c.y, c.rho, vectors=target_vectors(self, party, q),
-                                **extra)
-        return self.content(state, server_round, q, c.y, c.rho, **extra)
+        q, vectors = state.sums.train_vectors(self, state, party)
+        extra.update(state.sums.fields(state.active if parties is None else parties))
+        return self.content(state, server_round, q, c.y, c.rho, vectors=vectors, **extra)
 
     def content(self, state: VADMMState, server_round, q, y, rho, vectors=None, **extra) -> RecordDict:
         c = state.central
@@ -460,27 +420,8 @@ class VerticalADMMStrategy(CentralBase):
         (``None``); the metrics are the round's count of fresh releases and stale parties."""
         state, what = self.state_, f"round {server_round} (train)"
         got = self.by_party(state, replies, what)
-        shape = state.central.z.shape
-        if state.secagg is not None:
-            for p, rep in got.items():
-                self.refused(state, rep, p)
-            fresh = {SUM: state.secagg.total(got, state.active, "s", shape, what) if state.active
-                     else np.zeros(shape)}
-            state.stale = dict.fromkeys(state.active, 0)
-            state.fresh = fresh
-            self.rejoin_round(state, server_round)
-            state.penalties = {p: v for p, rep in got.items() if (v := check_penalty(rep, p, what)) is not None}
-            return None, MetricRecord({"releases": len(got), "stale": 0})
-        fresh = {p: self.release(state, rep, p, "s", shape, what) for p, rep in got.items()}
-        state.resync.difference_update(fresh)
-        for p in state.active:
-            state.stale[p] = 0 if p in fresh else state.stale.get(p, 0) + 1
-        # lam R(x_m) from the parties that report it (non-private): the objective column
-        penalties = {p: v for p, rep in got.items() if (v := check_penalty(rep, p, what)) is not None}
-        state.replay.update({p: state.sending[p] for p in fresh
-                             if p in state.sending and p not in state.private_parties})
-        state.fresh, state.penalties = fresh, penalties
-        return None, MetricRecord({"releases": len(fresh), "stale": len(set(state.active) - set(fresh))})
+        self.state_, metrics = state.sums.train(self, state, got, server_round, what)
+        return None, MetricRecord(metrics)
 
     def eval_content(self, state: VADMMState, server_round, party, final=False) -> RecordDict:
         """Ask for D_test x_m. In the final evaluation private parties also get the last
@@ -488,15 +429,10 @@ class VerticalADMMStrategy(CentralBase):
         c = state.central
         cfg = {"round": int(server_round), "rho": float(c.rho), "alpha": float(c.alpha),
                "theta": float(c.theta), "n_outputs": int(self.loss.n_outputs)}
-        if final and party in state.private_parties:
+        if final and state.sums.final_update(state, party):
             return self.round_content(state, server_round, parties=state.ask, n_outputs=int(self.loss.n_outputs),
                                       final_update=True)
-        if state.secagg is not None:
-            if final and state.private_parties:
-                # one message for every party of the sum: the private parties' (q, y) too
-                return self.round_content(state, server_round, parties=state.ask,
-                                          n_outputs=int(self.loss.n_outputs), final_update=True)
-            cfg.update(state.secagg.fields(state.ask))
+        cfg.update(state.sums.fields(state.ask))
         return RecordDict({"config": ConfigRecord(cfg)})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -518,16 +454,7 @@ class VerticalADMMStrategy(CentralBase):
         what = f"round {server_round} ({'final ' if state.final_eval else ''}evaluate)"
         shape = self.t_test.shape[:1] + state.central.z.shape[1:]
         suffix = "" if set(state.ask) == set(range(self.num_parties)) else "_nonprivate"
-        if state.secagg is not None:
-            got = self.by_party(state, replies, what)
-            for p, rep in got.items():
-                self.refused(state, rep, p)
-            f = (state.secagg.total(got, state.ask, "s_test", shape, what) if state.ask else np.zeros(shape)) \
-                + state.central.b
-        else:
-            scores = {p: self.release(state, rep, p, "s_test", shape, what)
-                      for p, rep in self.by_party(state, replies, what).items()}
-            f = combine(scores, state.central.b, sorted(scores) if suffix else range(self.num_parties), "test scores")
+        f = state.sums.test_total(self, state, self.by_party(state, replies, what), shape, what, everyone=not suffix)
         if not suffix:
             state.decision_test = f
         # test labels are clean: with label DP score them with the plain logistic loss (log-loss)
@@ -590,39 +517,19 @@ class VerticalADMMStrategy(CentralBase):
         state.driver = driver = RoundDriver(state.central, self.num_parties, max_rounds=self.rounds_of(state),
                                             tol=self.tol, tol_abs=self.tol_abs, adaptive_rho=self.adaptive_rho,
                                             eval_every=self.eval_every)
-        acceleration = self.acceleration
-        if state.secagg is not None and acceleration != "none":
-            log(WARNING, "secagg=true: acceleration=%s turned off (per-party Anderson needs each party's release, "
-                "which the central node does not see under secure aggregation)", acceleration)
-            acceleration = "none"
+        acceleration = state.sums.acceleration(self.acceleration)
         driver.plan([m in state.private_parties for m in range(self.num_parties)],
                     list(state.private_parties.values()), acceleration, self.penalty,
                     self.constraint is not None, stale=self.stragglers == "stale",
                     # as the plain-rounds flag (content): a resumed run replays the parties'
                     # last round, whose theta a checkpoint does not keep
-                    adapt_theta=self.variant == "sharing" and state.secagg is None and self.state_dir is None
+                    adapt_theta=self.variant == "sharing" and state.sums.adapts_theta and self.state_dir is None
                     and self.resume is None)
-        public = [m for m in range(self.num_parties) if m not in state.private_parties]
-        lost = sorted(set(public) & state.stateless)
-        if ckpt is not None and state.secagg is not None and lost and state.resume_round > 0:
-            raise ResumeRefused(f"resume={str(self.resume)!r} with secagg=true: non-private parties {lost} hold no "
-                                f"state of round {state.resume_round} under the checkpoint's resume token (their "
-                                "state-dir, partition-id or secagg-name is not the run's, or the run kept no token): "
-                                "re-synchronizing them needs their own last release, which the central node never "
-                                "saw under secure aggregation. Resume with the parties' original node configs and "
-                                "state-dirs, or start a new run without resume")
         if ckpt is None:       # round 0, before any key agreement or round: the private parties' plans, for a resume
             checkpointing.save(self, state, 0, 0, 0, False)
-        if state.secagg is not None:
-            small = [sum(active) for _, active, _ in driver.phases if 0 < sum(active) < 2]
-            if small or self.num_parties < 2:
-                n = small[0] if small else self.num_parties
-                raise ValueError(f"secagg=true needs at least 2 parties in every sum; this run has a phase of {n} "
-                                 f"part{'y' if n == 1 else 'ies'} (private parties {sorted(state.private_parties)} "
-                                 "sit out the warm start): run with 2 or more non-private parties, every party "
-                                 "private, or secagg=false")
-            state.secagg.check_phases(driver.phases, state.private_parties)      # one roster per run
-            state.exchange.agree()
+        # the sums' checks of the run's plan (secure: a resume it cannot restore, a sum of one party,
+        # two rosters), then its key agreement
+        state = state.sums.begin(self, state, driver)
         state.acceleration = driver.acceleration
         state.history = driver.history
         begin = (0, 0, 0, False)

@@ -5,8 +5,9 @@
 - :func:`check_penalty`: the lam R(x_m) a non-private party reports (finite, >= 0);
 - :class:`FlowerRounds`: the strategy's :class:`~flower_vfl.core.rounds.RoundExchange`,
   Flower's hooks over the :class:`~flower_vfl.strategies.exchange.Exchange` (a lost party is
-  waited for, or counted stale with ``stragglers='stale'``; under secure aggregation the exchange is
-  a :class:`~flower_vfl.strategies.secagg_central.SecureExchange`, which re-keys on its own), and the
+  waited for, or counted stale with ``stragglers='stale'``; under secure aggregation the run's sums
+  (:mod:`~flower_vfl.strategies.sums`) made the exchange a
+  :class:`~flower_vfl.strategies.secagg_central.SecureExchange`, which re-keys on its own), and the
   re-synchronization of a party that came back without its state (:meth:`FlowerRounds.resync`)
   before it is asked anything else.
 """
@@ -25,7 +26,8 @@ from flower_vfl.core.party import target_norm, x_update_target
 from flower_vfl.strategies.checkpointing import ResumeRefused
 from flower_vfl.strategies.exchange import MAX_LOSSES, ReplyError, identity_record
 
-__all__ = ["MAX_TRAIN_ROUNDS", "read_identity", "check_penalty", "sends_target", "target_vectors", "FlowerRounds"]
+__all__ = ["MAX_TRAIN_ROUNDS", "read_identity", "check_penalty", "penalties", "sends_target", "target_vectors",
+           "FlowerRounds"]
 
 #: the most training rounds a private party may declare (the range of its dp-train-rounds)
 MAX_TRAIN_ROUNDS = int(SCHEMA["dp-train-rounds"].hi)
@@ -93,6 +95,12 @@ def check_penalty(rep, party, what) -> float | None:
     return float(v)
 
 
+def penalties(got: dict, what: str) -> dict:
+    """party -> lam R(x_m) of the replies ``got`` (party -> Message) that report it (non-private
+    parties, :func:`check_penalty`): the objective column."""
+    return {p: v for p, rep in got.items() if (v := check_penalty(rep, p, what)) is not None}
+
+
 def sends_target(st, party) -> bool:
     """Whether ``party``'s train request carries its x-update target ``v`` alone (one N-vector,
     8 N bytes) instead of q and y (16 N): at alpha = 1 the party's x-update reads only
@@ -105,7 +113,7 @@ def sends_target(st, party) -> bool:
     over-relaxed rounds (alpha != 1: the party's z_loc)."""
     c = st.central
     state = st.state_
-    return (party is not None and state.secagg is None and float(c.alpha) == 1.0
+    return (party is not None and state.sums.sees_releases and float(c.alpha) == 1.0
             and st.stragglers != "stale" and party not in state.resync and party in state.last_s)
 
 
@@ -146,7 +154,7 @@ class FlowerRounds:
             # a party back without its state (a restarted SuperNode) is first sent the last round
             # it answered again: its release is checked against the one the central node holds
             # (other data or settings are refused), then it is sent this round (below)
-            if p in state.resync and p in state.replay and p in state.last_s and state.secagg is None:
+            if p in state.resync and p in state.replay and p in state.last_s and state.sums.sees_releases:
                 replayed.add(p)
                 return Message(st.replay_content(state, p), dst_node_id=nid, message_type="train")
             replayed.discard(p)
