@@ -23,7 +23,7 @@ ALLOWED = {
     "datasets": set(),
     "privacy": {"core"},
     "secagg": {"core"},
-    "horizontal": {"datasets"},
+    "horizontal": {"datasets", "core"},                 # core: the one round loop (core/rounds.py)
     "io": {"privacy", "core"},
     "config": {"io", "privacy", "core"},
     "estimator": {"config", "io", "privacy", "core"},   # config: the parameter table (schema.PARAMS)
@@ -237,3 +237,106 @@ def test_every_route_names_pieces_that_exist_in_the_rooms_a_route_may_use():
         if r.handlers is not None:
             assert sorted(r.load("handlers")) == sorted(r.messages), r.name
     assert sorted(SCHEMA["route"].choices) == sorted(r.name for r in routes.for_app("vertical"))
+
+
+# ---------------------------------------------------------------------- one round loop
+def _own_loops(fn) -> list[str]:
+    """The round loops written in ``fn``'s own body (not in the functions or lambdas it defines: a
+    round's step): every ``while``, and every ``for`` whose iterable counts with ``range`` (also
+    wrapped, e.g. ``tqdm(range(...))``), as ``"line: source"``."""
+    found, todo = [], list(fn.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        counts = isinstance(node, (ast.For, ast.AsyncFor)) and any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "range"
+            for n in ast.walk(node.iter))
+        if counts or isinstance(node, ast.While):
+            found.append(f"{node.lineno}: {ast.unparse(node).splitlines()[0]}")
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _function(obj):
+    """The AST of a function or method object, and the AST of its module."""
+    import inspect
+    module = ast.parse(Path(inspect.getsourcefile(obj)).read_text(encoding="utf-8"))
+    line = inspect.unwrap(obj).__code__.co_firstlineno
+    for node in ast.walk(module):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                node.lineno == line or (node.decorator_list and node.decorator_list[0].lineno == line)):
+            return node, module
+    raise AssertionError(f"no definition of {obj!r} at line {line}")
+
+
+def _round_drivers():
+    """name -> the function that drives a route's rounds: every central node's ``run`` (the
+    registry's central nodes and every ``CentralBase`` subclass they load), every in-process
+    reference's ``fit`` (a class) or the reference function and the module functions its own body
+    calls (``run_dpiadmm`` -> ``run_dpiadmm_many``)."""
+    import inspect
+
+    from flower_vfl import routes
+    from flower_vfl.strategies.base import CentralBase
+    out = {}
+    for r in routes.REGISTRY:
+        r.load("central")
+        ref = r.load("reference")
+        if inspect.isclass(ref):
+            out[f"{r.name} reference {ref.__name__}.fit"] = _function(ref.fit)[0]
+            continue
+        fn, module = _function(ref)
+        defs = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
+        todo = [fn]
+        while todo:
+            f = todo.pop()
+            key = f"{r.name} reference {f.name}"
+            if key in out:
+                continue
+            out[key] = f
+            own = [n for n in ast.walk(ast.Module(body=f.body, type_ignores=[]))]
+            todo += [defs[n.func.id] for n in own if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                     and n.func.id in defs]
+    todo = [CentralBase]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if "run" in vars(cls) and cls is not CentralBase:
+            out[f"{cls.__module__}.{cls.__name__}.run"] = _function(cls.run)[0]
+    return out
+
+
+def test_the_round_loop_finder_finds_a_loop_of_rounds_but_not_a_step_s():
+    src = ("def run(self, grid, state):\n"
+           "    def step(epoch):\n"
+           "        for j in range(n_batches):\n"
+           "            pass\n"
+           "    for fit in (0, 1):\n"
+           "        pass\n"
+           "    for epoch in tqdm(range(1, epochs + 1)):\n"
+           "        for j in range(nb):\n"
+           "            pass\n"
+           "    while not done:\n"
+           "        pass\n")
+    found = _own_loops(ast.parse(src).body[0])
+    assert sorted(found) == ["10: while not done:", "7: for epoch in tqdm(range(1, epochs + 1)):",
+                             "8: for j in range(nb):"]
+
+
+def test_every_route_runs_the_one_round_loop():
+    """Every route's rounds are counted by ``core/rounds.py``'s ``run_rounds`` (directly, or through
+    ``RoundDriver``'s phases): no central node's ``run`` (the registry's, every ``CentralBase``
+    subclass) and no route's in-process reference counts rounds with a loop of its own (a ``for``
+    over ``range`` or a ``while`` in its own body; a round's step, a function it defines, may loop
+    over batches or parties)."""
+    drivers = _round_drivers()
+    names = set(drivers)
+    assert {"flower_vfl.routes.vertical_sgd.central.VerticalSGDStrategy.run",
+            "flower_vfl.strategies.dpiadmm.DPIADMMStrategy.run",
+            "flower_vfl.strategies.vertical_admm.VerticalADMMStrategy.run",
+            "vertical-sgd reference VerticalSGD.fit", "horizontal-dpiadmm reference run_dpiadmm_many",
+            "admm reference VerticalADMM.fit"} <= names, sorted(names)
+    loops = {name: found for name, fn in drivers.items() if (found := _own_loops(fn))}
+    assert loops == {}, "a route counts its rounds itself: call flower_vfl.core.rounds.run_rounds"
+

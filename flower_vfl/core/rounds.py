@@ -1,4 +1,9 @@
-"""The round loop of vertical ADMM sharing (Algorithm 1), written once.
+"""The round loop, written once, and the rounds of vertical ADMM sharing (Algorithm 1).
+
+:func:`run_rounds` is every route's round loop: it counts the rounds, calls the route's step,
+keeps the history row, evaluates when due, asks the stop rule and calls the per-round callback
+(the ADMM routes through :class:`RoundDriver`'s phases, the vertical SGD and horizontal DP-IADMM
+central nodes and the SGD route's in-process reference directly).
 
 :class:`RoundDriver` runs the rounds of the in-process engine
 (:class:`flower_vfl.estimator.engine.VerticalADMM`) and of the Flower central node
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -28,7 +34,8 @@ from flower_vfl.core.central import residuals
 from flower_vfl.core.penalties import penalty_class
 from flower_vfl.core.schedule import balance_rho, private_schedule
 
-__all__ = ["DEFAULT_MAX_ROUNDS", "DEFAULT_TOL", "DEFAULT_TOL_ABS", "SUM", "RoundDriver", "RoundExchange",
+__all__ = ["DEFAULT_MAX_ROUNDS", "DEFAULT_TOL", "DEFAULT_TOL_ABS", "SUM", "RoundDriver", "RoundExchange", "run_rounds",
+           "eval_due",
            "sum_releases", "alignment", "next_theta", "VARIANTS", "initial_theta", "STOP_RULES", "max_change"]
 
 DEFAULT_MAX_ROUNDS = 50
@@ -38,6 +45,45 @@ DEFAULT_TOL_ABS = 1e-9
 #: aggregation returns the round's sum sum_m s_m (it holds no party's own s_m; every party of
 #: the round is in the sum, so nothing is stale, and no per-party accelerator applies)
 SUM = -1
+
+
+def eval_due(k: int, last: int, every: int, at_end: bool | None = True, stopped: bool = False,
+             start: int | None = None) -> bool:
+    """Whether round ``k`` of a loop ending at round ``last`` is evaluated: every ``every`` rounds
+    (``k % every == 0``; 0: never); at the ending round (``k == last``, or the round the stop rule
+    ended, ``stopped``) as ``at_end`` says: True, evaluated; False, not (the caller evaluates after
+    its own finish); None, like any other round; and at round ``start`` (a curve's first point)."""
+    if (k == last or stopped) and at_end is not None:
+        return at_end
+    return k == start or (bool(every) and k % every == 0)
+
+
+def run_rounds(step: Callable, last: int, *, first: int = 1, history: list | None = None,
+               evaluate: Callable | None = None, eval_every: int = 0, at_end: bool | None = True,
+               at_start: bool = False, on_round: Callable | None = None) -> tuple[int, bool]:
+    """The round loop: rounds ``first`` .. ``last`` (``first`` > 1: a resumed run), each
+
+    1. ``row, stop = step(k)``: the route's round k, its history row and the stop rule's answer;
+    2. ``history.append(row)`` (``history`` None: the route keeps its rows);
+    3. ``evaluate(k, row)`` when :func:`eval_due`: every ``eval_every`` rounds, at the ending round
+       as ``at_end`` says, after round ``first`` too with ``at_start``; the metrics go into ``row``;
+    4. ``on_round(k, row, stop)`` (progress, checkpoint);
+
+    until ``last`` or the first round whose ``stop`` is True. Returns ``(k, stopped)``: the last
+    round run (``first - 1`` when none ran) and whether the stop rule ended the loop."""
+    start = first if at_start else None
+    k = first - 1
+    for k in range(first, last + 1):
+        row, stop = step(k)
+        if history is not None:
+            history.append(row)
+        if evaluate is not None and eval_due(k, last, eval_every, at_end, stop, start):
+            evaluate(k, row)
+        if on_round is not None:
+            on_round(k, row, stop)
+        if stop:
+            return k, True
+    return k, False
 
 
 class RoundExchange(Protocol):
@@ -236,22 +282,20 @@ class RoundDriver:
         t0 = time.perf_counter() if t0 is None else t0
         k, phase0, j0, stopped0 = start
         everyone = list(range(self.num_parties))
+        evaluate = (lambda kk, row: self._evaluate(exchange, kk, final=False)) if exchange.evaluates else None
         for i_phase, (n_rounds, active, use_tol) in enumerate(self.phases):
             if i_phase < phase0 or (i_phase == phase0 and stopped0):
                 continue
             parties = [m for m in everyone if active[m]]
-            last_phase = i_phase == len(self.phases) - 1
-            for j in range(j0 + 1 if i_phase == phase0 else 1, n_rounds + 1):
-                k += 1
-                stop = self._round(exchange, k, parties, use_tol, t0)
-                done = last_phase and (j == n_rounds or stop)
-                if exchange.evaluates and not done and self.eval_every and k % self.eval_every == 0:
-                    self._evaluate(exchange, k, final=False)
-                if on_round is not None:
-                    on_round(k, self.history[-1], i_phase, j, stop)
-                if stop:
-                    self.converged = True
-                    break
+            offset = k - (j0 if i_phase == phase0 else 0)          # round j of the phase is round offset + j
+            # the last phase's ending round is evaluated after exchange.finish (final=True), below
+            at_end = False if i_phase == len(self.phases) - 1 else None
+            each = None if on_round is None else partial(_phase_round, on_round, i_phase, offset)
+            k, stop = run_rounds(partial(self._round, exchange, parties=parties, use_tol=use_tol, t0=t0),
+                                 offset + n_rounds, first=k + 1, history=self.history, evaluate=evaluate,
+                                 eval_every=self.eval_every, at_end=at_end, on_round=each)
+            if stop:
+                self.converged = True
             if i_phase == 0 and any(self.private):
                 metrics = self._evaluate(exchange, k, final=False) if exchange.evaluates else None
                 if on_warm_start is not None:
@@ -261,9 +305,10 @@ class RoundDriver:
             self._evaluate(exchange, k, final=True)
         return k
 
-    def _round(self, exchange, k, parties, use_tol, t0) -> bool:
+    def _round(self, exchange, k, parties, use_tol, t0) -> tuple[dict, bool]:
         """One round: releases, central step (Alg. 1 lines 9-11), history row, stopping rule,
-        then (if it goes on) residual balancing and the accelerator. True: the rule holds."""
+        then (if it goes on) residual balancing and the accelerator. ``(row, stop)``: the round's
+        history row (:func:`run_rounds` keeps it) and whether the rule holds."""
         c, M = self.central, self.num_parties
         fresh, penalties = exchange.train(k, parties, self.qs)
         if self.stop == "change":      # before the releases and the intercept move on
@@ -288,7 +333,6 @@ class RoundDriver:
                    stale=len(set(parties) - set(fresh)), elapsed_s=time.perf_counter() - t0)
         if self.stop == "change":
             row["max_change"] = max_change(fresh, s_old, c.b, b_old)
-        self.history.append(row)
         stop = False
         if self.stop == "change":
             stop = bool(use_tol and self.tol > 0 and k > 1 and row["max_change"] < self.tol)
@@ -303,7 +347,7 @@ class RoundDriver:
                 c.set_rho(balance_rho(c.rho, r, d, c.loss, c.n))
             if self.acc is not None:
                 self.qs = self.acc.step([self.last_s[m] for m in range(M)], c)
-        return stop
+        return row, stop
 
     def _evaluate(self, exchange, k, final) -> dict:
         """Before the final update a private party is not asked (it releases its model once, at
@@ -313,3 +357,8 @@ class RoundDriver:
         if self.history:
             self.history[-1].update(out)
         return out
+
+
+def _phase_round(on_round, i_phase, offset, k, row, stop) -> None:
+    """:meth:`RoundDriver.run`'s ``on_round(k, row, phase, j, stopped)`` from :func:`run_rounds`'s."""
+    on_round(k, row, i_phase, k - offset, stop)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from flower_vfl.core.rounds import run_rounds
 from flower_vfl.horizontal.admm import DPIADMMParams, agent_update, dual_step, outp_constants, rho_schedule, server_step
 from flower_vfl.horizontal.model import error_rate, local_gradient_blocks, one_hot
 from flower_vfl.horizontal.privacy import account, ledger_entry, standard_draw
@@ -129,13 +130,15 @@ def run_dpiadmm_many(X_parts, y_parts, params_list, T: int, seeds_list, K: int |
     results = [DPIADMMResult(p, None, None, None, ledgers=[[[] for _ in range(P)] for _ in range(S)])
                for p, S in zip(params_list, sizes)]
     Xt = None if X_test is None else np.asarray(X_test, dtype=dtype)
-    it = range(1, int(T) + 1)
     report = progress if callable(progress) else None
+    bar = None
     if progress and report is None:
         from tqdm.auto import tqdm
-        it = tqdm(it, desc=", ".join(f"{p.variant} eps={p.eps_bar}" for p in params_list)[:60], leave=False)
-    for t in it:
-        rhos = [rho_schedule(t, p) for p in params_list]
+        bar = tqdm(total=int(T), desc=", ".join(f"{p.variant} eps={p.eps_bar}" for p in params_list)[:60], leave=False)
+    rhos, noise = [], []          # iteration t's rho_t and noise_abs_mean per setting, for its evaluation
+
+    def step(t):
+        rhos[:] = [rho_schedule(t, p) for p in params_list]
         for i, rho in enumerate(rhos):                                       # (4a)
             sl = slice(bounds[i], bounds[i + 1])
             Wall[sl] = server_step(Z[sl], Lam[sl], rho)
@@ -143,7 +146,7 @@ def run_dpiadmm_many(X_parts, y_parts, params_list, T: int, seeds_list, K: int |
             G, l1max = local_gradient_blocks(Z, Xs, Ys, I, params_list[0].beta, x_l1 if any_private else None)
         else:
             G, l1max = _gradient_per_beta(Z, Xs, Ys, I, params_list, bounds, x_l1, any_private)
-        evaluate = Xt is not None and (t % eval_every == 0 or t == T or t == 1)
+        noise.clear()
         for i, (params, rho, res) in enumerate(zip(params_list, rhos, results)):
             sl = slice(bounds[i], bounds[i + 1])
             seeds, S = seeds_list[i], sizes[i]
@@ -174,16 +177,33 @@ def run_dpiadmm_many(X_parts, y_parts, params_list, T: int, seeds_list, K: int |
                     for p in range(P):
                         res.ledgers[s][p].append(ledger_entry(t, params.variant, params.eps_bar,
                                                               params.delta_bar, sc[s, p], se[s, p]))
-            if evaluate:
-                err = error_rate(W, Xt, y_test)
-                cv = np.abs(W[:, None] - Z[sl]).sum(axis=(1, 2, 3))             # App. A.10
-                nm = info.get("noise_abs_mean")
-                for s in range(S):
-                    res.history.append({"t": t, "seed": s, "test_error": float(err[s]), "rho": rho,
-                                        "consensus_violation": float(cv[s]),
-                                        "noise_abs_mean": float(np.mean(nm[s])) if nm is not None else 0.0})
+            noise.append(info.get("noise_abs_mean"))
+        return None, False                 # the rows are the evaluations' (one per setting and seed)
+
+    def evaluate(t, row):
+        for i, (rho, res, nm) in enumerate(zip(rhos, results, noise)):
+            sl = slice(bounds[i], bounds[i + 1])
+            W = Wall[sl]
+            err = error_rate(W, Xt, y_test)
+            cv = np.abs(W[:, None] - Z[sl]).sum(axis=(1, 2, 3))             # App. A.10
+            for s in range(sizes[i]):
+                res.history.append({"t": t, "seed": s, "test_error": float(err[s]), "rho": rho,
+                                    "consensus_violation": float(cv[s]),
+                                    "noise_abs_mean": float(np.mean(nm[s])) if nm is not None else 0.0})
+
+    def on_round(t, row, stop):
+        if bar is not None:
+            bar.update()
         if report is not None:
             report(t)
+
+    try:     # the one round loop (core/rounds.py): w^{t+1} and the held-out error every eval_every iterations,
+        # after the first and after the last
+        run_rounds(step, int(T), evaluate=None if Xt is None else evaluate, eval_every=eval_every, at_start=True,
+                   on_round=on_round)
+    finally:
+        if bar is not None:
+            bar.close()
     for i, res in enumerate(results):        # w^{T+1} of the last iteration (paper indexing)
         sl = slice(bounds[i], bounds[i + 1])
         res.W, res.Z, res.Lam = Wall[sl].copy(), Z[sl].copy(), Lam[sl].copy()

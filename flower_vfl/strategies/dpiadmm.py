@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable
+from functools import partial
 from logging import INFO
 
 import numpy as np
@@ -23,6 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flower_vfl.core.rounds import eval_due, run_rounds
 from flower_vfl.errors import UserError
 from flower_vfl.horizontal.admm import DPIADMMParams, dual_step, rho_schedule, server_step
 from flower_vfl.horizontal.model import error_rate
@@ -222,14 +224,31 @@ class DPIADMMStrategy(CentralBase):
         state.w = server_step(state.Z, state.Lam, state.rho)
         cfg = {"t": t, "rho": state.rho, "variant": p.variant, "a": p.a, "beta": p.beta, "box": p.box,
                "trust": p.trust, "I": int(sum(state.n_samples.values())), "P": self.num_agents,
-               "final": t == (self.T if state.num_rounds is None else int(state.num_rounds))}
+               "final": t == self.last_round(state)}
         content = RecordDict({"arrays": ArrayRecord({"w": Array(state.w)}), "config": ConfigRecord(cfg)})
         n2a = state.exchange.node_to_party
         return state, [Message(content, dst_node_id=nid, message_type="train") for nid in sorted(n2a, key=n2a.get)]
 
     def aggregate(self, state: DPIADMMState, t: int, replies: Iterable[Message]) -> DPIADMMState:
         """Collect every z_p^{t+1}; lambda_p += rho_t (w^{t+1} - z_p^{t+1}) (eq. 4c). ``replies``:
-        the agents' reply Messages, matched to agents by the exchange (reply_to_message_id)."""
+        the agents' reply Messages, matched to agents by the exchange (reply_to_message_id). The
+        round's row, with the test error where due (:meth:`test_error`), goes to the history."""
+        row = self.aggregate_row(state, t, replies)
+        if self.X_test is not None and eval_due(t, self.last_round(state), max(self.eval_every, 1)):
+            self.test_error(state, t, row)
+        state.history.append(row)
+        return state
+
+    def last_round(self, state: DPIADMMState) -> int:
+        """T of the run: ``start``'s ``num_rounds``, else ``num_iterations``."""
+        return self.T if state.num_rounds is None else int(state.num_rounds)
+
+    def test_error(self, state: DPIADMMState, t: int, row: dict) -> None:
+        """The test error of w^{t+1} on the server's held-out data, into round t's ``row``."""
+        row["test_error"] = float(error_rate(state.w, self.X_test, self.y_test))
+
+    def aggregate_row(self, state: DPIADMMState, t: int, replies: Iterable[Message]) -> dict:
+        """:meth:`aggregate`'s step (state updated in place): round t's history row, before the test error."""
         got = {}
         for rep in replies:
             agent = state.exchange.party_of(rep)
@@ -247,12 +266,7 @@ class DPIADMMStrategy(CentralBase):
             raise ReplyError(f"round {t}: no reply of agents {missing} to aggregate")
         state.Z = np.stack([got[p] for p in range(self.num_agents)])
         state.Lam = dual_step(state.Lam, state.w, state.Z, state.rho)
-        row = {"t": int(t), "rho": state.rho, "consensus_violation": float(np.abs(state.w[None] - state.Z).sum())}
-        last = self.T if state.num_rounds is None else int(state.num_rounds)
-        if self.X_test is not None and (t % max(self.eval_every, 1) == 0 or t == last):
-            row["test_error"] = float(error_rate(state.w, self.X_test, self.y_test))
-        state.history.append(row)
-        return state
+        return {"t": int(t), "rho": state.rho, "consensus_violation": float(np.abs(state.w[None] - state.Z).sum())}
 
     # ------------------------------------------------------------ Flower's 4 hooks (on ``state_``)
     def configure_train(self, server_round, arrays, config, grid) -> Iterable[Message]:
@@ -296,19 +310,30 @@ class DPIADMMStrategy(CentralBase):
             raise ValueError(f"initial_arrays['w'] has shape {w.shape}; expected finite ({self.J}, {self.K})")
         return np.asarray(w, dtype=float)
 
+    def train_round(self, state: DPIADMMState, t: int) -> dict:
+        """Round t: w^{t+1} and rho_t out (:meth:`round_messages`), every z_p^{t+1} back
+        (:meth:`aggregate_row`); the round's history row."""
+        state, messages = self.round_messages(state, t)
+        got = state.exchange.send_messages(messages, f"round {t} (train)")
+        return self.aggregate_row(state, t, got.values())
+
     def run(self, grid: Grid, state: DPIADMMState) -> DPIADMMState:
-        """``num_rounds`` rounds (None: ``num_iterations``); an agent's refusal ends the run cleanly
-        (:attr:`HALTS`: the Result holds the rounds done)."""
+        """``num_rounds`` rounds (None: ``num_iterations``) in the one round loop
+        (:func:`~flower_vfl.core.rounds.run_rounds`): :meth:`train_round`, the test error every
+        ``eval_every`` rounds and after the last, Flower's central evaluation (``evaluate_fn``)
+        after each; an agent's refusal ends the run cleanly (:attr:`HALTS`: the Result holds the
+        rounds done)."""
         w0 = state.initial
         state.Z = np.zeros((self.num_agents, self.J, self.K)) + (0.0 if w0 is None else w0[None])
         state.Lam = np.zeros_like(state.Z)
-        T = self.T if state.num_rounds is None else int(state.num_rounds)
-        for t in range(1, T + 1):
-            state, messages = self.round_messages(state, t)
-            got = state.exchange.send_messages(messages, f"round {t} (train)")
-            state = self.aggregate(state, t, got.values())
-            state = self.evaluate_central(state, t, ArrayRecord({"w": Array(state.w)}))
-            self.progress_row(t, state.history[-1])
+
+        def on_round(t, row, stop):
+            self.evaluate_central(state, t, ArrayRecord({"w": Array(state.w)}))
+            self.progress_row(t, row)
+
+        run_rounds(lambda t: (self.train_round(state, t), False), self.last_round(state), history=state.history,
+                   evaluate=None if self.X_test is None else partial(self.test_error, state),
+                   eval_every=max(self.eval_every, 1), on_round=on_round)
         return state
 
     def model(self, state: DPIADMMState) -> dict | None:

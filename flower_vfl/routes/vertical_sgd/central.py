@@ -25,6 +25,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flower_vfl.core.losses import get_loss
+from flower_vfl.core.rounds import run_rounds
 from flower_vfl.routes.vertical_sgd.config import SGDConfig
 from flower_vfl.routes.vertical_sgd.reference import (FLOAT_BYTES, SGDCentral, batch_indices, eval_metrics,
                                                        learning_rate, n_batches)
@@ -202,20 +203,28 @@ class VerticalSGDStrategy(CentralBase):
         no model: the x_m stay on the parties)."""
         check_start(initial_arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
 
+    def train_epoch(self, state: SGDState, epoch) -> dict:
+        """Epoch ``epoch``: ``ceil(N / batch_size)`` steps (:meth:`train_step`); its history row."""
+        for j in range(n_batches(self.n, self.batch_size)):
+            state = self.train_step(state, epoch, j)
+        return {"round": epoch, "steps": state.steps, "messages": state.messages, "bytes": state.bytes,
+                "lr": state.pending[0]["lr"]}
+
     def run(self, grid: Grid, state: SGDState) -> SGDState:
-        """``num_rounds`` epochs (None: ``max_epochs``) of ``ceil(N / batch_size)`` steps."""
+        """``num_rounds`` epochs (None: ``max_epochs``) of ``ceil(N / batch_size)`` steps, in the one
+        round loop (:func:`~flower_vfl.core.rounds.run_rounds`): a round is an epoch (:meth:`train_epoch`),
+        evaluated (:meth:`evaluate`) every ``eval_every`` epochs and after the last."""
         epochs = self.max_epochs if state.num_rounds is None else int(state.num_rounds)
-        for epoch in range(1, epochs + 1):
-            for j in range(n_batches(self.n, self.batch_size)):
-                state = self.train_step(state, epoch, j)
-            row = {"round": epoch, "steps": state.steps, "messages": state.messages, "bytes": state.bytes,
-                   "lr": state.pending[0]["lr"]}
-            if epoch == epochs or (self.eval_every and epoch % self.eval_every == 0):
-                state, metrics = self.evaluate(state, epoch)
-                row.update(metrics)
-            row["elapsed_s"] = time.perf_counter() - state.t0
-            state.history.append(row)
+
+        def evaluate(epoch, row):
+            row.update(self.evaluate(state, epoch)[1])
+
+        def on_round(epoch, row, stop):
+            row["elapsed_s"] = time.perf_counter() - state.t0       # the evaluation included
             self.progress_row(epoch, row)
+
+        run_rounds(lambda epoch: (self.train_epoch(state, epoch), False), epochs, history=state.history,
+                   evaluate=evaluate, eval_every=self.eval_every, on_round=on_round)
         return state
 
     def report(self, state: SGDState) -> dict:

@@ -34,6 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from flower_vfl.core.losses import get_loss
+from flower_vfl.core.rounds import run_rounds
 from flower_vfl.core.validation import check_blocks
 
 __all__ = ["VerticalSGD", "SGDParty", "SGDCentral", "batch_indices", "learning_rate", "init_coef",
@@ -216,11 +217,8 @@ class VerticalSGD:
         self.history_, self.n_steps_, self.messages_, self.bytes_ = [], 0, 0, 0
         eval_t = None if eval_set is None else loss.encode_labels(np.asarray(eval_set[1]))
         start = time.perf_counter()
-        epochs = range(1, self.max_epochs + 1)
-        if self.verbose:
-            from tqdm.auto import tqdm
-            epochs = tqdm(epochs, desc="SGD epochs", unit="epoch")
-        for epoch in epochs:
+
+        def epoch_step(epoch):
             for j in range(nb):
                 idx = batch_indices(n, bs, epoch, j, self.random_state)
                 lr = learning_rate(self.n_steps_, self.lr, self.lr_schedule, self.lr_decay)
@@ -235,18 +233,33 @@ class VerticalSGD:
             self.intercept_ = float(central.b)
             f = sum(D @ x for D, x in zip(blocks, self.coef_)) + self.intercept_
             train_loss = loss.mean(f, t)
-            row = {"round": epoch, "steps": self.n_steps_, "lr": lr,
-                   "objective": train_loss + sum(p.penalty() for p in parties), "train_loss": train_loss,
-                   "messages": self.messages_, "bytes": self.bytes_,
-                   "elapsed_s": time.perf_counter() - start}
-            if eval_set is not None:
-                row.update(eval_metrics(loss, self.decision_function(eval_set[0]), eval_t))
-            self.history_.append(row)
+            return {"round": epoch, "steps": self.n_steps_, "lr": lr,
+                    "objective": train_loss + sum(p.penalty() for p in parties), "train_loss": train_loss,
+                    "messages": self.messages_, "bytes": self.bytes_,
+                    "elapsed_s": time.perf_counter() - start}, False
+
+        def evaluate(epoch, row):
+            row.update(eval_metrics(loss, self.decision_function(eval_set[0]), eval_t))
+
+        bar = None
+        if self.verbose:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=self.max_epochs, desc="SGD epochs", unit="epoch")
+
+        def on_round(epoch, row, stop):
             self.n_epochs_ = epoch
-            if self.verbose:
-                epochs.set_postfix(objective=f"{row['objective']:.6g}")
+            if bar is not None:
+                bar.set_postfix(objective=f"{row['objective']:.6g}")
+                bar.update()
             if self.callback is not None:
                 self.callback(epoch, self)
+
+        try:      # the one round loop (core/rounds.py), as the route's central node: an epoch is a round
+            run_rounds(epoch_step, self.max_epochs, history=self.history_,
+                       evaluate=None if eval_set is None else evaluate, eval_every=1, on_round=on_round)
+        finally:
+            if bar is not None:
+                bar.close()
         return self
 
     def decision_function(self, X_blocks):
