@@ -148,8 +148,9 @@ def test_each_train_request_after_round_one_carries_one_vector_and_the_run_is_un
     keys = [sorted(rd["vectors"].keys()) for rd in train]
     assert keys == [["q", "y"]] * 2 + [["v"]] * 2 * 7
     assert all(rd["vectors"]["v"].numpy().nbytes == 8 * N for rd in train[2:])
-    from flower_vfl.strategies import vertical_admm
+    from flower_vfl.strategies import sums, vertical_admm
     monkeypatch.setattr(vertical_admm, "sends_target", lambda st, party: False)
+    monkeypatch.setattr(sums, "sends_target", lambda st, party: False)
     ref, train_qy = _grid_run(rc)
     assert [sorted(rd["vectors"].keys()) for rd in train_qy] == [["q", "y"]] * 2 * 8
     cols = ("objective", "train_loss", "primal_residual", "dual_residual", "rho")
