@@ -189,6 +189,30 @@ def test_a_second_message_maps_the_verified_block_without_hashing_anything(tmp_p
                 assert x.dtype == y.dtype and x.tobytes() == y.tobytes() and not x.flags.writeable
 
 
+def test_later_messages_write_nothing_in_the_cache_folder(tmp_path, a9a_dir, monkeypatch):
+    """A block that is already the folder's most recently used is not touched again: no message
+    after the first writes anything there (a touch moved the block's change time, and every
+    message wrote verified.json again); a block used after another one is touched (the test
+    above: it survives eviction)."""
+    import os
+    state = str(tmp_path / "party1")
+    _settled(monkeypatch)
+    pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    folder = pc.block_cache_dir(state)
+
+    def stats():
+        return {f: (st.st_size, st.st_mtime_ns, st.st_ctime_ns) for f in os.listdir(folder)
+                for st in [os.stat(folder / f)]}
+    before = stats()
+    assert sorted(f.rsplit("-", 1)[0] for f in before) == ["a9a-p1of2", "verified.json"]
+    monkeypatch.setattr(pc, "atomic_write", lambda *a, **k: (_ for _ in ()).throw(AssertionError("wrote")))
+    monkeypatch.setattr(os, "utime", lambda *a, **k: (_ for _ in ()).throw(AssertionError("touched")))
+    for _ in range(2):
+        _forget()
+        pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    assert stats() == before
+
+
 def test_a_source_file_rewritten_in_place_with_its_size_and_mtime_is_parsed_again(tmp_path, a9a_dir, monkeypatch):
     """The kept digest is keyed by the change time too, which a write moves and utime cannot set
     back: same size, same inode, modification time restored -> hashed and parsed again."""

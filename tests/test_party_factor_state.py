@@ -20,10 +20,13 @@ def _msg(rnd, seed):
     return Message(rd, dst_node_id=7, message_type="train")
 
 
-def _run(tmp_path, monkeypatch, keep: bool, rounds=4, rc=RC):
+def _run(tmp_path, monkeypatch, keep: bool, rounds=4, rc=RC, passes=None):
     grams = []
     real = xsolve.XSolver.gram
     monkeypatch.setattr(xsolve.XSolver, "gram", lambda self: grams.append(1) or real(self))
+    stats = xsolve._column_stats
+    monkeypatch.setattr(xsolve, "_column_stats", lambda *a, **k: (passes if passes is not None else []).append(1)
+                        or stats(*a, **k))
     context = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "state-dir": str(tmp_path / "p1")},
                       state=RecordDict(), run_config=dict(rc))
     out = []
@@ -37,13 +40,18 @@ def _run(tmp_path, monkeypatch, keep: bool, rounds=4, rc=RC):
 
 
 def test_the_factorization_is_made_once_and_the_releases_are_bitwise_unchanged(tmp_path, monkeypatch):
-    kept, n_kept, context = _run(tmp_path / "a", monkeypatch, keep=True)
-    fresh, n_fresh, _ = _run(tmp_path / "b", monkeypatch, keep=False)
+    # the centring's column pass (xsolve._column_stats) is kept with it: made once too
+    passes_kept, passes_fresh = [], []
+    kept, n_kept, context = _run(tmp_path / "a", monkeypatch, keep=True, passes=passes_kept)
+    n_passes_kept = len(passes_kept)
+    fresh, n_fresh, _ = _run(tmp_path / "b", monkeypatch, keep=False, passes=passes_fresh)
     assert n_kept == 1 and n_fresh == 4
+    assert n_passes_kept == 1 and len(passes_fresh) == 4
     assert all(np.array_equal(a, b) for a, b in zip(kept, fresh))
     rec = context.state[party_public.STATE_FACTOR]
     d = rec["V"].numpy().shape[0]
-    assert sorted(rec.keys()) == ["V", "e", "key"] and rec["e"].numpy().shape == (d,)
+    assert sorted(rec.keys()) == ["V", "colsq", "colsum", "e", "key"] and rec["e"].numpy().shape == (d,)
+    assert rec["colsq"].numpy().shape == rec["colsum"].numpy().shape == (d,)
 
 
 def test_a_factorization_kept_under_another_key_is_not_used(tmp_path, monkeypatch):

@@ -219,6 +219,7 @@ class XSolver:
         #: (sum_i D_ij^2, sum_i D_ij) from the centring decision, handed to :meth:`_cg_stats`
         self._colstats = None
         self._colsq = None                         # sum_i D_ij^2 from the centring's pass
+        self._colpass = None                       # 'gram': (sum_i D_ij^2, sum_i D_ij), kept with the factorization
         #: CG's predicted last iteration (``_cg``): the largest residual reduction of an
         #: iteration measured in the last checked solve, solves since it, and ||Dc^T v|| of
         #: the last solve that formed it (the tolerance's scale when a solve starts from D x)
@@ -317,16 +318,22 @@ class XSolver:
         means ~1e-17, are solved as they are: the same iterates bitwise). Decided on first use
         from one pass over the block."""
         if not self._center_known:
-            sq, s1 = _column_stats(self.D)
-            n = self.D.shape[0]
-            mu = s1 / n
-            self._center = bool(np.any(np.abs(mu) > 1e-8 * np.sqrt(np.maximum(sq, 0.0) / n)))
-            self._mu = mu if self._center else None
-            self._colsq = sq
-            self._center_known = True
-            if self.method_ == "cg" and not self.low_memory:
-                self._colstats = (sq, s1)          # the CG preconditioner's pass, done once
+            self._take_column_stats(*_column_stats(self.D))
         return self._center
+
+    def _take_column_stats(self, sq, s1):
+        """The centring decision from the column pass ``(sq, s1)`` (:func:`_column_stats`, or the
+        same arrays kept with the factorization: :meth:`adopt_factorization`)."""
+        n = self.D.shape[0]
+        mu = s1 / n
+        self._center = bool(np.any(np.abs(mu) > 1e-8 * np.sqrt(np.maximum(sq, 0.0) / n)))
+        self._mu = mu if self._center else None
+        self._colsq = sq
+        self._center_known = True
+        if self.method_ == "gram":
+            self._colpass = (sq, s1)               # kept with the factorization (a fresh process: no pass)
+        if self.method_ == "cg" and not self.low_memory:
+            self._colstats = (sq, s1)          # the CG preconditioner's pass, done once
 
     def mu(self):
         """The column means D^T 1 / N (kept: a d-vector)."""
@@ -354,9 +361,14 @@ class XSolver:
 
     def factorization(self) -> dict | None:
         """The rho-free factorization this solver computed (the Gram's eigendecomposition, 'gram'
-        method), for a caller to keep across processes; None when there is none to keep."""
+        method), for a caller to keep across processes; None when there is none to keep. With it,
+        the centring's column pass when it ran (``colsq``, ``colsum``: :func:`_column_stats`), so a
+        fresh process that adopts it makes no pass over the block before its first product."""
         if self.method_ == "gram" and self._eig is not None:
-            return {"e": self._eig[0], "V": self._eig[1]}
+            f = {"e": self._eig[0], "V": self._eig[1]}
+            if self._colpass is not None:          # the centring's column pass (2 d-vectors)
+                f["colsq"], f["colsum"] = self._colpass
+            return f
         return None
 
     def adopt_factorization(self, f: dict) -> bool:
@@ -367,6 +379,9 @@ class XSolver:
         if self.method_ != "gram" or self._eig is not None or e.shape != (d,) or V.shape != (d, d):
             return False
         self._eig = (e, V)
+        sq, s1 = (np.asarray(f.get(k), dtype=float) for k in ("colsq", "colsum"))
+        if not self._center_known and sq.shape == (d,) and s1.shape == (d,):
+            self._take_column_stats(sq, s1)        # the same decision and means as the pass
         return True
 
     def _factorize(self, rho):

@@ -21,6 +21,12 @@ draws from numpy's global RandomState or a generator made at import time, and a 
 reseeds numpy's global RandomState from the OS anyway (Python's ``random`` is reseeded by
 CPython), so forked children share no noise state.
 
+OpenBLAS's idle threads: a fork stops OpenBLAS's thread pool and each forked ClientApp starts it
+again at its first BLAS thread change; with OpenBLAS's default its new worker then spins ~0.1 s of
+a core before it sleeps, taking it from the handler on a busy machine. This executor sets
+``OPENBLAS_THREAD_TIMEOUT`` (:data:`BLAS_THREAD_TIMEOUT`) before it loads numpy, unless it is set
+(:func:`blas_timeout_env`): speed only, the thread count and every result are unchanged.
+
 Flower's telemetry (an HTTP POST at every ClientApp's exit, waited for) is off in the processes
 this starts unless ``FLWR_TELEMETRY_ENABLED`` is set (``FLWR_TELEMETRY_ENABLED=1``: on, as in
 Flower); when off, its per-process look-ups are made once here instead of in every message.
@@ -105,6 +111,14 @@ HOT_TASK_POLL_S, HOT_WINDOW_S = 0.01, 2.0
 WAKE_POLL_S = 1.0
 #: at most this many bundles' modules are kept imported in the warm process (oldest dropped)
 MAX_PRELOADED_APPS = 4
+#: OpenBLAS's idle worker threads spin 2^n cycles before they sleep (its default n = 28: ~0.1 s of a
+#: core). A fork stops OpenBLAS's thread pool, so each forked ClientApp starts it again at its first
+#: BLAS thread change (the x-update's one-thread context): with the default spin its new worker
+#: took a core from the handler and from the push of its reply (a9a on real nodes, load 7-10, 7
+#: alternated deployments: the party's handler 60 -> 45 ms, its process around it 330 -> 291 ms,
+#: a round 0.740 -> 0.692 s; benchmarks/bench_real_nodes.py). Set for this process and its
+#: children unless ``$OPENBLAS_THREAD_TIMEOUT`` is set (n = 4, OpenBLAS's smallest: 16 cycles)
+BLAS_TIMEOUT_ENV, BLAS_THREAD_TIMEOUT = "OPENBLAS_THREAD_TIMEOUT", "4"
 
 
 def _under(path, folder: str) -> bool:
@@ -636,6 +650,18 @@ def preload_installed(preloader: AppPreloader, module: str) -> int:
     return preloader.preload(root, [module], {top})
 
 
+def blas_timeout_env(environ=None) -> bool:
+    """``$OPENBLAS_THREAD_TIMEOUT`` to :data:`BLAS_THREAD_TIMEOUT` in this process (and so in every
+    child it forks or starts) unless the operator set it; returns whether it was set here. Called
+    before numpy is imported: OpenBLAS reads it once, when it is loaded; nothing is set (False)
+    when numpy is already loaded. Speed only: the BLAS thread count and every result are unchanged."""
+    environ = os.environ if environ is None else environ
+    if BLAS_TIMEOUT_ENV in environ or "numpy" in sys.modules:
+        return False
+    environ[BLAS_TIMEOUT_ENV] = BLAS_THREAD_TIMEOUT
+    return True
+
+
 def import_private_libraries(names=WARM_PRIVATE) -> list[str]:
     """Import the installed ones among ``names`` (of :data:`WARM_PRIVATE`) in this process; returns
     those newly imported."""
@@ -842,6 +868,7 @@ def main(argv=None) -> None:
     if args.app == "serverapp" and (args.accountants is not None or args.lean):
         ap.error("--accountants/--lean are for a party's executor (--app clientapp): a ServerApp's executor never "
                  "imports the accountants' libraries; remove them")
+    blas_timeout_env()                   # before OpenBLAS is loaded: it reads the timeout once
     from flower_vfl.deploy.supernode import telemetry_off_by_default
     telemetry_off = telemetry_off_by_default()
     import importlib

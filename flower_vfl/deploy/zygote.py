@@ -78,6 +78,8 @@ def main() -> int:
     import importlib
     import threading
 
+    from flower_vfl.deploy.warm_exec import blas_timeout_env
+    blas_timeout_env()                   # before numpy loads OpenBLAS here (the executors are forked)
     for mod in PRELOAD:
         importlib.import_module(mod)
     from flower_vfl.deploy.warm_exec import WARM_IMPORTS

@@ -47,6 +47,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import struct
 import time
@@ -282,7 +283,7 @@ def _mapped_npz(path: Path) -> dict | None:
             if dtype.hasobject:
                 return None
             offset = start + header_end
-            count = int(np.prod(shape, dtype=np.int64))
+            count = math.prod(shape)
             if offset + count * dtype.itemsize != end:
                 return None
             a = np.frombuffer(buf, dtype=dtype, count=count, offset=offset)
@@ -338,8 +339,14 @@ def _write(path: Path, D, D_test, extra=None, verified=None) -> None:
 
 def _touch(path: Path, verified: "_Verified | None" = None) -> None:
     """"Recently used" for :func:`_evict`: the access time, the modification time kept. A block
-    ``verified`` held stays verified (the touch moved only its access and change times)."""
+    ``verified`` held stays verified (the touch moved only its access and change times). A block
+    that is already the most recently used of its folder is left as it is (the order
+    :func:`_evict` reads is the same): a touch moves its change time, so every message of a run
+    wrote ``verified.json`` again."""
     try:
+        mine = _used(path)
+        if all(_used(f) < mine for f in _blocks(path.parent) if f != path):
+            return
         was = _stat_key(path, ctime=True)
         ok = verified is not None and verified.block_ok(path)
         os.utime(path, ns=(time.time_ns(), was[3]))
@@ -349,15 +356,27 @@ def _touch(path: Path, verified: "_Verified | None" = None) -> None:
         pass
 
 
+def _blocks(folder: Path) -> list[Path]:
+    """The block files in ``folder`` (``*.npz``; listed without a glob's pattern compiled anew in
+    every message's process)."""
+    try:
+        return [folder / n for n in os.listdir(folder) if n.endswith(".npz")]
+    except OSError:
+        return []
+
+
+def _used(f: Path) -> int:
+    """When a block was last used (:func:`_touch`) or written, in ns (0: gone)."""
+    try:
+        st = f.stat()
+        return max(st.st_atime_ns, st.st_mtime_ns)
+    except OSError:
+        return 0
+
+
 def _evict(folder: Path, keep: Path) -> None:
     """Delete all but the MAX_FILES most recently used blocks (never ``keep``)."""
-    def used(f):
-        try:
-            st = f.stat()
-            return max(st.st_atime_ns, st.st_mtime_ns)
-        except OSError:
-            return 0
-    files = sorted(folder.glob("*.npz"), key=used, reverse=True)
+    files = sorted(folder.glob("*.npz"), key=_used, reverse=True)
     kept = [keep] + [f for f in files if f != keep][: MAX_FILES - 1]
     for f in files:
         if f not in kept:

@@ -47,7 +47,6 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.optimize
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -360,6 +359,7 @@ def _paper_noise_multiplier(epsilon: float, delta: float, rounds: int) -> float:
             f"(ε₀ = 1, i.e. z = {z_min:.4g}, already gives ε = {total(1.0):.4g}); use "
             f"method='exact' or a smaller epsilon"
         )
+    import scipy.optimize                     # here: a party's message without privacy never needs it
     eps0 = scipy.optimize.brentq(lambda e: total(e) - epsilon, 1e-300, 1.0, xtol=1e-15, rtol=1e-12)
     return math.sqrt(2.0 * math.log(1.25 / delta0)) / eps0
 
@@ -379,6 +379,7 @@ def _invert(f, target: float, z0: float) -> float:
         factor *= factor
     if lo == hi:
         return lo
+    import scipy.optimize
     log_z = scipy.optimize.brentq(
         lambda u: f(math.exp(u)) - target, math.log(lo), math.log(hi), xtol=1e-5
     )
