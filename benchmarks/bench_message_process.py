@@ -7,6 +7,17 @@ as a fresh subprocess that stops after it, ``--reps`` times interleaved; the tab
 and each stage's increment.
 
     python benchmarks/bench_message_process.py [--reps 3] [--dataset a9a]
+
+``--fork``: what a real node's warm executor pays instead (flower_vfl.deploy.warm_exec): a process
+that imported what the executor imports before its forks (its WARM_IMPORTS, the app, its warm
+caches, the BLAS thread timeout it sets) forks one child per message, and each child runs the real
+``train`` handler once on a9a (party 0 and party 1, round 3 of a 4-round run captured first on the
+in-process LocalGrid, with that party's context.state and block cache as the node had them), then
+once more in the same process (a warm process, for comparison). With ``--app-dir`` repeated, each
+tree (its own ``flower_vfl``) runs in its own such process, alternated ``--reps`` times:
+
+    python benchmarks/bench_message_process.py --fork --reps 5 --forks 6 \
+        --app-dir /tmp/before --app-dir /tmp/after
 """
 
 from __future__ import annotations
@@ -33,11 +44,156 @@ STAGES = {
 }
 
 
+#: the in-process run whose round-3 train messages the forked children answer
+FORK_ROUNDS = 4
+
+
+def _capture(tree_state: Path, data_dir: str) -> None:
+    """(In a process of the tree being measured.) A FORK_ROUNDS-round a9a run on the LocalGrid with
+    the real handlers; every train message and its node's Context (as it was before the handler)
+    pickled to ``tree_state/msgs.pkl``; the parties' state folders (block cache) under ``tree_state``."""
+    import copy
+    import pickle
+
+    from flwr.app import ArrayRecord, Context
+
+    from flower_vfl.apps import client as ca
+    from flower_vfl.apps import server as sa
+    from flower_vfl.deploy.local_grid import LocalGrid
+    rc = {"dataset": "a9a", "num-parties": 2, "max-rounds": FORK_ROUNDS, "tol": 0.0, "data-dir": data_dir}
+    snaps = []
+
+    def train(msg, ctx):
+        snaps.append((msg, Context(run_id=ctx.run_id, node_id=ctx.node_id, node_config=dict(ctx.node_config),
+                                   state=copy.deepcopy(ctx.state), run_config=dict(ctx.run_config))))
+        return ca.train(msg, ctx)
+    nodes = {100 + m: {"partition-id": m, "data-dir": data_dir, "state-dir": str(tree_state / f"party{m}")}
+             for m in range(2)}
+    grid = LocalGrid({"query.identify": ca.identify, "train": train, "evaluate": ca.evaluate}, nodes, rc)
+    sa.make_strategy(rc).start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=FORK_ROUNDS, timeout=600)
+    (tree_state / "msgs.pkl").write_bytes(pickle.dumps(snaps))
+
+
+def _fork_child_main(tree_state: Path, data_dir: str, forks: int) -> None:
+    """(In a process of the tree being measured, started with its ``flower_vfl`` first on the path.)
+    Import what the warm executor imports, then fork ``forks`` children per party; print one JSON
+    line: per party, the handler's seconds in each child (first call, then a second call)."""
+    import importlib
+    import importlib.util
+    import os
+    import pickle
+
+    from flower_vfl.deploy import warm_exec as we
+    if hasattr(we, "blas_timeout_env"):          # before numpy, as the executor's main does
+        we.blas_timeout_env()
+    for mod in we.WARM_IMPORTS:
+        importlib.import_module(mod)
+    if not (tree_state / "msgs.pkl").exists():
+        pid = os.fork()                          # captured in a child: this process stays as the executor's
+        if pid == 0:
+            try:
+                _capture(tree_state, data_dir)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    pre = we.AppPreloader()
+    we.preload_installed(pre, "flower_vfl.apps.client")
+    for mod in ("flower_vfl.clients.party_secagg", "flower_vfl.privacy.distributed"):   # what a child reports
+        if importlib.util.find_spec(mod) is not None:
+            importlib.import_module(mod)
+    from flwr.supercore.task_identity import TaskIdentity
+    snaps = pickle.loads((tree_state / "msgs.pkl").read_bytes())
+    train = {int(ctx.node_config["partition-id"]): (msg, ctx)                # round 3 (snaps: train only)
+             for msg, ctx in snaps[2 * (FORK_ROUNDS - 2):2 * (FORK_ROUNDS - 1)]}
+    out = {m: {"first": [], "second": []} for m in train}
+    for _ in range(forks):
+        for m, (msg, ctx) in train.items():
+            r, w = os.pipe()
+            blob = pickle.dumps(ctx)
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                import gc
+                gc.freeze()
+                from flower_vfl.apps import client as ca
+                TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 0, ctx.node_id
+                t = time.perf_counter()
+                ca.train(msg, ctx)
+                first = time.perf_counter() - t
+                t = time.perf_counter()
+                ca.train(msg, pickle.loads(blob))       # the same message again, in this now warm process
+                os.write(w, json.dumps([first, time.perf_counter() - t]).encode())
+                os._exit(0)
+            os.close(w)
+            got = b""
+            while chunk := os.read(r, 4096):
+                got += chunk
+            os.close(r)
+            os.waitpid(pid, 0)
+            first, second = json.loads(got)
+            out[m]["first"].append(first)
+            out[m]["second"].append(second)
+    print(json.dumps(out))
+
+
+def fork_main(args) -> None:
+    import os
+    import tempfile
+    trees = [str(Path(t).resolve()) for t in (args.app_dir or [str(Path(__file__).resolve().parents[1])])]
+    work = Path(tempfile.mkdtemp(prefix="bench_message_fork_"))
+    res = {t: {0: {"first": [], "second": []}, 1: {"first": [], "second": []}} for t in trees}
+    loads = []
+    for rep in range(args.reps):
+        for k in (range(len(trees)) if rep % 2 == 0 else reversed(range(len(trees)))):
+            tree = trees[k]
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]))
+            env.pop("OPENBLAS_THREAD_TIMEOUT", None) if args.clear_blas_env else None
+            code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+                    f"import bench_message_process as b; from pathlib import Path; "
+                    f"b._fork_child_main(Path({str(work / f'tree{k}')!r}), {args.data_dir!r}, {args.forks})")
+            (work / f"tree{k}").mkdir(exist_ok=True)
+            out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True,
+                                 text=True, check=True, cwd=str(work))
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            for m in (0, 1):
+                for key in ("first", "second"):
+                    res[tree][m][key] += got[str(m)][key]
+            loads.append(os.getloadavg()[0])
+    print(f"a9a train handler, round 3, in processes forked as the warm executor forks them; "
+          f"{args.reps} alternated repetitions x {args.forks} forks a party; load {[round(x, 1) for x in loads]}")
+    rows = {}
+    for tree in trees:
+        rows[tree] = {}
+        for m in (0, 1):
+            f, s2 = res[tree][m]["first"], res[tree][m]["second"]
+            rows[tree][m] = {"first_median_s": statistics.median(f), "second_median_s": statistics.median(s2),
+                             "first_all_s": f, "second_all_s": s2}
+            print(f"{tree} party {m}: forked child's handler {statistics.median(f) * 1e3:6.1f} ms median "
+                  f"(min {min(f) * 1e3:.1f}); the same message again in that process {statistics.median(s2) * 1e3:6.1f} ms")
+    out = Path(args.out or Path(__file__).parent / "results" / "bench_message_fork.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "loadavg_1min": loads,
+                               "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    import shutil
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dataset", default="a9a")
+    ap.add_argument("--fork", action="store_true", help="the train handler in processes forked as the warm "
+                    "executor forks them (a9a), instead of the stages of a fresh interpreter")
+    ap.add_argument("--forks", type=int, default=6, help="--fork: children per party per repetition")
+    ap.add_argument("--app-dir", action="append", default=None, help="--fork: a flower-vfl tree (repeatable)")
+    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "a9a"))
+    ap.add_argument("--clear-blas-env", action="store_true",
+                    help="--fork: drop $OPENBLAS_THREAD_TIMEOUT from the environment of each tree's process")
+    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.fork:
+        return fork_main(args)
     times = {k: [] for k in STAGES}
     for _ in range(args.reps):
         for name, code in STAGES.items():

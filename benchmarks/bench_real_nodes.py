@@ -45,9 +45,17 @@ same two without our compute.
 
     python -W ignore benchmarks/bench_real_nodes.py --data-dir ../shared/data/a9a --rounds 20 --pairs 2
 
-``PYTHONPATH=/work/ref python benchmarks/bench_real_nodes.py --app-dir /work/ref ...`` measures
-another tree (no split there if it lacks the timing stamps). Every process is started in its own
-session and stopped by its process group at the end.
+``--app-dir T`` submits the app of another flower-vfl tree T (its FAB carries its own
+``flower_vfl``; the deployment, warm executor included, is this tree's; no split there if T lacks
+the timing stamps). Repeated (``--app-dir before --app-dir after``), the trees are compared on the
+one deployment: each pair runs every tree once, in alternated order (A B, B A, ...), each of our
+jobs followed by its own empty-app job; the summary gives, per tree, s/round, the ratio to the
+empty app per mode (``packed-v``: the same packed bytes as our round) and the median per-round split.
+
+    python -W ignore benchmarks/bench_real_nodes.py --data-dir ../shared/data/a9a --rounds 20 --pairs 3 \
+        --repeats 10 --modes packed,packed-v --app-dir /tmp/before --app-dir /tmp/after
+
+Every process is started in its own session and stopped by its process group at the end.
 """
 
 from __future__ import annotations
@@ -203,16 +211,41 @@ def _node_config_str(items: dict) -> str:
     return _node_config(items)
 
 
+#: the empty app's modes whose bytes are our round's: one N-vector down (v, alpha = 1) and one up
+SAME_BYTES = "packed-v"
+ALL_MODES = "tiny,payload,packed,packed-v,payload-state"
+
+
+def _schedule(pairs: int, trees: int) -> list[tuple[int, int]]:
+    """(pair, tree) in the order the jobs run: each pair runs every tree once, the order reversed
+    every other pair (A B, B A, A B ...), each of our jobs followed by its own empty-app job."""
+    out = []
+    for i in range(pairs):
+        order = list(range(trees)) if i % 2 == 0 else list(reversed(range(trees)))
+        out += [(i, k) for k in order]
+    return out
+
+
+def _split_line(split: dict) -> str:
+    keys = ("exchange", "central_compute", "party_compute", "party_process", "delivery", "return")
+    return ", ".join(f"{k} {split[k]:.3f}" for k in keys if k in split)
+
+
 def main(argv=None):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "a9a"))
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--pairs", type=int, default=2, help="(our job, empty app) pairs on the one deployment")
+    ap.add_argument("--pairs", type=int, default=2, help="(our job, empty app) pairs on the one deployment, per tree")
     ap.add_argument("--repeats", type=int, default=20, help="empty-app round trips per mode per job")
+    ap.add_argument("--modes", default=ALL_MODES,
+                    help=f"the empty app's modes (default {ALL_MODES}; {SAME_BYTES}: our round's bytes)")
     ap.add_argument("--idle-poll", type=float, default=0.5)
     ap.add_argument("--flower-pull", action="store_true", help="also the empty app with Flower's send_and_receive")
-    ap.add_argument("--app-dir", default=str(ROOT), help="the flower-vfl tree whose app is submitted")
+    ap.add_argument("--app-dir", action="append", default=None,
+                    help="a flower-vfl tree whose app is submitted (default: this one). Repeat it to compare trees "
+                         "on the one deployment: each pair runs every tree once, in alternated order, each job "
+                         "followed by its own empty-app job (e.g. --app-dir /tmp/before --app-dir /tmp/after)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_real_nodes.json"))
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--gap", type=float, default=0.0,
@@ -223,6 +256,7 @@ def main(argv=None):
                     help="the SuperLink starts a new flwr-serverapp per run (Flower's subprocess isolation) instead "
                          "of forking it from flower-vfl's warm executor (deploy_local's warm_server)")
     args = ap.parse_args(argv)
+    trees = [str(Path(t).resolve()) for t in (args.app_dir or [str(ROOT)])]
 
     from flower_vfl.deploy.local import Processes, deploy_local, _flwr_json  # noqa: F401
     try:
@@ -243,61 +277,65 @@ def main(argv=None):
     rc = {"dataset": "a9a", "num-parties": 2, "max-rounds": args.rounds, "tol": 0.0, "data-dir": data_dir}
     ours, noop, loads = [], [], []
     t_start = time.time()
+    schedule = _schedule(args.pairs, len(trees))
     try:
-        # the deployment, with our first job
-        t0 = time.time()
-        res = deploy_local(work, 2, {**rc, "out-dir": str(work / "ours_0")}, node_configs=nodes,
-                           app_dir=args.app_dir, tls=True, auth=True, processes=procs, timeout=1800,
-                           isolation="warm", idle_poll=args.idle_poll,
-                           **({"warm_server": False} if args.no_warm_server else {}))
-        env = dict(os.environ, FLWR_HOME=str(work / "flwr_home"), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        party_keys = str(work / "party-keys.json")
-        jobs = [("ours", 0, {"exit_code": res["exit_code"], "wall_s": None, "t0": t0})]
-        for i in range(args.pairs):
-            if i:
-                t0 = time.time()
-                out = str(work / f"ours_{i}")
-                r = run_job(procs, work, env, "loopback", Path(args.app_dir),
-                            _node_config_str({**rc, "out-dir": out, "party-keys": party_keys}), work / f"ours_{i}.log")
-                jobs.append(("ours", i, {**r, "t0": t0}))
-            name, k, r = jobs[-1]
-            rep = json.loads((work / f"ours_{i}" / "report.json").read_text())
+        env = None
+        for j, (i, k) in enumerate(schedule):
+            tree = trees[k]
+            t0 = time.time()
+            out = str(work / f"ours_{j}")
+            if j == 0:                # the deployment, with our first job
+                res = deploy_local(work, 2, {**rc, "out-dir": out}, node_configs=nodes,
+                                   app_dir=tree, tls=True, auth=True, processes=procs, timeout=1800,
+                                   isolation="warm", idle_poll=args.idle_poll,
+                                   **({"warm_server": False} if args.no_warm_server else {}))
+                env = dict(os.environ, FLWR_HOME=str(work / "flwr_home"),
+                           FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+                env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+                r = {"exit_code": res["exit_code"], "wall_s": None, "t0": t0}
+            else:
+                r = {**run_job(procs, work, env, "loopback", Path(tree),
+                               _node_config_str({**rc, "out-dir": out, "party-keys": str(work / "party-keys.json")}),
+                               work / f"ours_{j}.log"), "t0": t0}
+            rep = json.loads((Path(out) / "report.json").read_text())
             el = [x["elapsed_s"] for x in rep["rounds"]]
             split = split_rounds(_lines(timing, r["t0"]), args.rounds)
-            ours.append({"s_per_round": _med(np.diff(el[1:]).tolist()) if len(el) > 2 else float("nan"),
+            tag = f"pair {i + 1} tree {k + 1}" if len(trees) > 1 else f"pair {i + 1}"
+            ours.append({"pair": i, "tree": k, "app_dir": tree, "job": j,
+                         "s_per_round": _med(np.diff(el[1:]).tolist()) if len(el) > 2 else float("nan"),
                          "rounds": len(el), "exit_code": r["exit_code"], "job_wall_s": r["wall_s"],
                          "round1_end_s": el[0], "split_s": split})
             if r.get("timeline_s"):
                 ours[-1]["timeline_s"] = r["timeline_s"]
-                print(f"pair {i + 1} ours, s after `flwr run` started: "
-                      + ", ".join(f"{k} {v:.2f}" for k, v in r["timeline_s"].items() if v is not None), flush=True)
+                print(f"{tag} ours, s after `flwr run` started: "
+                      + ", ".join(f"{k_} {v:.2f}" for k_, v in r["timeline_s"].items() if v is not None), flush=True)
             if f_star is not None:
                 ours[-1]["final_gap"] = (rep["rounds"][-1]["objective"] - f_star) / abs(f_star)
-                print(f"pair {i + 1} ours: gap {ours[-1]['final_gap']:.3g} after {len(el)} rounds, "
+                print(f"{tag} ours: gap {ours[-1]['final_gap']:.3g} after {len(el)} rounds, "
                       f"`flwr run` -> finished {r['wall_s'] if r['wall_s'] is not None else float('nan'):.1f} s "
                       f"(round 1 ended {el[0]:.1f} s after the strategy started)", flush=True)
             loads.append(os.getloadavg()[0])
-            print(f"pair {i + 1} ours: {ours[-1]['s_per_round']:.3f} s/round over {len(el)} rounds "
-                  f"(exit {r['exit_code']}; load {loads[-1]:.1f}); split {json.dumps({k: round(v, 3) for k, v in split.items()})}",
+            ours[-1]["load_1min"] = loads[-1]
+            print(f"{tag} ours ({tree}): {ours[-1]['s_per_round']:.3f} s/round over {len(el)} rounds "
+                  f"(exit {r['exit_code']}; load {loads[-1]:.1f}); split {json.dumps({k_: round(v, 3) for k_, v in split.items()})}",
                   flush=True)
             pulls = [("ours", PULL_FIRST_S, PULL_MAX_S)] + ([("flower", 0.0, 0.0)] if args.flower_pull else [])
             for label, pf, pm in pulls:
-                f = work / f"noop_{i}_{label}.json"
+                f = work / f"noop_{j}_{label}.json"
                 r = run_job(procs, work, env, "loopback", NOOP_APP,
-                            _node_config_str({"modes": "tiny,payload,packed,packed-v,payload-state", "repeats": args.repeats,
+                            _node_config_str({"modes": args.modes, "repeats": args.repeats,
                                               "warmup": 2, "num-nodes": 2, "pull-first": pf, "pull-max": pm,
-                                              "out-file": str(f)}), work / f"noop_{i}_{label}.log")
+                                              "out-file": str(f)}), work / f"noop_{j}_{label}.log")
                 if not f.exists():
                     raise RuntimeError(f"the empty app wrote no results (exit {r['exit_code']}); see {work}/logs")
                 s = json.loads(f.read_text())
-                noop.append({"pair": i, "pull": label, "job_wall_s": r["wall_s"],
+                noop.append({"pair": i, "tree": k, "job": j, "pull": label, "job_wall_s": r["wall_s"],
                              "round_trip_s": {m: {"median": v["total"]["median"], "mean": v["total"]["mean"]}
                                               for m, v in s["summary_s"].items()},
                              "parts_median_s": {m: {p: v[p]["median"] for p in ("delivery", "handling", "return")}
                                                 for m, v in s["summary_s"].items()}})
                 loads.append(os.getloadavg()[0])
-                print(f"pair {i + 1} empty app ({label} pull): "
+                print(f"{tag} empty app ({label} pull): "
                       + ", ".join(f"{m} {v['median']:.3f}" for m, v in noop[-1]["round_trip_s"].items())
                       + f" s median (load {loads[-1]:.1f})", flush=True)
     finally:
@@ -307,22 +345,44 @@ def main(argv=None):
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"kept {work}")
-    ours_s = [o["s_per_round"] for o in ours]
-    mine = [n for n in noop if n["pull"] == "ours"]
-    ratios = {m: [o / n["round_trip_s"][m]["median"] for o, n in zip(ours_s, mine)] for m in mine[0]["round_trip_s"]}
+    mine = {n["job"]: n for n in noop if n["pull"] == "ours"}
+    modes = list(next(iter(mine.values()))["round_trip_s"])
+    for o in ours:          # each of our jobs against the empty app that ran right after it
+        o["ratio_to_empty_app"] = {m: o["s_per_round"] / mine[o["job"]]["round_trip_s"][m]["median"] for m in modes}
+    per_tree = []
+    for k, tree in enumerate(trees):
+        jobs = [o for o in ours if o["tree"] == k]
+        splits = [o["split_s"] for o in jobs if o["split_s"]]
+        per_tree.append({
+            "app_dir": tree, "s_per_round": [o["s_per_round"] for o in jobs],
+            "ratio_to_empty_app": {m: [o["ratio_to_empty_app"][m] for o in jobs] for m in modes},
+            "ratio_median": {m: _med([o["ratio_to_empty_app"][m] for o in jobs]) for m in modes},
+            "split_median_s": {key: _med([sp[key] for sp in splits if key in sp])
+                               for key in dict.fromkeys(x for sp in splits for x in sp)},
+        })
+    ratios = {m: [o["ratio_to_empty_app"][m] for o in ours] for m in modes}
     result = {
         "benchmark": "real nodes on loopback (TLS, registered keys, warm executor): s/round vs the empty app",
         "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(), *(argv or sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": time.time() - t_start,
         "gap": args.gap or None, "f_star": f_star,
         "config": {**rc, "idle_poll": args.idle_poll, "warm_server": not args.no_warm_server, "pull_first_s": PULL_FIRST_S, "pull_max_s": PULL_MAX_S,
-                   "app_dir": args.app_dir},
-        "ours": ours, "empty_app": noop, "ratio_ours_over_empty_app_median": ratios, "loadavg_1min": loads,
+                   "app_dir": trees[0] if len(trees) == 1 else trees, "modes": args.modes,
+                   "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT")},
+        "ours": ours, "empty_app": noop, "ratio_ours_over_empty_app_median": ratios, "per_tree": per_tree,
+        "loadavg_1min": loads,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print("s/round:", [round(x, 3) for x in ours_s], "ratio to the empty app (same pull):",
-          {m: [round(x, 2) for x in v] for m, v in ratios.items()})
+    for k, t in enumerate(per_tree):
+        name = f"tree {k + 1} ({t['app_dir']})" if len(trees) > 1 else "ours"
+        print(f"{name}: s/round {[round(x, 3) for x in t['s_per_round']]}; ratio to the empty app (same pull): "
+              + "; ".join(f"{m} {[round(x, 2) for x in v]} (median {t['ratio_median'][m]:.2f})"
+                          for m, v in t["ratio_to_empty_app"].items()))
+        if t["split_median_s"]:
+            print(f"{name}: per-round split, median over its jobs of the medians over rounds 2..R (s): "
+                  + _split_line(t["split_median_s"]))
+    print(f"loads {[round(x, 1) for x in loads]}")
     print(f"wrote {args.out}")
 
 
