@@ -13,7 +13,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from flower_vfl import VerticalADMM
-from flower_vfl.core import rounds
+from flower_vfl.core import accel, rounds
 from flower_vfl.privacy import PrivacyConfig
 
 
@@ -98,6 +98,22 @@ def test_theta_stays_where_the_rule_does_not_apply(kw, theta):
     X, y = StandardScaler().fit_transform(X), np.where(y == 1, 1.0, -1.0)
     _, _, th = _fit([X[:, :10], X[:, 10:20], X[:, 20:]], y, 1e-2, 6, **kw)
     assert set(th) == {theta}
+
+
+def test_theta_follows_the_rule_until_anderson_engages_then_stays(monkeypatch):
+    """Anderson behind its stall gate (core/accel.py STALL_RATIO, off by default): the rounds before
+    it engages are plain ones, theta follows the releases there; from the round it engages theta is frozen (the
+    accelerated fixed-point map is that of one theta)."""
+    monkeypatch.setattr(accel, "STALL_RATIO", 0.75)
+    engaged = []
+    orig = accel.Anderson.stalled
+    monkeypatch.setattr(accel.Anderson, "stalled", lambda self, q: engaged.append(orig(self, q)) or engaged[-1])
+    X, y = load_breast_cancer(return_X_y=True)
+    X, y = StandardScaler().fit_transform(X), np.where(y == 1, 1.0, -1.0)
+    _, _, th = _fit([X[:, :10], X[:, 10:20], X[:, 20:]], y, 1e-2, 30, acceleration="anderson")
+    k = engaged.index(True)                 # engaged after round k + 1: th[k] is the next round's theta
+    assert 0 < k < len(th) - 1 and set(th[k:]) == {th[k]}
+    assert th[0] != 1 / 3                   # the rule moved theta in the plain rounds before it
 
 
 def test_a_private_party_keeps_theta_at_one_over_m():

@@ -25,7 +25,8 @@ is not finite), the memory is dropped and the plain ADMM step u+ = T(u) is taken
 of the accelerated iteration (g = 0) is a fixed point of T, i.e. the ADMM solution, so the
 result is unchanged; only the number of rounds is. Both the engine and the Flower strategy call
 the accelerator's ``step(s_list, central)`` (:func:`make_accelerator`) after the central step,
-so the two paths stay identical.
+so the two paths stay identical. With :data:`STALL_RATIO` set, the accelerator under 'auto' /
+'anderson' waits until the plain rounds stall (off by default).
 
 :class:`SpectralRho` is spectral (Barzilai-Borwein) adaptive rho (Xu, Figueiredo & Goldstein
 2017) from the same N-vectors; :class:`Chain` runs it before Anderson. Measured on a9a, breast
@@ -61,6 +62,20 @@ def anderson_bytes(n_rows: int, n_parties: int, n_outputs: int = 1, mem: int = 5
 
 ACCELERATIONS = ("auto", "anderson", "spectral", "anderson+spectral", "none")
 
+#: :class:`Anderson` under 'auto' / 'anderson' engages only once the plain rounds stall: from the
+#: first round after which the primal residual ||q|| has shrunk by less than this factor a round
+#: (ratio >= STALL_RATIO) :data:`STALL_ROUNDS` rounds running; before that the rounds are plain
+#: (the accelerator returns None and touches nothing; its ``engaged`` is False), in which the round
+#: driver adapts theta as in plain rounds (core/rounds.py). None (the default): Anderson from round 1.
+#: Not the default because it is not a win everywhere (benchmarks/anderson_stall.py, 0.75, CPU to a
+#: relative gap of 1e-6, gated / from round 1, median of alternated pairs): a9a L2 0.93, digits
+#: K = 10 0.92, breast cancer 3 x 10 0.79, mixture 0.93, skewed 0.89, but counts 1.04 (14 rounds
+#: instead of 11), Fashion-MNIST's first 10k rows 1.05 (268 instead of 256) and breast cancer 2 x 15
+#: at lam 1e-3 106 rounds instead of 82: its gain is the plain rounds before it engages, Anderson's
+#: tail after a later start is faster or slower by up to ~30 % from one problem to the next.
+STALL_RATIO = None
+STALL_ROUNDS = 2
+
 
 class Anderson:
     """Type-II Anderson acceleration on u = (zeta_1..zeta_M, y) (module docstring).
@@ -73,6 +88,12 @@ class Anderson:
         Tikhonov regularization of the least-squares problem, relative to ||Y||_F^2 / mem.
     safeguard : float, default=10.0
         Reset when ||g|| > safeguard * min ||g|| since the last reset.
+    stall : float or None, default=None
+        The stall gate (:data:`STALL_RATIO`): while ``engaged`` is False, :meth:`step` records the
+        round's ||q|| and returns None (a plain round; nothing is kept, so it costs one N-vector
+        dot) until ||q_k|| >= stall * ||q_{k-1}|| held :data:`STALL_ROUNDS` rounds running; from
+        that round on it is Anderson as without the gate (its first step is the plain one,
+        u = T(u)). None: engaged from round 1.
 
     The history S, Y is stored in float32 once a state vector has ``F32_MIN`` entries or more
     ((M + 1) N: 1 MB a vector; N >= 32,768 rows with 3 parties): 2 mem (M + 1) N * 4 bytes
@@ -89,10 +110,14 @@ class Anderson:
 
     F32_MIN = 1 << 17
 
-    def __init__(self, mem: int = 5, reg: float = 1e-10, safeguard: float = 10.0):
+    def __init__(self, mem: int = 5, reg: float = 1e-10, safeguard: float = 10.0, stall: float | None = None):
         if int(mem) < 1:
             raise ValueError(f"anderson mem={mem!r} must be >= 1")
         self.mem, self.reg, self.safeguard = int(mem), float(reg), float(safeguard)
+        #: the stall gate (:data:`STALL_RATIO`): None, engaged from round 1
+        self.stall = None if stall is None else float(stall)
+        self.engaged = self.stall is None
+        self.r_hist = []         # the plain rounds' ||q||, the last STALL_ROUNDS + 1 (gate only)
         self.u = None            # the state the next round starts from (updated in place)
         self.g = None            # T(u) - u of the last round
         self.du = None           # the last step u+ - u (history dtype)
@@ -111,9 +136,24 @@ class Anderson:
 
     def step(self, s_list, central):
         """The round's acceleration after the central step (engine and strategy call this):
-        sets ``central.y`` to the next round's dual and returns the per-party q_m."""
+        sets ``central.y`` to the next round's dual and returns the per-party q_m; None (a plain
+        round: ``central`` untouched) while the stall gate has not engaged (:meth:`stalled`)."""
+        if not self.engaged and not self.stalled(central.q):
+            return None
         qs, central.y = self.targets(s_list, central.q, central.y, central.theta, central.rho)
         return qs
+
+    def stalled(self, q) -> bool:
+        """The gate (:data:`STALL_RATIO`): record this plain round's primal residual ||q|| (alpha = 1)
+        and engage, for good, once ||q_k|| >= stall * ||q_{k-1}|| held STALL_ROUNDS rounds running."""
+        v = np.ravel(q)
+        with one_blas_thread():
+            r = float(np.sqrt(np.dot(v, v)))
+        self.r_hist = (self.r_hist + [r])[-(STALL_ROUNDS + 1):]
+        h = self.r_hist
+        if len(h) > STALL_ROUNDS and all(h[i + 1] >= self.stall * h[i] for i in range(STALL_ROUNDS)):
+            self.engaged = True
+        return self.engaged
 
     def targets(self, s_list, q, y, theta, rho):
         """After the central step: the per-party residuals q_m and the dual y of the next round.
@@ -198,7 +238,8 @@ class Anderson:
             if val is not None:
                 arrays["aa" + key] = val
         g_min = self.g_min if np.isfinite(self.g_min) else None
-        return arrays, {"k": self.k, "g_min": g_min, "resets": self.resets, "rho": self.rho}
+        return arrays, {"k": self.k, "g_min": g_min, "resets": self.resets, "rho": self.rho,
+                        "engaged": bool(self.engaged), "r_hist": [float(r) for r in self.r_hist]}
 
     def set_state(self, arrays: dict, scalars: dict):
         # own writable copies: u is updated in place (a loaded checkpoint may be read-only);
@@ -212,6 +253,9 @@ class Anderson:
         self.du = None if du is None else np.array(du, copy=True)
         self.k, self.resets, self.rho = int(scalars["k"]), int(scalars["resets"]), scalars["rho"]
         self.g_min = np.inf if scalars["g_min"] is None else float(scalars["g_min"])
+        # a checkpoint from before the stall gate: Anderson ran from round 1
+        self.engaged = bool(scalars.get("engaged", True))
+        self.r_hist = [float(r) for r in scalars.get("r_hist", [])]
 
     def _next(self, Tu):
         """u+ from a whole T(u) (tests, and any caller that has T(u) as one array): the same
@@ -314,12 +358,14 @@ class Anderson:
         m = 0 if gamma is None else gamma.shape[0]
         S = self.S
         scr = self._scratch(m + 1, max(hi - lo for lo, hi in spans))
+        # Delta u+ is formed in du itself when du is float64 (no copy a chunk); g alone is not copied
+        direct = du is not None and du.dtype == np.float64
         for i, (lo, hi) in enumerate(spans):
             w = hi - lo
-            c = scr[m, :w]
             if gamma is None:
-                c[:] = g[lo:hi]
+                c = g[lo:hi]
             else:
+                c = du[lo:hi] if direct else scr[m, :w]
                 if S.dtype == np.float64:    # matmul: BLAS on the strided rows (np.dot copies them)
                     np.matmul(gamma, S[:m, lo:hi], out=c)
                 else:
@@ -328,7 +374,7 @@ class Anderson:
                     np.matmul(gamma, Sc, out=c)
                 np.subtract(g[lo:hi], c, out=c)
             u[lo:hi] += c
-            if du is not None:
+            if du is not None and not (direct and gamma is not None):
                 np.copyto(du[lo:hi], c, casting="same_kind")
             if emit is not None:
                 emit(i, u[lo:hi])
@@ -502,7 +548,7 @@ def make_accelerator(acceleration, central, private, penalty="l2", constrained=F
     non-smooth x-updates ('none' then). ``'spectral'`` (:class:`SpectralRho`) applies when
     alpha = 1, no party is private and the loss is convex, for every penalty;
     ``'anderson+spectral'`` is both where both apply. ``'auto'`` (the default) is 'anderson'
-    for a smooth x-update and 'none' otherwise: spectral rho lost to the plain iteration on
+    (behind its stall gate when :data:`STALL_RATIO` is set) for a smooth x-update and 'none' otherwise: spectral rho lost to the plain iteration on
     a9a and breast cancer with L1 (docs/benchmarks-history.md), and only while Anderson's
     memory is at most :data:`AUTO_ANDERSON_MAX_BYTES` (from N, K and ``n_parties``, default
     ``len(private)``: the engine and the strategy decide alike; the choice is logged on
@@ -528,5 +574,5 @@ def make_accelerator(acceleration, central, private, penalty="l2", constrained=F
     if use_aa and use_sr:
         return Chain(SpectralRho(), Anderson(mem=mem))
     if use_aa:
-        return Anderson(mem=mem)
+        return Anderson(mem=mem, stall=STALL_RATIO)
     return SpectralRho() if use_sr else None

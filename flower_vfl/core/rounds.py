@@ -249,7 +249,9 @@ class RoundDriver:
         """The phases (:func:`private_schedule`) and the accelerator (off with a private party
         or ``stale`` releases: :func:`~flower_vfl.core.accel.make_accelerator`).
 
-        ``adapt_theta``: in plain rounds (no accelerator) of the sharing variant (theta = 1/M,
+        ``adapt_theta``: in plain rounds (no accelerator, or :class:`~flower_vfl.core.accel.Anderson`
+        before its stall gate engages: ``engaged`` False, core/accel.py ``STALL_RATIO``; theta is
+        frozen from the round it engages, as Anderson's fixed-point map needs) of the sharing variant (theta = 1/M,
         alpha = 1), penalty 'l2' without a constraint, with every party non-private and its own
         release seen (not under secure aggregation, no stale release), the damping theta of round
         k + 1 is clip(1 / max_{j <= k} R_j, 1/M, 1), R_j the alignment of round j's releases
@@ -265,7 +267,8 @@ class RoundDriver:
         c, M = self.central, self.num_parties
         # L2 without a constraint only: a new rho / theta costs a prox x-update (L1, elastic net, a
         # constraint) its cached support factorizations (a9a L1: 33 -> 32 rounds, +28 % CPU)
-        self.adapt_theta = bool(adapt_theta and self.acc is None and not any(self.private) and not stale
+        self.adapt_theta = bool(adapt_theta and (self.acc is None or getattr(self.acc, "engaged", True) is False)
+                                and not any(self.private) and not stale
                                 and M >= 2 and c.alpha == 1.0 and c.theta == 1.0 / M
                                 and bool(getattr(penalty_class(penalty), "smooth_quadratic", False))
                                 and not constrained)
@@ -319,7 +322,7 @@ class RoundDriver:
         if SUM in fresh:                  # secure aggregation: the sum of every party of the round
             s_sum, fresh = fresh[SUM], dict.fromkeys(parties)
         else:
-            if self.adapt_theta and len(fresh) == M:
+            if self.adapt_theta and len(fresh) == M and not getattr(self.acc, "engaged", False):
                 a = alignment(fresh, self.last_s, M)
                 if a is not None:
                     self.alignment_max = max(self.alignment_max, a)
@@ -340,7 +343,7 @@ class RoundDriver:
             eps_pri, eps_dual = residuals(r, d, s_sum, c.z, c.y, self.tol, self.tol_abs)
             stop = bool(r <= eps_pri and d <= eps_dual)
         if not stop:
-            if self.adapt_theta and self.alignment_max > 0.0:
+            if self.adapt_theta and self.alignment_max > 0.0 and not getattr(self.acc, "engaged", False):
                 c.theta = next_theta(c.theta, self.alignment_max, M, first=not self.theta_set)
                 self.theta_set = True
             if self.adaptive_rho:
