@@ -101,11 +101,39 @@ def test_nystroem_is_not_written_to_a_model_file(cancer, tmp_path):
 
 
 def test_breast_cancer_nonlinear_defaults_against_linear(cancer):
-    """Default settings, 50 rounds, 143 test rows (one row = 0.007): spline and bins never worse than
-    the linear block by more than 0.002 (measured 0.9510 linear, 0.9510 spline, 0.9580 bins; rff 0.9441,
-    one row worse: not claimed here, docs/party-models.md)."""
+    """Default settings of every feature-map kind (each nests the linear block: the party's own columns
+    beside the map), each fit converged (Boyd's residual rule at tol 1e-6, the bench's 'converged'
+    rows): never worse than the linear block by more than 0.002 test accuracy (143 test rows: one row
+    = 0.007, so: no row lost). Measured (benchmarks/bench_nonlinear.py): linear 0.9510 in 340 rounds,
+    rff 0.9510 (240), spline 0.9510 (288), bins 0.9650 (455). After a fixed 50 rounds a fit is a
+    snapshot of its trajectory (rff there 0.9441; the linear block itself 0.9371 at round 30):
+    docs/party-models.md."""
     B, y, Bt, yt = cancer
-    acc = {pm: np.mean(VerticalADMM(party_model=pm).fit(B, y).predict(Bt) == yt) for pm in ("linear", "spline", "bins")}
+    acc = {pm: np.mean(VerticalADMM(party_model=pm, tol=1e-6, max_rounds=2000).fit(B, y).predict(Bt) == yt)
+           for pm in ("linear", "rff", "spline", "bins")}
+    assert abs(acc["linear"] - 0.9510) < 1e-3, acc
+    assert all(acc[k] >= acc["linear"] - 0.002 for k in ("rff", "spline", "bins")), acc
+
+
+def test_default_rff_gains_on_an_untuned_set():
+    """scikit-learn's make_classification (3000 rows, 20 columns, 10 informative, random_state 0: nobody
+    tuned the maps on it; the bench's 'synthetic' set, here 1200 training rows to stay fast), 2
+    parties, converged fits: the default rff block beats the linear block by far, and the default
+    spline and bins blocks are not worse than linear by more than 0.002. Measured on these 1200 rows
+    (750 test rows): linear 0.7107, rff 0.8720, spline 0.7493, bins 0.7373 (~11 s, rff's 522 dense
+    columns); on the bench's 2250: 0.7333, 0.8947, 0.7573, 0.7560."""
+    from sklearn.datasets import make_classification
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+    X, y = make_classification(n_samples=3000, n_features=20, n_informative=10, random_state=0)
+    y = np.where(y == 1, 1.0, -1.0)
+    tr, te = train_test_split(np.arange(y.size), test_size=0.25, random_state=0, stratify=y)
+    tr = tr[:1200]
+    X = StandardScaler().fit(X[tr]).transform(X)
+    B, Bt = [X[tr, :10], X[tr, 10:]], [X[te, :10], X[te, 10:]]
+    acc = {pm: np.mean(VerticalADMM(party_model=pm, tol=1e-6, max_rounds=2000).fit(B, y[tr]).predict(Bt) == y[te])
+           for pm in ("linear", "rff", "spline", "bins")}
+    assert acc["rff"] >= acc["linear"] + 0.1, acc
     assert acc["spline"] >= acc["linear"] - 0.002 and acc["bins"] >= acc["linear"] - 0.002, acc
 
 
@@ -245,20 +273,25 @@ def fmnist_small():
 
 def test_mlp_blocks_beat_the_linear_route_and_near_the_central_additive_model(fmnist_small):
     """Fashion-MNIST, 3000 training rows, 2000 test rows, left/right halves: MLP blocks by ADMM sharing
-    (10 rounds, 1 epoch a round) beat the linear route (30 rounds) and come within 0.03 of the same
-    additive model trained centrally with torch (10 epochs). Measured: linear 0.7955, ADMM MLP 0.805,
-    central 0.820 (the standard error of a difference of two accuracies on 2000 rows is about 0.009).
-    Deterministic given the seed: a second fit is bitwise the first."""
+    (the kind's defaults: 1 epoch a round, the learning rate decayed by 0.95 a round; 20 rounds) beat
+    the linear route (30 rounds) and come within 0.03 of the same additive model trained centrally
+    with torch (20 epochs, its learning rate decayed to 0: a converged reference, its last epoch).
+    Measured: linear 0.7955, ADMM MLP 0.8165, central 0.8310 (the standard error of a difference of
+    two accuracies on 2000 rows is about 0.009; on all 60000 rows the gap closes: docs/party-models.md).
+    Deterministic given the seed: a second fit's first 3 rounds are bitwise the first fit's."""
     from bench_nonlinear import MLP, central_additive
     B, y, Bt, yt = fmnist_small
     lin = np.mean(VerticalADMM(loss="multinomial", lam=1e-4, max_rounds=30).fit(B, y).predict(Bt) == yt)
-    kw = dict(loss="multinomial", lam=1e-4, max_rounds=10, acceleration="none", variant="sharing-fixed", party_model=MLP)
-    m = VerticalADMM(**kw).fit(B, y)
+    kw = dict(loss="multinomial", lam=1e-4, acceleration="none", variant="sharing-fixed", party_model=MLP)
+    at3 = []
+    m = VerticalADMM(max_rounds=20, callback=lambda k, e: at3.extend(np.copy(c) for c in e.coef_) if k == 3 else None,
+                     **kw).fit(B, y)
     admm = np.mean(m.predict(Bt) == yt)
-    central = central_additive(B, y, Bt, yt, 10, log=lambda s: None)
-    assert admm > lin and central - admm <= 0.03, (lin, admm, central)
-    again = VerticalADMM(**kw).fit(B, y)
-    assert all(np.array_equal(a, b) for a, b in zip(m.coef_, again.coef_))
+    central = central_additive(B, y, Bt, yt, 20, log=lambda s: None)
+    assert abs(lin - 0.7955) < 1e-3 and abs(central - 0.8310) < 0.01, (lin, central)
+    assert admm > lin + 0.01 and central - admm <= 0.03, (lin, admm, central)
+    again = VerticalADMM(max_rounds=3, **kw).fit(B, y)
+    assert len(at3) == 2 and all(np.array_equal(a, b) for a, b in zip(at3, again.coef_))
 
 
 @pytest.mark.parametrize("loss", ["logistic", "multinomial"])
@@ -345,3 +378,31 @@ def test_a_setting_of_another_kind_is_refused_never_ignored():
     assert str(e.value) == ("node config key 'party-model-width'=8 applies to party-model 'mlp' only, and this "
                             "party's party-model is 'rff'; remove 'party-model-width' or set party-model to one of "
                             "those (docs/party-models.md)")
+
+
+def test_mlp_learning_rate_of_round_k_is_lr_times_decay_to_the_k_minus_1(cancer):
+    """The MLP block's round-k learning rate is lr * lr-decay^(k-1), a function of the round counter
+    alone: a party restored from round 2's kept state (a fresh update object, as a Flower party
+    between messages) takes round 3 at 2e-3 * 0.5^2 = 5e-4 and its release equals the uninterrupted
+    update's bitwise; lr-decay 1 keeps the rate constant."""
+    pytest.importorskip("torch")
+    B, y, _, _ = cancer
+    cfg = {"party-model": "mlp", "party-model-width": 8, "party-model-lr": 2e-3, "party-model-lr-decay": 0.5,
+           "party-model-batch": 64}
+    rng = np.random.default_rng(0)
+    targets = [rng.normal(size=y.size) for _ in range(3)]
+
+    def update(c):
+        return block_from_config(c).fit(B[0]).make_update(B[0], 1e-3)
+    a = update(cfg)
+    for k in range(2):
+        a.step(None, None, 1.0, v=targets[k])
+    b = update(cfg)
+    b.set_state(a.get_state())
+    sa, sb = a.step(None, None, 1.0, v=targets[2]), b.step(None, None, 1.0, v=targets[2])
+    assert [g["lr"] for g in b.opt.param_groups] == [2e-3 * 0.5 ** 2]
+    np.testing.assert_array_equal(sa, sb)
+    c = update({**cfg, "party-model-lr-decay": 1.0})
+    for k in range(3):
+        c.step(None, None, 1.0, v=targets[k])
+    assert [g["lr"] for g in c.opt.param_groups] == [2e-3]

@@ -3,9 +3,11 @@
 f_m(D_m; theta) is a ReLU network with K outputs (K = 1 for a scalar loss). The party's x-update
 (eq. 6 with any block) is ``min_theta lam/2 ||theta||^2 + (rho_x/2) ||f_m(D_m; theta) - v||^2``,
 ``rho_x = rho / theta_damping`` (the variant's proximal term), solved inexactly: ``epochs`` passes
-of Adam over minibatches, warm-started from the last round's network and optimizer state. It is
-deterministic given ``party-model-seed``: the initialization from ``torch.manual_seed`` inside a
-forked RNG, the minibatch order from a generator seeded by (seed, round), one thread.
+of Adam over minibatches, warm-started from the last round's network and optimizer state, at the
+learning rate ``lr * lr_decay^(k-1)`` in round k (a function of the round counter alone, so the
+inexact solves settle as the rounds go). It is deterministic given ``party-model-seed``: the
+initialization from ``torch.manual_seed`` inside a forked RNG, the minibatch order from a generator
+seeded by (seed, round), one thread.
 
 Non-private parties only (:func:`flower_vfl.core.blocks.block_from_config` refuses a private one by
 name): no accountant here covers a network's training.
@@ -133,7 +135,7 @@ class _Solver:
 class MLPUpdate(Releases):
     """The x-update of an MLP party (the release interface of :class:`~flower_vfl.core.party.PartyUpdate`:
     ``train_release``, ``commit``, ``penalty_value``, ``x``, ``s``): a few warm-started Adam epochs
-    toward v each round."""
+    toward v each round, the learning rate decayed by ``party-model-lr-decay`` a round."""
 
     def __init__(self, block, D, lam, n_outputs=1):
         torch = torch_or_refuse()
@@ -145,7 +147,8 @@ class MLPUpdate(Releases):
         s = block.settings
         self.epochs, self.batch = int(s["party-model-epochs"]), int(s["party-model-batch"])
         self.seed = int(s["party-model-seed"])
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=float(s["party-model-lr"]))
+        self.lr, self.lr_decay = float(s["party-model-lr"]), float(s.get("party-model-lr-decay", 1.0))
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=self.lr)
         self.solver = _Solver(self, lam)
         shape = (self.n,) if self.K == 1 else (self.n, self.K)
         self.s = np.zeros(shape)
@@ -178,6 +181,9 @@ class MLPUpdate(Releases):
         wd = self.lam / (rho_x * self.n)
         self.rounds += 1
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rounds)
+        if self.lr_decay != 1.0:        # the round's learning rate: a function of the round counter alone
+            for g in self.opt.param_groups:
+                g["lr"] = self.lr * self.lr_decay ** (self.rounds - 1)
         with _one_thread(torch):
             for _ in range(self.epochs):
                 perm = torch.randperm(self.n, generator=gen)
