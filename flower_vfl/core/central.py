@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from flower_vfl.core.losses import MultinomialLoss
-from flower_vfl.core.multinomial import multinomial_newton
+from flower_vfl.core.multinomial import CENTRAL_RTOL, multinomial_newton
 from flower_vfl.core.xsolve import one_blas_thread
 
 __all__ = ["CentralUpdate", "residuals"]
@@ -63,7 +63,7 @@ class CentralUpdate:
         if isinstance(loss, MultinomialLoss):   # joint (z, b) Newton, O(N K) per iteration
             work = self.__dict__.setdefault("_mn_work", {})
             w, self.b = multinomial_newton(a_hat, y, t, rho, n, self.z + self.b, self.b,
-                                           p0=self._softmax_from_dual(work), work=work)
+                                           p0=self._softmax_from_dual(work), work=work, rtol=CENTRAL_RTOL)
             return w - self.b
         c = a_hat.mean(axis=0) + y.sum(axis=0) / (rho * n)
         b = self.b.copy()
