@@ -7,6 +7,7 @@ Cases (engine = VerticalADMM with its defaults, tol=0; logistic with an intercep
   sparse    1M x (100, 200, 300) binary at 5 % (_synth.sparse_binary)    tuned on (theta rule)
   digits    scikit-learn's digits / 16, multinomial K = 10, 2 x 32 columns, lam 1e-4
   fmnist    Fashion-MNIST multinomial, K = 10, 60000 x (2 x 392), pixels in [0, 1], lam 1e-4
+            (--fmnist-rows 10000: its first 10,000 rows)
   skewed    100k x (40, 60) log-normal skewed, correlated columns (_synth.dense_skewed)     NOT tuned on
   mixture   20k x (30, 30), 5 classes, Student-t noise, multinomial (_synth.multiclass_mixture)  NOT tuned on
   counts    150k x (500, 1500) sparse log-counts, Zipf columns (_synth.sparse_counts)     NOT tuned on
@@ -71,8 +72,9 @@ def objective(X, y, coef, intercept, lam, penalty, multinomial):
     return float(loss + reg)
 
 
-def load(name, quick):
-    """dict: blocks, y, lam, penalty, multinomial, engine round cap."""
+def load(name, quick, fmnist_rows=0):
+    """dict: blocks, y, lam, penalty, multinomial, engine round cap (``fmnist_rows``: the first that
+    many Fashion-MNIST training rows; 0: all 60000, or 10000 with ``quick``)."""
     c = dict(lam=1e-4, penalty="l2", multinomial=False, cap=300)
     if name in ("a9a-l2", "a9a-l1"):
         tr, y = C.load_a9a()[:2]
@@ -89,10 +91,11 @@ def load(name, quick):
     elif name == "fmnist":
         from flower_vfl.datasets import load_fashion_mnist
         X, y = load_fashion_mnist()[:2]        # pixels already scaled to [0, 1]
-        if quick:
-            X, y = X[:10_000], y[:10_000]
+        rows = fmnist_rows or (10_000 if quick else 0)
+        if rows:
+            X, y = X[:rows], y[:rows]
         c.update(blocks=[np.ascontiguousarray(X[:, :392]), np.ascontiguousarray(X[:, 392:])],
-                 y=np.asarray(y), multinomial=True, cap=300)
+                 y=np.asarray(y), multinomial=True, cap=500)     # 1e-6: ~260-300 rounds
     elif name == "skewed":
         B, y = _synth.dense_skewed(n_rows=20_000 if quick else 100_000)
         c.update(blocks=B, y=y)
@@ -175,9 +178,12 @@ def load1() -> float:
         return float(fh.read().split()[0])
 
 
-def run_case(name, gaps, quick, pairs, peer_cap, reference=None, only=None, ref_iters=None):
+def run_case(name, gaps, quick, pairs, peer_cap, reference=None, only=None, ref_iters=None, fmnist_rows=0):
     """One case's rows (one per gap): the engine and every peer (``only``: those), alternated."""
-    c = load(name, quick)
+    c = load(name, quick, fmnist_rows)
+    if reference and reference.get("n_rows") not in (None, int(c["y"].size)):
+        print(f"{name}: --reference holds {reference['n_rows']} rows, this run {c['y'].size}: not used", flush=True)
+        reference = None
     if only is not None:
         for s in [s for s in c["solvers"] if s not in only]:
             c["solvers"].remove(s)
@@ -252,7 +258,8 @@ def table(rows):
     lines = ["| case | gap | engine rounds | engine CPU s | peer: iterations, CPU s, ratio min / median | "
              "vs the fastest peer | load (1 min) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        tag = r["case"] + (" (untuned)" if r["untuned"] else "")
+        tag = r["case"] + (f", {r['n_rows']:,} rows" if r["case"] == "fmnist" and r["n_rows"] < 60000 else "")
+        tag += " (untuned)" if r["untuned"] else ""
         if r.get("engine_cpu_s") is None:
             lines.append(f"| {tag} | {r['target_gap']:g} | not reached in {r['engine_rounds']} | - | - | - | - |")
             continue
@@ -280,6 +287,8 @@ def main(argv=None):
                     help="only these peers (comma-separated), e.g. lbfgs,newton-cg for Fashion-MNIST, where a "
                          "sag/saga search takes hours; the others are listed as not run")
     ap.add_argument("--quick", action="store_true", help="smaller sets, for development only (no file written)")
+    ap.add_argument("--fmnist-rows", type=int, default=0,
+                    help="fmnist: the first that many training rows (e.g. 10000; 0: all 60000); the row records it")
     ap.add_argument("--out", default=str(C.RESULTS / "bench_vs_sklearn.json"))
     ap.add_argument("--reference", default=None,
                     help="an earlier result file of this script: per case, its f* reference objective and its "
@@ -292,7 +301,7 @@ def main(argv=None):
     if args.reference:
         with open(args.reference) as fh:
             for r in json.load(fh)["rows"]:
-                e = refs.setdefault(r["case"], {"f_ref": r["f_star"], "peer_iters": {}})
+                e = refs.setdefault(r["case"], {"f_ref": r["f_star"], "peer_iters": {}, "n_rows": r.get("n_rows")})
                 e["f_ref"] = min(e["f_ref"], r["f_star"])
                 iters = r["peer_iters"]
                 if not isinstance(iters, dict):     # a file of the earlier one-peer layout
@@ -307,7 +316,8 @@ def main(argv=None):
     with limit:
         for n in args.cases.split(","):
             rows += run_case(n, gaps, args.quick, args.pairs, args.peer_cap_s, refs.get(n),
-                             None if args.solvers is None else args.solvers.split(","), args.ref_iters)
+                             None if args.solvers is None else args.solvers.split(","), args.ref_iters,
+                             args.fmnist_rows)
             out["rows"] = rows
             if not args.quick:      # after every case: a long run keeps what it measured
                 with open(args.out, "w") as fh:
