@@ -84,7 +84,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("party-model-layers", int, 1, ("mlp",), "hidden layers", lo=1, hi=16),
     Setting("party-model-epochs", int, 1, ("mlp",), "local epochs toward v per round (warm-started)", lo=1, hi=1000),
     Setting("party-model-lr", float, 1e-3, ("mlp",), "Adam learning rate of the local epochs (of round 1)", lo=0.0),
-    Setting("party-model-lr-decay", float, 0.95, ("mlp",), "the learning rate of round k is lr * lr-decay^(k-1) "
+    Setting("party-model-lr-decay", float, 0.97, ("mlp",), "the learning rate of round k is lr * lr-decay^(k-1) "
             "(1 = constant)", lo=0.0, hi=1.0),
     Setting("party-model-batch", int, 256, ("mlp",), "minibatch size of the local epochs", lo=1),
 )}
