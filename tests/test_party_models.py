@@ -38,6 +38,28 @@ def test_feature_map_block_equals_the_linear_route_on_the_mapped_columns(cancer,
     np.testing.assert_allclose(f, g, rtol=0, atol=1e-9)
 
 
+def test_mlp_block_is_a_party_block_with_its_identity_map_and_the_same_meta(cancer):
+    """The network block (core/blocks_mlp.py) subclasses the base PartyBlock (core/block_base.py,
+    re-exported by core/blocks.py): its map is the base's identity (the very same array), its model
+    file entry is the base's plus its outputs, key for key, and it is rebuilt from it unchanged."""
+    from flower_vfl.core.block_base import PartyBlock as Base
+    from flower_vfl.core.blocks import PartyBlock, block_from_meta
+    from flower_vfl.core.blocks_mlp import MLPBlock
+    B, _, _, _ = cancer
+    b = block_from_config({"party-model": "mlp", "party-model-width": 8})
+    assert PartyBlock is Base and type(b) is MLPBlock and isinstance(b, PartyBlock)
+    assert b.fit_features(B[0]) is B[0] and b.d_in == B[0].shape[1] == 15
+    settings = {"party-model-batch": 256, "party-model-epochs": 1, "party-model-layers": 1, "party-model-lr": 1e-3,
+                "party-model-lr-decay": 0.97, "party-model-seed": 0, "party-model-width": 8}
+    meta = b.to_meta()
+    assert list(meta) == ["kind", "settings", "d_in", "n_out"]
+    assert meta == {"kind": "mlp", "settings": settings, "d_in": 15, "n_out": 1}
+    assert b.describe() == "mlp (batch=256, epochs=1, layers=1, lr=0.001, lr-decay=0.97, seed=0, width=8)"
+    back = block_from_meta({**meta, "n_out": 3})
+    assert (type(back), back.d_in, back.n_out, back.settings) == (MLPBlock, 15, 3, settings)
+    assert (b.unit_rows, b.data_independent, b.nonlinear) == (False, True, True)
+
+
 def test_linear_party_model_is_bitwise_todays_block(cancer):
     B, y, _, _ = cancer
     a = VerticalADMM(max_rounds=20).fit(B, y)

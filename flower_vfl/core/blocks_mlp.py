@@ -20,6 +20,7 @@ import contextlib
 import numpy as np
 import scipy.sparse as sp
 
+from flower_vfl.core.block_base import PartyBlock
 from flower_vfl.core.party import Releases, x_update_target
 
 __all__ = ["MLPBlock", "MLPUpdate", "torch_or_refuse"]
@@ -53,29 +54,17 @@ def _network(torch, d_in, width, layers, n_out, seed):
         return torch.nn.Sequential(*mods)
 
 
-class MLPBlock:
-    """The 'mlp' kind (:class:`~flower_vfl.core.blocks.PartyBlock`'s interface): no feature map; the
-    party's update is :class:`MLPUpdate`, its prediction the network's forward pass."""
+class MLPBlock(PartyBlock):
+    """The 'mlp' kind: no feature map (:class:`~flower_vfl.core.block_base.PartyBlock`'s identity
+    ``fit`` / ``features``); the party's update is :class:`MLPUpdate`, its prediction the network's
+    forward pass."""
 
     kind = "mlp"
-    data_independent = True
-    unit_rows = False
     nonlinear = True
 
     def __init__(self, settings):
-        self.settings = dict(settings)      # every mlp setting, defaults filled (core/blocks.py)
-        self.d_in = None
+        super().__init__(settings)      # every mlp setting, defaults filled (core/blocks.py)
         self.n_out = 1
-
-    def fit(self, D):
-        self.d_in = int(D.shape[1])
-        return self
-
-    def features(self, D):
-        return D
-
-    def fit_features(self, D):
-        return self.fit(D).features(D)
 
     def net(self, n_out=None):
         torch = torch_or_refuse()
@@ -98,7 +87,7 @@ class MLPBlock:
         return out[:, 0] if self.n_out == 1 else out
 
     def to_meta(self) -> dict:
-        return {"kind": self.kind, "settings": dict(self.settings), "d_in": self.d_in, "n_out": self.n_out}
+        return {**super().to_meta(), "n_out": self.n_out}
 
     def describe(self) -> str:
         """The kind and every setting (what the party tells the central node at identify)."""
