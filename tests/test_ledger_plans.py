@@ -57,3 +57,65 @@ def test_ledger_shows_a_stuck_reservation_and_releases_it(tmp_path, capsys, coun
     from flower_vfl.clients.source import declared_source
     src = declared_source(ncs[101], rc, 1).key
     assert party_store(state).reserved_events(src) == [] and spent(ncs[101], rc) == made
+
+
+def test_a_lapse_stands_when_the_new_plan_is_refused(tmp_path, capsys, monkeypatch):
+    """Plan of run 7 (3 releases, 1 made) idles past dp-plan-expiry; a new plan of run 8 that the
+    budget cannot afford is refused by name, and the ledger (store and ``flower-vfl ledger``) lists
+    plan 7 as 'lapsed' with nothing reserved: the refusal's rollback no longer undoes the lapse.
+    The clock is the store's, moved by hand (no sleeping)."""
+    import types
+
+    from flower_vfl.privacy import store as store_mod
+    from flower_vfl.privacy.ledger import Budget, BudgetReserved, Ledger, PlanUnaffordable
+    from flower_vfl.privacy.store import PartyStore
+
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(store_mod, "time", types.SimpleNamespace(
+        time=lambda: clock[0], monotonic=store_mod.time.monotonic, sleep=store_mod.time.sleep,
+        strftime=store_mod.time.strftime))
+    store = PartyStore(tmp_path)
+    led = Ledger(store, "src", Budget(1.0, 1e-5), party_id=1)
+    z, expiry = 10.0, 60.0
+    plan, how = led.admit("7", train=2, eval=1, noise_multiplier=z, expiry=expiry)
+    assert (how, plan.status, plan.reserved_events()) == ("new", "open", [("gaussian", z)] * 3)
+    led.commit("7", 1, "train", "h", unit="column", noise_multiplier=z, sigma=z, sensitivity=1.0, payload={})
+    made = epsilon_for_events([("gaussian", z)], 1e-5, "exact")
+    assert led.spent() == pytest.approx(made, rel=1e-12)
+
+    # within the expiry, run 8's plan of 10 is refused because run 7's reservation holds: nothing changes
+    clock[0] += 10.0
+    with pytest.raises(BudgetReserved, match=r"its budget is reserved by run 7 \(1 of 3 planned releases made\)"):
+        led.admit("8", train=10, eval=0, noise_multiplier=z, expiry=expiry)
+    assert [(p.plan, p.status) for p in store.plans("src")] == [("7", "open")]
+    assert store.reserved_events("src") == [("gaussian", z)] * 2
+
+    # past it, run 7 lapses; run 8's plan still does not fit beside the one release made: refused
+    clock[0] += 100.0
+    after = epsilon_for_events([("gaussian", z)] * 11, 1e-5, "exact")
+    with pytest.raises(PlanUnaffordable) as refused:
+        led.admit("8", train=10, eval=0, noise_multiplier=z, expiry=expiry)
+    assert str(refused.value) == (
+        f"party 1 refuses run 8: its plan of 10 release(s) would bring its total to ε={after:.4g}, above the budget "
+        f"ε=1 (δ=1e-05, method='exact'); already spent ε={made:.4g} over 1 release(s)")
+    # the lapse is durable: a fresh connection (another process) sees it, nothing is reserved, run 8 has no plan
+    again = PartyStore(tmp_path)
+    for s in (store, again):
+        assert [(p.plan, p.status, p.made) for p in s.plans("src")] == [("7", "lapsed", 1)]
+        assert s.reserved_events("src") == [] and s.plan_of("src", "8") is None
+        assert [(e.run, e.round, e.kind) for e in s.entries("src")] == [("7", 1, "train")]
+    again.close()
+    planned = epsilon_for_events([("gaussian", z)] * 3, 1e-5, "exact")
+    assert main(["ledger", "--state-dir", str(tmp_path)]) == 0
+    assert _lines(capsys) == [
+        f"party store {tmp_path}/party.sqlite",
+        f"  src, party 1: budget ε=1.0 δ=1e-05 (exact); 1 releases over 1 run(s); spent ε={made:.4g}, "
+        f"left ε={1.0 - made:.4g}",
+        "    run 7: 1 training, 0 model release(s)",
+        f"    plan run 7 (runs 7): lapsed; 1 of 3 release(s) made, 0 reserved; ε={planned:.4g} planned, "
+        f"ε={made:.4g} spent; last activity <time>"]
+    # a plan that fits beside the made release is admitted on the budget the lapse gave back
+    plan, how = led.admit("9", train=3, eval=0, noise_multiplier=z, expiry=expiry)
+    assert (how, plan.status) == ("new", "open")
+    assert store.reserved_events("src") == [("gaussian", z)] * 3
+    assert [(p.plan, p.status) for p in store.plans("src")] == [("7", "lapsed"), ("9", "open")]

@@ -814,8 +814,9 @@ class PartyStore:
         is re-checked, since a plan can never release more than it planned) or ``'new'`` (a plan of
         ``train`` + ``eval`` releases at ``noise_multiplier``, reserved now). Before a new plan,
         ``decide(entries, blocking)`` gets every release on the source and the open plans, and raises
-        to refuse (nothing written). Open plans without a release or identify for ``expiry`` seconds
-        lapse first (their unmade releases are no longer reserved)."""
+        to refuse (no plan written). Open plans without a release or identify for ``expiry`` seconds
+        lapse first (their unmade releases are no longer reserved), and that lapse stands when
+        ``decide`` refuses: the ledger then lists them as 'lapsed', as ``decide`` saw them."""
         with disk_errors(self.path, "reserve a plan in the party's ledger"):
             db, run = self._db, str(run)
             db.execute("BEGIN IMMEDIATE")
@@ -836,7 +837,7 @@ class PartyStore:
                 if plan is None:
                     how = "new"
                     if decide is not None:
-                        decide(self.entries(source), self._plan_rows(source, "AND status='open'"))
+                        self._decide_keeping_lapses(db, decide, source)
                     db.execute("INSERT INTO plans VALUES (?,?,?,?,?,?,?,?,?,?)",
                                (source, run, secrets.token_hex(8), str(mechanism), float(noise_multiplier), int(train),
                                 int(eval), "open", now, now))
@@ -850,6 +851,27 @@ class PartyStore:
                     db.execute("ROLLBACK")
                 raise
         return plan, how
+
+    def _decide_keeping_lapses(self, db, decide, source):
+        """``decide`` on a new plan, inside :meth:`admit_plan`'s transaction; on its refusal, only the
+        new plan is rolled back (nothing of it is written yet: the savepoint says so) and the lapses
+        made before it are committed, then the refusal is raised.
+
+        Crash safety: this transaction writes no release, so none can be lost here (a release and its
+        plan's activity are charged in :meth:`commit_release`'s own transaction). SQLite commits the
+        lapse, with or without the new plan, atomically (WAL, synchronous=FULL): a crash leaves either
+        the plans before this call (the next admit lapses them again: the lapse depends only on the
+        clock and each plan's last activity) or after it, never half. A plan's unmade releases count as
+        reserved only while it is 'open', and one UPDATE moves it to 'lapsed', so no reservation is
+        counted twice nor counted by a lapsed plan, and the refused plan reserves nothing."""
+        db.execute("SAVEPOINT new_plan")
+        try:
+            decide(self.entries(source), self._plan_rows(source, "AND status='open'"))
+        except Exception:
+            db.execute("ROLLBACK TO new_plan")
+            db.execute("COMMIT")        # the lapses stand on their own; a failed COMMIT rolls back in the caller
+            raise
+        db.execute("RELEASE new_plan")
 
     def release_plan(self, source, plan) -> bool:
         """The party's operator gives up the reservation of ``plan`` (its releases stay charged)."""
