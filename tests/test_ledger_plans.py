@@ -119,3 +119,52 @@ def test_a_lapse_stands_when_the_new_plan_is_refused(tmp_path, capsys, monkeypat
     assert (how, plan.status) == ("new", "open")
     assert store.reserved_events("src") == [("gaussian", z)] * 3
     assert [(p.plan, p.status) for p in store.plans("src")] == [("7", "lapsed"), ("9", "open")]
+
+
+def test_a_lapsed_plan_is_resumed_only_if_its_unmade_releases_fit_again(tmp_path, monkeypatch):
+    """A lapsed plan gave up its reservation; a resume that names its token (the server holds it)
+    must not reopen it when another plan took that budget since: its resume would stop part-way,
+    its releases spent without a model. It reopens when its unmade releases fit again."""
+    import types
+
+    from flower_vfl.privacy import store as store_mod
+    from flower_vfl.privacy.ledger import Budget, BudgetReserved, Ledger
+    from flower_vfl.privacy.store import PartyStore
+
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(store_mod, "time", types.SimpleNamespace(
+        time=lambda: clock[0], monotonic=store_mod.time.monotonic, sleep=store_mod.time.sleep,
+        strftime=store_mod.time.strftime))
+    store = PartyStore(tmp_path)
+    budget = Budget(1.0, 1e-5)
+    led = Ledger(store, "src", budget, party_id=1)
+    z, expiry = 10.0, 60.0
+    # how many releases at z the budget affords (the accountant's own figure, not a constant)
+    fits = max(k for k in range(1, 400) if epsilon_for_events([("gaussian", z)] * k, 1e-5, "exact") <= 1.0)
+    plan7, _ = led.admit("7", train=fits - 1, eval=1, noise_multiplier=z, expiry=expiry)
+    led.commit("7", 1, "train", "h", unit="column", noise_multiplier=z, sigma=z, sensitivity=1.0, payload={})
+    clock[0] += 100.0                        # plan 7 lapses; run 8 takes all the budget left
+    plan8, how8 = led.admit("8", train=fits - 1, eval=0, noise_multiplier=z, expiry=expiry)
+    assert how8 == "new" and [(p.plan, p.status) for p in store.plans("src")] == [("7", "lapsed"), ("8", "open")]
+
+    held = epsilon_for_events([("gaussian", z)] * fits, 1e-5, "exact")
+    after = epsilon_for_events([("gaussian", z)] * (2 * fits - 1), 1e-5, "exact")
+    made = epsilon_for_events([("gaussian", z)], 1e-5, "exact")
+    with pytest.raises(BudgetReserved) as refused:
+        led.admit("9", train=fits - 1, eval=1, noise_multiplier=z, token=plan7.token, expiry=expiry)
+    assert str(refused.value) == (
+        f"party 1 refuses run 9: its budget is reserved by run 8 (0 of {fits - 1} planned releases made). With "
+        f"that reservation ε={held:.4g} of its budget ε=1 is taken (δ=1e-05, method='exact'; spent ε={made:.4g}), "
+        f"and the lapsed plan of run 7 it resumes (1 of {fits} planned releases made, {fits - 1} left; its "
+        f"reservation was given up when it lapsed) would bring it to ε={after:.4g}. Wait for that run to end, or "
+        "resume it (resume='<its state-dir>'); a reservation whose run made no release or identify for "
+        "dp-plan-expiry=60 s (the party's node config) lapses")
+    # nothing of the refused resume is written: plan 7 stays lapsed, run 9 has no plan
+    assert [(p.plan, p.status) for p in store.plans("src")] == [("7", "lapsed"), ("8", "open")]
+    assert store.plan_of("src", "9") is None
+
+    # once plan 8 is released by the operator, the same resume reopens plan 7 with its releases made
+    assert store.release_plan("src", plan8.plan)
+    plan, how = led.admit("9", train=fits - 1, eval=1, noise_multiplier=z, token=plan7.token, expiry=expiry)
+    assert (how, plan.plan, plan.status, plan.made) == ("continued", "7", "open", 1)
+    assert store.reserved_events("src") == [("gaussian", z)] * (fits - 1)

@@ -19,7 +19,7 @@ No Flower imports.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flower_vfl.privacy.accounting import (
     check_delta,
@@ -188,25 +188,34 @@ class Ledger:
     def admit(self, run, *, train: int, eval: int, noise_multiplier: float, mechanism="gaussian", token=None,
               expiry=PLAN_EXPIRY) -> tuple[Plan, str]:
         """Admit the Flower run ``run``: its plan of ``train`` + ``eval`` releases at ``noise_multiplier``
-        is reserved, or the plan ``token`` names is continued (a resume: its releases, its allowance,
-        nothing re-checked), or the run was admitted before. Returns ``(plan, how)``
+        is reserved, or the plan ``token`` names is continued (a resume: its releases, its allowance;
+        re-checked only when the plan had lapsed, since its reservation was given up then), or the
+        run was admitted before. Returns ``(plan, how)``
         (:meth:`PartyStore.admit_plan`). A new plan that does not fit beside the releases made and
         the other open plans is refused: :class:`BudgetReserved` naming the runs that hold the
         reservations, or :class:`PlanUnaffordable` when nothing is reserved."""
         b, n = self.budget, int(train) + int(eval)
         new = [(mechanism, float(noise_multiplier))] * n
 
-        def decide(entries, open_plans):
+        def decide(entries, open_plans, reopen=None):
+            # reopen: a lapsed plan a resume continues; what must fit again is its unmade releases
+            if reopen is None:
+                ask, what, this = new, f"its plan of {n} release(s)", f"this run's plan of {n} release(s)"
+            else:
+                ask = replace(reopen, status="open").reserved_events()
+                what = this = (f"the lapsed plan of run {reopen.plan} it resumes ({reopen.made} of "
+                               f"{reopen.train + reopen.eval} planned releases made, {len(ask)} left; its "
+                               "reservation was given up when it lapsed)")
             events = _events(entries)
             reserved = [e for p in open_plans for e in p.reserved_events()]
-            after = epsilon_for_events(events + reserved + new, b.delta, b.accountant)
+            after = epsilon_for_events(events + reserved + ask, b.delta, b.accountant)
             if after <= b.epsilon * (1.0 + _RTOL):
                 return
             spent = epsilon_for_events(events, b.delta, b.accountant)
             holders = [p for p in open_plans if p.reserved_events()]
             if not holders:
                 raise PlanUnaffordable(
-                    f"party {self.party_id!r} refuses run {run}: its plan of {n} release(s) would bring its total to "
+                    f"party {self.party_id!r} refuses run {run}: {what} would bring its total to "
                     f"ε={after:.4g}, above the budget ε={b.epsilon:g} (δ={b.delta:g}, method={b.accountant!r}); "
                     f"already spent ε={spent:.4g} over {len(entries)} release(s)")
             held = epsilon_for_events(events + reserved, b.delta, b.accountant)
@@ -215,7 +224,7 @@ class Ledger:
             raise BudgetReserved(
                 f"party {self.party_id!r} refuses run {run}: its budget is reserved by {names}. With that "
                 f"reservation ε={held:.4g} of its budget ε={b.epsilon:g} is taken (δ={b.delta:g}, "
-                f"method={b.accountant!r}; spent ε={spent:.4g}), and this run's plan of {n} release(s) would "
+                f"method={b.accountant!r}; spent ε={spent:.4g}), and {this} would "
                 f"bring it to ε={after:.4g}. Wait for that run to end, or resume it (resume='<its state-dir>'); "
                 f"a reservation whose run made no release or identify for dp-plan-expiry={float(expiry):g} s "
                 "(the party's node config) lapses")

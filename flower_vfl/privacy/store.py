@@ -810,8 +810,10 @@ class PartyStore:
 
         ``how`` is ``'attached'`` (the run was admitted before: identify re-sent, a later message),
         ``'continued'`` (``token`` names one of this source's plans, ``'<plan>#<ticket>'``, as its
-        identify reply gave it: a resume continues that plan, its releases and its allowance; nothing
-        is re-checked, since a plan can never release more than it planned) or ``'new'`` (a plan of
+        identify reply gave it: a resume continues that plan, its releases and its allowance; an open
+        plan is not re-checked, since a plan can never release more than it planned; a lapsed one
+        gave up its reservation, so ``decide(entries, blocking, reopen=plan)`` must accept its unmade
+        releases again before it reopens) or ``'new'`` (a plan of
         ``train`` + ``eval`` releases at ``noise_multiplier``, reserved now). Before a new plan,
         ``decide(entries, blocking)`` gets every release on the source and the open plans, and raises
         to refuse (no plan written). Open plans without a release or identify for ``expiry`` seconds
@@ -831,9 +833,15 @@ class PartyStore:
                     found = self._plan_rows(source, "AND plan=? AND ticket=?", (name, ticket)) if name else []
                     if found:
                         how, plan = "continued", found[0]
-                        db.execute("INSERT INTO plan_runs VALUES (?,?,?,?)", (source, run, plan.plan, now))
                         if plan.status == "lapsed":
+                            # its reservation was given up when it lapsed: other plans may have taken
+                            # that budget since, so its unmade releases must fit again before it reopens
+                            # (else its resume would stop part-way, its releases spent without a model)
+                            if decide is not None and not plan.complete:
+                                lapsed = plan
+                                self._decide_keeping_lapses(db, lambda e, o: decide(e, o, reopen=lapsed), source)
                             db.execute("UPDATE plans SET status='open' WHERE source=? AND plan=?", (source, plan.plan))
+                        db.execute("INSERT INTO plan_runs VALUES (?,?,?,?)", (source, run, plan.plan, now))
                 if plan is None:
                     how = "new"
                     if decide is not None:
