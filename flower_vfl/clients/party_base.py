@@ -161,7 +161,40 @@ class PartyClient(PartyBase):
 
     def _answer(self, content, context, kind, rnd, compute):
         sa = self._secagg(content)
-        return compute() if sa is None else sa.masked_answer(content, context, kind, rnd, compute)
+        self._mask_digest = None
+        if sa is None:
+            return compute()
+        out = sa.masked_answer(content, context, kind, rnd, compute, history=self._history(context, kind, rnd))
+        self._mask_digest = sa.mask_digest
+        return out
+
+    def _history(self, context: Context, kind: str, rnd: int):
+        """What a non-private party's masked answer is bound to besides the broadcast: the history of the
+        broadcasts its state comes from (hex; "": none). Parties in one sum must share it, so a central node
+        that fed one party another broadcast once (a garbage sum, but that party's state moved), or resumed
+        parties from different runs' tokens, gets no sum of parties whose states differ: two such sums
+        differenced would be the one party's exact release. None for a private party (its releases are
+        noisy, fresh or its stored draw). A re-sent request for the last answered train round is bound to
+        the history before that round; a fresh state starts from the training row order it agreed to (own
+        data: :func:`~flower_vfl.clients.psi_party.history_seed`)."""
+        if self.private:
+            return None
+        meta = self._meta(context)
+        if "chain" not in meta:
+            from flower_vfl.clients.psi_party import history_seed
+            return history_seed(context) if int(meta["last_train"]) < 0 else ""
+        if kind == "train" and int(rnd) == int(meta["last_train"]):
+            return str(meta.get("chain_prev", ""))
+        return str(meta["chain"])
+
+    def _keep_history(self, context: Context, meta: dict, rnd: int):
+        """After a masked training answer (new, or the same round asked again under new keys): the history
+        its state now comes from (the digest it was masked against)."""
+        digest = getattr(self, "_mask_digest", None)
+        if self.private or digest is None:
+            return
+        meta["chain_prev"] = self._history(context, "train", rnd)     # what this round was masked after
+        meta["chain"] = digest.hex()
 
     def secagg_keys(self, msg: Message, context: Context) -> Message:
         """This run's signed key advert (query.secagg_keys): the key drawn once per run."""
@@ -207,6 +240,8 @@ class PartyClient(PartyBase):
         def reply(done):         # what the next message of this run needs, kept once the release is made
             content, n_out, inputs, s = done
             meta["n_outputs"] = n_out
+            if getattr(self, "_alpha", None) is not None:      # answered now (not a stored masked answer)
+                self._keep_history(context, meta, inputs.round)
             self._after_train(context)
             context.state[STATE_META] = ConfigRecord(meta)
             if not self.private:     # secure aggregation: its state on its own disk, for a resume (party_secagg.py)

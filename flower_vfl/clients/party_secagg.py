@@ -54,6 +54,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 
@@ -68,7 +69,7 @@ from flower_vfl.secagg import (KeyAgreement, KeyRefused, MaskContext, Rekey, Rep
 from flower_vfl.secagg.masking import ADVERTS, PARTIES
 
 __all__ = ["PartySecAgg", "ADVERTS", "PARTIES", "STATE_KEYS", "DEFAULT_BOUND", "secagg_fields", "resume_identify",
-           "keep_for_resume"]
+           "keep_for_resume", "history_digest"]
 
 STATE_KEYS = "vfl.secagg.keys"
 #: (read only: an earlier version kept these in context.state; now in the party's store)
@@ -79,6 +80,16 @@ STATE_SUMS = "vfl.secagg.sums"
 _STORED = object()
 #: default entry-wise bound on a release (secagg-bound): 2^53 / (16 * 1e4) leaves a scale of 2^35
 DEFAULT_BOUND = 1e4
+
+
+def history_digest(history: str | None, digest: bytes) -> bytes:
+    """The digest a masked answer is bound to: the broadcast's own ``digest`` when the party's state has
+    no history (``history`` None or ""), else SHA-256 of the history (hex) and the broadcast's digest.
+    Parties whose states come from different broadcasts (or views) mask against different digests, so
+    their masks do not cancel: no sum mixes them (docs/secagg.md, "One history per sum")."""
+    if not history:
+        return digest
+    return hashlib.sha256(b"flower-vfl/secagg/history|" + bytes.fromhex(history) + b"|" + digest).digest()
 
 
 def secagg_fields(content) -> tuple[list, list] | None:
@@ -136,6 +147,8 @@ class PartySecAgg:
         self.colluders = k if k >= 0 else None
         #: the distributed-noise profile of the advert (set by the private party client)
         self.noise = b""
+        #: the digest the last masked answer was masked against (:meth:`masked_answer`)
+        self.mask_digest = None
 
     def settings(self) -> tuple:
         """What this party's node config set (public keys as hex): equal settings, equal objects."""
@@ -233,12 +246,15 @@ class PartySecAgg:
 
     # ------------------------------------------------------------------ answers
     def masked_answer(self, content, context: Context, kind: str, rnd: int, compute,
-                      integer: bool = False) -> np.ndarray:
+                      integer: bool = False, history: str | None = None) -> np.ndarray:
         """The masked reply to ``content`` (``compute()`` -> the float release, called only for a
         new request); the stored answer for a replay, :class:`ReplayConflict` for another
         broadcast of the same round. ``integer``: a distributed-noise release,
         ``compute(adders, max_bits)`` -> (int64 vector, j), encoded exactly at scale 2^j
-        (:meth:`~flower_vfl.secagg.quantize.FixedPoint.encode_integer`)."""
+        (:meth:`~flower_vfl.secagg.quantize.FixedPoint.encode_integer`). ``history``: the history of
+        broadcasts the party's state comes from (hex, :meth:`~flower_vfl.clients.party_base.PartyClient._history`),
+        masked against with the broadcast (:func:`history_digest`); the digest masked against is kept
+        in :attr:`mask_digest`."""
         adverts, names = secagg_fields(content)
         session = self.session(context, adverts, names)
         arrays = {}
@@ -246,7 +262,8 @@ class PartySecAgg:
             rec = content["vectors"]
             arrays = {k: rec[k].numpy() for k in rec}
         cfg = content["config"]
-        digest = broadcast_digest(arrays, {k: cfg[k] for k in cfg})
+        digest = history_digest(history, broadcast_digest(arrays, {k: cfg[k] for k in cfg}))
+        self.mask_digest = digest
         ctx = MaskContext(int(rnd), kind, digest)
         store, owner, run = self._store(), self.owner, str(context.run_id)
         prior = self._replay(store, owner, run, context, kind, session.roster, ctx)

@@ -37,7 +37,7 @@ from flower_vfl.core.scoring import party_scores
 from flower_vfl.io import DataError, Preprocessor, align_rows, read_party, source_from_config
 
 __all__ = ["psi_answer", "psi_order", "save_model", "predict", "secagg_keys", "own_blocks", "party_source",
-           "model_path", "uses_own_data"]
+           "model_path", "uses_own_data", "history_seed"]
 
 STATE_ALIGN = "vfl.align."
 STATE_ALIGN_DIGEST = "vfl.align_digest."     # + split: the digest of the agreed order (psi_order)
@@ -101,6 +101,17 @@ def _aligned_idx(context: Context, split: str, table) -> np.ndarray:
 def _order_digest(context: Context, split: str) -> str:
     rec = context.state.get(STATE_ALIGN_DIGEST + split) if hasattr(context.state, "get") else None
     return "" if rec is None else str(rec.get("digest", ""))
+
+
+def history_seed(context: Context) -> str:
+    """The secure-aggregation history of a fresh state (hex; "" when there is none): on own data, the
+    training row order the party agreed to (the same for every party of an honest run; a party shown
+    another order than the others has another block, so it must not enter their sums:
+    :func:`flower_vfl.clients.party_secagg.history_digest`)."""
+    import hashlib
+    if STATE_ALIGN_DIGEST + "train" not in context.state:
+        return ""
+    return hashlib.sha256(f"train={_order_digest(context, 'train')}".encode()).hexdigest()
 
 
 def _fresh_own_blocks(context: Context, idx, split_test, jdx):
@@ -281,9 +292,14 @@ def save_model(msg: Message, context: Context) -> Message:
                               "set max-rounds >= 1")
         x = party.x
     path = model_path(context)
+    # a non-private model trained under secure aggregation: the history of broadcasts it comes from, which
+    # the predict job's masks are bound to (party_secagg.history_digest): no predict sum mixes models of
+    # two histories (one party's model re-saved from another run would be its exact scores)
+    history = "" if private else str(client._meta(context).get("chain", ""))
     model_io.save_party_model(path, _party_id(context), x, pre.feature_names_, pre.to_dict(),
                               model_io.data_fingerprint(D, ids), D.shape[0], private=private,
-                              extra={"run": dict(msg.content["config"]) if "config" in msg.content else {}},
+                              extra={"run": dict(msg.content["config"]) if "config" in msg.content else {},
+                                     **({"secagg_history": history} if history else {})},
                               block=None if model is None else model.to_meta())   # kind and settings, no rows
     return Message(RecordDict({"saved": ConfigRecord({"party": _party_id(context), "version": model_io.VERSION})}),
                    reply_to=msg)
@@ -356,7 +372,8 @@ def predict(msg: Message, context: Context) -> Message:
                           f"{str(cfg.get(ORDER_DIGEST))[:16]!r} is not the scoring order this party aligned to "
                           f"({str(own)[:16]!r}); refused (a secure sum needs every party's scores on the same rows)",
                           field=f"config.{ORDER_DIGEST}")
-        s = sa.masked_answer(msg.content, context, "predict", 0, scores)
+        s = sa.masked_answer(msg.content, context, "predict", 0, scores,
+                             history=None if meta.get("private") else str(meta.get("secagg_history", "")))
     else:
         s = scores()
     return Message(RecordDict({"release": ArrayRecord({"s_score": Array(s)}),

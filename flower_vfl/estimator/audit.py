@@ -44,7 +44,7 @@ class AuditResult:
 
 
 def _solve(D, v, lam, rho_x, b1):
-    return XSolver(D, L2(), lam, Ball(b1)).solve(v, rho_x)
+    return XSolver(D, L2(), lam, Ball(b1), method="gram").solve(v, rho_x)     # the private party's exact solve
 
 
 def _unit(u):

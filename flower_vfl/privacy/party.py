@@ -31,6 +31,7 @@ import numpy as np
 from flower_vfl.core.party import PartyUpdate
 from flower_vfl.core.scoring import normalize_rows, released_scores
 from flower_vfl.core.penalties import Ball, get_penalty
+from flower_vfl.core.xsolve import GRAM_MAX
 from flower_vfl.privacy.accounting import noise_multiplier_for
 from flower_vfl.privacy.boundary import InvalidMessage, Refused, RoundInputs, inputs_hash
 from flower_vfl.privacy.ledger import PLAN_EXPIRY, Budget, Ledger
@@ -39,7 +40,14 @@ from flower_vfl.privacy.mechanism import GaussianOutputMechanism
 from flower_vfl.privacy.sensitivity import (NEIGHBOURING_RELATIONS, paper_sensitivity, strict_param_sensitivity,
                                             strict_sensitivity)
 
-__all__ = ["PrivacyConfig", "PrivateParty", "ReplayRefused", "PlanExceeded", "PlanViewChanged", "normalize_rows"]
+__all__ = ["PrivacyConfig", "PrivateParty", "ReplayRefused", "PlanExceeded", "PlanViewChanged", "BlockTooWide",
+           "normalize_rows"]
+
+
+class BlockTooWide(Refused, ValueError):
+    """A private party whose block is too wide for the exact x-update its sensitivity bound assumes."""
+
+    code = "block"
 
 
 class PlanViewChanged(Refused):
@@ -161,7 +169,20 @@ class PrivateParty:
         self.lam = float(lam)
         self.D = normalize_rows(D)
         self.D_test = None if D_test is None else normalize_rows(D_test)
-        self.update = PartyUpdate(self.D, get_penalty("l2"), lam, Ball(config.b1), v_clip=config.c_v)
+        if self.D.shape[1] > GRAM_MAX:
+            raise BlockTooWide(
+                f"party {party_id} is private and its block has {self.D.shape[1]} columns (after its party-model "
+                f"map), more than {GRAM_MAX}: its x-update would be iterative, stopped by a tolerance the central "
+                "node's messages set (q, q_norm, theta), not the exact minimizer its sensitivity bound is derived "
+                "for (docs/privacy.md); refused before any release. Give it at most "
+                f"{GRAM_MAX} columns (fewer party-model features or knots, more num-parties), or run it without dp",
+                field="block")
+        # the exact x-update (eigendecomposition of D^T D and the ball's secular equation): never an
+        # iterative solve warm-started from the last x with a tolerance tied to the server's residual,
+        # which 'auto' picks for a sparse block wider than the rows a run aligned (the strict bound
+        # holds for the minimizer only)
+        self.update = PartyUpdate(self.D, get_penalty("l2"), lam, Ball(config.b1), v_clip=config.c_v,
+                                  x_solver="gram")
         releases = config.train_rounds + config.eval_rounds
         #: one noise multiplier for every planned release, from the party's accountant
         self.z = noise_multiplier_for(config.epsilon, config.delta, releases, config.accountant)
