@@ -185,13 +185,17 @@ class Anderson:
         CH = self.CHUNK
         chunks = [(seg, a, min(n, a + CH)) for seg in range(M + 1) for a in range(0, n, CH)]
 
-        def source(i, out):              # T(u) on chunk i: s_m - theta q, then y
+        def source(i, out, u_c=None):    # T(u) on chunk i (s_m - theta q, then y), minus u_c if given
             seg, a, b = chunks[i]
             if seg < M:
                 np.multiply(q_flat[a:b], -theta, out=out)
                 out += s_flat[seg][a:b]
-            else:
+                if u_c is not None:
+                    out -= u_c
+            elif u_c is None:
                 out[:] = y_flat[a:b]
+            else:
+                np.subtract(y_flat[a:b], u_c, out=out)
 
         def emit(i, u_c):                # the new state's messages: q_m = (s_m - zeta_m) / theta, y
             seg, a, b = chunks[i]
@@ -263,17 +267,21 @@ class Anderson:
         L = Tu.shape[0]
         spans = [(a, min(L, a + self.CHUNK)) for a in range(0, L, self.CHUNK)]
 
-        def source(i, out):
+        def source(i, out, u_c=None):
             lo, hi = spans[i]
-            out[:] = Tu[lo:hi]
+            if u_c is None:
+                out[:] = Tu[lo:hi]
+            else:
+                np.subtract(Tu[lo:hi], u_c, out=out)
 
         with one_blas_thread():
             return self._advance(L, spans, source, None)
 
     def _advance(self, L, spans, source, emit):
         """u+ = u + g - gamma S with g = T(u) - u, in place in u; S holds Delta u + Delta g =
-        Delta T(u), Y holds Delta g (module docstring). ``source(i, out)`` writes T(u) on
-        ``spans[i]`` into ``out``; ``emit(i, u_chunk)`` (if given) sends the new state's chunk."""
+        Delta T(u), Y holds Delta g (module docstring). ``source(i, out, u_c=None)`` writes T(u)
+        on ``spans[i]`` into ``out``, minus ``u_c`` if given; ``emit(i, u_chunk)`` (if given) sends
+        the new state's chunk. Returns u."""
         if self.u is None or self.u.shape != (L,):
             self.S = self.Y = self.du = None
             self.reset()
@@ -306,13 +314,11 @@ class Anderson:
         for i, (lo, hi) in enumerate(spans):           # sweep 1: g, the history rows, products
             w = hi - lo
             t = scr[m, :w]
-            source(i, t)
-            t -= u[lo:hi]                              # g = T(u) - u on the chunk
+            source(i, t, u[lo:hi])                     # g = T(u) - u on the chunk
             gg += float(np.dot(t, t))
             if hist:
                 yf = Y[fresh, lo:hi]
-                np.subtract(t, g[lo:hi], out=yf)       # Delta g
-                np.add(du[lo:hi], yf, out=S[fresh, lo:hi])   # Delta u + Delta g = Delta T(u)
+                np.subtract(t, g[lo:hi], out=yf)       # Delta g (S's new row: in sweep 2)
                 if Y.dtype == np.float64:
                     Yc = Y[:m, lo:hi]
                 else:                                  # float32 rows cast in cache, then BLAS
@@ -350,13 +356,17 @@ class Anderson:
             self.reset()
             self.du = None
             return self._sweep2(u, g, None, None, spans, emit)
-        return self._sweep2(u, g, gamma, du, spans, emit)
+        return self._sweep2(u, g, gamma, du, spans, emit, fresh)
 
-    def _sweep2(self, u, g, gamma, du, spans, emit):
+    def _sweep2(self, u, g, gamma, du, spans, emit, fresh=None):
         """Sweep 2: Delta u+ = g - gamma S (g alone without gamma), u += Delta u+, kept in
-        ``du`` (if given) for next round's S, and the messages of the new state."""
+        ``du`` (if given) for next round's S, and the messages of the new state. ``fresh``: S's
+        new row, Delta u + Delta g = Delta T(u) from the last step ``du`` and Y's new row, is
+        written here, chunk by chunk just before the combination reads it and overwrites ``du``
+        (in sweep 1 both were written back to memory and read again: ~3 % of the step at a9a's
+        size; only a round that combines uses the row, a reset drops it)."""
         m = 0 if gamma is None else gamma.shape[0]
-        S = self.S
+        S, Y = self.S, self.Y
         scr = self._scratch(m + 1, max(hi - lo for lo, hi in spans))
         # Delta u+ is formed in du itself when du is float64 (no copy a chunk); g alone is not copied
         direct = du is not None and du.dtype == np.float64
@@ -365,6 +375,8 @@ class Anderson:
             if gamma is None:
                 c = g[lo:hi]
             else:
+                if fresh is not None:
+                    np.add(du[lo:hi], Y[fresh, lo:hi], out=S[fresh, lo:hi])
                 c = du[lo:hi] if direct else scr[m, :w]
                 if S.dtype == np.float64:    # matmul: BLAS on the strided rows (np.dot copies them)
                     np.matmul(gamma, S[:m, lo:hi], out=c)

@@ -52,12 +52,28 @@ start costing one exp); only a step from an exact softmax certifies. Measured on
 Softmax: rows are shifted by their mean, not their max (:func:`_softmax_into`); a softmax after
 the first one in a solve reuses the last shift while w moved by at most :data:`SHIFT_DRIFT`
 since (no pass at all).
+
+Layout and per-iteration calls (what a solve costs where N K is small, e.g. digits' 1797 x 10:
+there a pass over an N x K array takes a few microseconds and a solve is numpy calls): the solve
+runs class-major, every N x K array transposed to K x N, so a per-sample quantity broadcasts
+along contiguous rows of length N and a per-sample sum over the K classes adds K contiguous rows
+(sample-major, numpy's inner loops ran over K = 10 entries: those broadcasts and sums cost 2-4x
+a plain pass). The K x K Schur system is one Cholesky solve (LAPACK posv) of S + (tr S / K^2)
+1 1^T, whose solution off the all-ones direction is S's minimum-norm one (:func:`_schur_solve`;
+numpy's eigh took ~20 us, posv ~1); the certificate's eigenvalue is computed only when the
+step's length already passes. dF/db is 0
+after a full step (F is quadratic in b, the step solves the bordered system's b-row, and its
+all-ones part is F's shift invariance): it is formed at the start and after a damped step only.
+The central node's :func:`central_solve` takes z, b and T(u)'s dual and returns z, building the
+transposed start and predictor in the passes that form them.
 """
 
 from __future__ import annotations
 
 import numpy as np
-__all__ = ["CENTRAL_RTOL", "multinomial_newton", "softmax_lse"]
+from scipy.linalg.lapack import dposv as _posv, dsyevd as _syevd
+
+__all__ = ["CENTRAL_RTOL", "central_solve", "multinomial_newton", "softmax_lse"]
 
 #: the central node's solve stops once its error bound is below this fraction of the round's
 #: first step (the module docstring, "Stopping"), or below ``tol``
@@ -82,10 +98,21 @@ def _rowmax(w):
 
 
 def softmax_lse(w):
-    """(softmax(w) row-wise, logsumexp(w) row-wise) from one exp, without axis-1 max/sum."""
-    E = np.empty_like(w, dtype=float)
-    m, s = _softmax_into(w, E)
-    return E, np.log(s) + m
+    """(softmax(w) row-wise, logsumexp(w) row-wise) from one exp, without axis-1 max/sum.
+
+    An (N, K) ``w`` is worked on class-major (one transposing copy, then contiguous passes: the
+    module docstring, "Layout"); the softmax returned is then the transpose of a K x N array."""
+    w = np.asarray(w, dtype=float)
+    if w.ndim != 2:
+        E = np.empty_like(w)
+        m, s = _softmax_into(w, E)
+        return E, np.log(s) + m
+    W = np.ascontiguousarray(w.T)
+    E = np.empty_like(W)
+    m, s = _softmax_into_T(W, E)
+    lse = np.log(s)
+    lse += m
+    return E.T, lse
 
 
 def _softmax_into(w, E, shift=None):
@@ -109,123 +136,181 @@ def _softmax_into(w, E, shift=None):
     return m, s
 
 
-def _F(w, b, a, y, t, rho, n, sy, lse=None, scratch=None):
-    """F(w, b) of the module docstring (``lse``: the rows' logsumexp when known)."""
-    if lse is None:
-        lse = softmax_lse(w)[1]
-    r = np.subtract(a, w, out=scratch)
-    r += b
-    val = float(lse.sum() - np.vdot(t, w)) / n
-    return val - float(np.vdot(y, w)) + float(b @ sy) + 0.5 * rho * float(np.vdot(r, r))
+def _F(W, b, Fc, rho, n, lse, scratch):
+    """F(w, b) of the module docstring in the class-major layout (``W``: w^T, K x N; ``Fc``:
+    :func:`_F_terms`; ``lse``: the rows' logsumexp; ``scratch``: a K x N buffer)."""
+    aT, tyT, sy = Fc
+    r = np.subtract(aT, W, out=scratch)
+    r += b[:, None]
+    val = float(lse.sum()) / n - float(np.vdot(tyT, W))
+    return val + float(b @ sy) + 0.5 * rho * float(np.vdot(r, r))
+
+
+def _F_terms(a, y, t, n, sy):
+    """(a^T, (t / N + y)^T, sum_i y_i) for :func:`_F`: formed only when a step is searched."""
+    tyT = np.divide(t.T, n, order="C")
+    tyT += y.T
+    return np.ascontiguousarray(a.T), tyT, sy
 
 
 def _work(work, shape, names):
-    """Named (N, K) buffers kept in ``work`` (a dict the caller keeps between calls: a fresh
+    """Named buffers kept in ``work`` (a dict the caller keeps between calls: a fresh
     N x K array per temporary is page-faulted in again every round)."""
-    work = {} if work is None else work
     for k in names:
         if k not in work or work[k].shape != shape:
             work[k] = np.empty(shape)
     return [work[k] for k in names]
 
 
+_NAMES = ("W", "P", "P2", "NG", "Dinv", "U", "UC", "X", "C1", "WT")
+
+
 def multinomial_newton(a, y, t, rho, n, w0, b0, fit_b=True, max_iter=50, tol=1e-13, p0=None, work=None, rtol=0.0):
     """Joint Newton for (w, b); returns (w, b). ``a``, ``y``, ``t``, ``w0``: (N, K); ``b0``: (K,).
 
     ``p0``: softmax(w0) when the caller knows it (the predictor of the module docstring), else
-    None. ``work``: a dict for the N x K buffers, kept by the caller between calls (or None).
+    None. ``work``: a dict for the buffers, kept by the caller between calls (or None).
     ``rtol``: the relative stop of the module docstring (0: the certificate at ``tol`` only).
     """
     N, K = a.shape
-    w = np.array(w0, dtype=float)
+    work = {} if work is None else work
+    W, P = _work(work, (K, N), _NAMES)[:2]
+    np.copyto(W, w0.T)
+    if p0 is not None:
+        np.copyto(P, p0.T)
     b = np.array(b0, dtype=float) if fit_b else np.zeros(K)
-    P, P2, NG, Dinv, U, UC, X, C1, WT = _work(work, (N, K), ("P", "P2", "NG", "Dinv", "U", "UC", "X", "C1", "WT"))
-    ones = np.ones(N)
+    W, b = _newton(a, y, t, rho, n, W, b, p0 is not None, fit_b, max_iter, tol, work, rtol)
+    return np.ascontiguousarray(W.T), b
+
+
+def central_solve(a, y, t, rho, n, z, b, y_plus=None, work=None, rtol=0.0):
+    """The central node's z-update with its intercept: (z, b) minimizing F at w = z + 1 b^T from
+    the warm start (``z``, ``b``), for :class:`~flower_vfl.core.central.CentralUpdate`. ``y_plus``:
+    the dual the previous solve left (p(z + b) = t + N y_plus to its tolerance: the predictor),
+    or None. Returns a new (N, K) z and b; ``work`` as in :func:`multinomial_newton`."""
+    N, K = a.shape
+    work = {} if work is None else work
+    W, P = _work(work, (K, N), _NAMES)[:2]
+    np.add(z.T, b[:, None], out=W)
+    if y_plus is not None:
+        tT = work.get("tT")
+        if tT is None or work.get("t_src") is not t or tT.shape != (K, N):
+            tT = work["tT"] = np.ascontiguousarray(t.T, dtype=float)      # the labels: once a run
+            work["t_src"] = t
+        np.multiply(y_plus.T, n, out=P)
+        P += tT
+    W, b = _newton(a, y, t, rho, n, W, np.array(b, dtype=float), y_plus is not None, True, 50, 1e-13, work, rtol)
+    return np.subtract(W.T, b, out=np.empty((N, K))), b
+
+
+def _newton(a, y, t, rho, n, W, b, predictor, fit_b, max_iter, tol, work, rtol):
+    """The solve, class-major: ``W`` (w^T, K x N, a ``work`` buffer) holds the start and is
+    updated in place; ``predictor``: ``work['P']`` holds p0^T. Returns (W, b)."""
+    N, K = a.shape
+    _, P, P2, NG, Dinv, U, UC, X, C1, WT = _work(work, (K, N), _NAMES)
+    ones = work.get("ones")
+    if ones is None or ones.shape != (N,):
+        ones = work["ones"] = np.ones(N)
     nrho = n * rho
-    # N dF/dw = p + N rho (w - b) - (t + N y + N rho a): the last term once per call
-    np.multiply(a, nrho, out=C1)
-    np.multiply(y, n, out=X)
-    C1 += X
-    C1 += t
+    # N dF/dw = p + N rho (w - b) - (t + N y + N rho a): the last term once per call, formed
+    # sample-major (contiguous) and transposed once
+    c1 = work.get("c1")
+    if c1 is None or c1.shape != a.shape:
+        c1 = work["c1"] = np.empty(a.shape)
+    np.multiply(y, n, out=c1)
+    c1 += t
+    c1 += np.multiply(a, nrho, out=X.reshape(a.shape))
+    np.copyto(C1, c1.T)
     sy = ones @ y
     sa = ones @ a if fit_b else None
-    eye = np.eye(K)
-    P_cur, lse = (p0, None) if p0 is not None else (None, None)
-    predictor = p0 is not None
+    diag = slice(None, None, K + 1)            # the diagonal of a K x K array's .flat
+    zeros = np.zeros(K)
+    gb = None if fit_b else zeros
+    P_cur, lse = (P, None) if predictor else (None, None)
+    Fc = None
     f, m_prev, m0 = None, np.inf, None
     shift, drift = None, 0.0        # the row shift of the last exact softmax, |w| moved since
     for _ in range(max_iter):
         if P_cur is None:
             reuse = shift is not None and drift <= SHIFT_DRIFT
-            mx, s = _softmax_into(w, P, shift if reuse else None)
+            mx, s = _softmax_into_T(W, P, shift if reuse else None)
             P_cur, lse, drift = P, (mx, s), drift if reuse and mx is shift else 0.0
             shift = mx
-        np.multiply(w, nrho, out=NG)
+        np.multiply(W, nrho, out=NG)
         NG += P_cur
         NG -= C1
         if fit_b:
-            NG -= nrho * b
-            gb = sy + rho * (sa + N * b - ones @ w)         # dF/db
+            NG -= (nrho * b)[:, None]
+            if gb is None:                                  # dF/db (0 after a full step)
+                gb = sy + rho * (sa + N * b - W @ ones)
         np.add(P_cur, nrho, out=Dinv)
         np.divide(1.0, Dinv, out=Dinv)                      # D^-1
         np.multiply(Dinv, P_cur, out=U)                     # u = D^-1 p
-        den = 1.0 - np.einsum("ij,ij->i", U, P_cur)         # 1 - u.p > 0
-        np.divide(U, den[:, None], out=UC)
-        v = np.einsum("ij,ij->i", U, NG)                    # u . (N g)
+        # 1 - u.p = sum_k p_k (1 - p_k / (p_k + N rho)) = N rho sum_k u_k > 0 (sum_k p_k = 1):
+        # a sum of K contiguous rows, without 1 - u.p's cancellation where p is one-hot
+        den = U.sum(axis=0)
+        den *= nrho
+        np.multiply(U, 1.0 / den, out=UC)
+        v = np.einsum("ki,ki->i", U, NG)                    # u . (N g)
         if fit_b:
-            hg = np.einsum("ij,ij->j", Dinv, NG) + UC.T @ v     # sum_i H_i^-1 g_i
-            sum_hinv = n * (np.diag(ones @ Dinv) + UC.T @ U)    # sum_i H_i^-1
-            # S's eigenpairs: its minimum-norm solve (lam_s[0] ~ 0: the all-ones direction)
-            # and the certificate's smallest other eigenvalue, from one 10 x 10 eigh
-            lam_s, V = np.linalg.eigh(rho * n * eye - rho * rho * sum_hinv)
-            inv = np.divide(1.0, lam_s, out=np.zeros(K), where=lam_s > 1e-10 * lam_s[-1])
-            db = V @ (inv * (V.T @ (-gb - rho * hg)))
+            hg = np.einsum("ki,ki->k", Dinv, NG) + UC @ v   # N sum_i H_i^-1 g_i
+            S = UC @ U.T                                    # S = rho N I - rho^2 sum_i H_i^-1
+            S.flat[diag] += Dinv @ ones
+            S *= -rho * rho * n
+            S.flat[diag] += nrho
+            db = _schur_solve(S, -gb - rho * hg, n == N)
             # dw = (N H)^-1 (N rho db - N g)
-            np.subtract(nrho * db, NG, out=X)
-            r = nrho * (U @ db) - v
+            np.subtract((nrho * db)[:, None], NG, out=X)
+            r = nrho * (db @ U) - v
         else:
-            gb, db = np.zeros(K), np.zeros(K)
+            db = zeros
             np.negative(NG, out=X)
             r = -v
         X *= Dinv
-        X += np.multiply(UC, r[:, None], out=WT)
+        X += np.multiply(UC, r, out=WT)
         dw = X
-        m = max(float(dw.max()), -float(dw.min()), float(np.max(np.abs(db))))
+        m = max(float(dw.max()), -float(dw.min()), float(db.max()), -float(db.min()))
         exact = not predictor
         if predictor:           # softmax from the dual: a short step is taken, a long one searched
             predictor = False
             if m > SEARCH_ABOVE:    # F(w0) needs its logsumexp: one exp (the step is kept)
-                mx, s = _softmax_into(w, P)
+                mx, s = _softmax_into_T(W, P2)
                 lse, shift, drift = (mx, s), mx, 0.0
         # far from the optimum (a step not halving the last, or above SEARCH_ABOVE in the logits)
         # backtracking on F keeps Newton globally convergent
         step, trial = 1.0, False
         if m > SEARCH_ABOVE or m > 0.5 * m_prev:
             dec = -(float(np.vdot(NG, dw)) / n + float(gb @ db))    # Newton decrement^2
+            if Fc is None:
+                Fc = _F_terms(a, y, t, n, sy)
             if f is None:
-                f = _F(w, b, a, y, t, rho, n, sy, np.log(lse[1]) + lse[0], WT)
+                f = _F(W, b, Fc, rho, n, np.log(lse[1]) + lse[0], WT)
             trial = dec > 1e-10 * (1.0 + abs(f))        # else F differences are round-off
             while trial:
                 np.multiply(dw, step, out=WT)
-                WT += w
-                mx2, s2 = _softmax_into(WT, P2, shift if drift + step * m <= SHIFT_DRIFT else None)
-                f_new = _F(WT, b + step * db, a, y, t, rho, n, sy, np.log(s2) + mx2, NG)
+                WT += W
+                mx2, s2 = _softmax_into_T(WT, P2, shift if drift + step * m <= SHIFT_DRIFT else None)
+                f_new = _F(WT, b + step * db, Fc, rho, n, np.log(s2) + mx2, NG)
                 if f_new <= f - 1e-4 * step * dec or step < 1e-10:
                     break
                 step *= 0.5
         if trial:                                   # the accepted point, with its softmax
-            np.copyto(w, WT)
+            np.copyto(W, WT)
             P, P2 = P2, P
             b = b + step * db
             f, P_cur, lse = f_new, P, (mx2, s2)
             drift = drift + step * m if mx2 is shift else 0.0
             shift = mx2
+            if step != 1.0 and fit_b:
+                gb = None
         else:
-            w += dw
+            W += dw
             b = b + db
             f, P_cur, lse = None, None, None
             drift += m
-        thr = tol * (1.0 + max(float(w.max()), -float(w.min())))
+        if step == 1.0:
+            gb = zeros                                  # the module docstring, "Layout"
+        thr = tol * (1.0 + max(float(W.max()), -float(W.min())))
         if step == 1.0 and m <= thr:                # (a damped step's length proves nothing)
             break
         if m0 is None:
@@ -234,8 +319,57 @@ def multinomial_newton(a, y, t, rho, n, w0, b0, fit_b=True, max_iter=50, tol=1e-
         if exact and step == 1.0 and 2.0 * m * m / (rho * n) <= thr_c:    # certificate (module docstring)
             if not fit_b:
                 break
-            ev1 = lam_s[1] / rho                     # lam_s[0] ~ 0: the all-ones direction
+            ev1 = _schur_eig1(S) / rho               # S's smallest off the all-ones direction
             if ev1 > 0.0 and 2.0 * m * m / rho * (1.0 / n + 2.0 / ev1) <= thr_c:
                 break
         m_prev = step * m
-    return w, b
+    # the buffers may have been swapped: keep the names pointing at the arrays in use
+    work["P"], work["P2"] = P, P2
+    return W, b
+
+
+def _softmax_into_T(W, E, shift=None):
+    """:func:`_softmax_into` class-major (``W``, ``E``: K x N; the shift and the row sums are
+    N-vectors, sums of K contiguous rows)."""
+    m = W.sum(axis=0) / W.shape[0] if shift is None else shift
+    np.subtract(W, m, out=E)
+    with np.errstate(over="ignore"):
+        np.exp(E, out=E)
+    s = E.sum(axis=0)
+    if not float(s.max()) < np.inf:        # overflow (a row range above ~709): the row max
+        m = W.max(axis=0)
+        np.subtract(W, m, out=E)
+        np.exp(E, out=E)
+        s = E.sum(axis=0)
+    E *= 1.0 / s
+    return m, s
+
+
+def _schur_solve(S, rhs, singular_ones):
+    """The minimum-norm solution of S db = rhs, S the K x K Schur complement (symmetric positive
+    semidefinite; with n = N singular along the all-ones direction, softmax being shift
+    invariant). Then S + (tr S / K^2) 1 1^T is positive definite and maps the all-ones
+    direction to itself, so one Cholesky solve (LAPACK posv: ~1 us at K = 10, numpy's eigh ~20
+    us) with the all-ones part of the solution removed is the minimum-norm solution.
+    Otherwise, or where Cholesky fails or leans on an eigenvalue below 1e-10 tr S (another
+    direction numerically singular): the eigendecomposition, eigenvalues below 1e-10 of the
+    largest cut (lstsq's rcond)."""
+    K = S.shape[0]
+    if singular_ones:
+        # (S + c 1 1^T) x = rhs: S x's all-ones part is 0, so x's part off it is S^+ rhs. A
+        # solution longer than |rhs| / (1e-10 tr S) used an eigenvalue below that cut (a class
+        # with p ~ 0 in every row): the eigendecomposition cuts it, as lstsq's rcond did
+        tr = S.trace()
+        _, x, info = _posv(S + tr / (K * K), rhs)
+        if info == 0:
+            x -= float(sum(x.tolist())) / K
+            if 1e-20 * tr * tr * float(np.dot(x, x)) <= float(np.dot(rhs, rhs)):
+                return x
+    lam_s, V = np.linalg.eigh(S)
+    inv = np.divide(1.0, lam_s, out=np.zeros(K), where=lam_s > 1e-10 * lam_s[-1])
+    return V @ (inv * (V.T @ rhs))
+
+
+def _schur_eig1(S) -> float:
+    """S's second-smallest eigenvalue (the smallest is ~0: the all-ones direction)."""
+    return float(_syevd(S, compute_v=0)[0][1])

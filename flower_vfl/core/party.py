@@ -28,19 +28,22 @@ __all__ = ["PartyUpdate", "Releases", "PLAIN_ROUNDS", "x_update_target", "target
 PLAIN_ROUNDS = "plain_rounds"
 
 
-def x_update_target(x_hat, q, y, rho, theta):
+def x_update_target(x_hat, q, y, rho, theta, out=None):
     """``(z_loc, v)`` of eq. (6): the party's share of z, ``z_loc = x_hat - theta q``, and its
     x-update target ``v = z_loc - y / rho_x`` (``rho_x = rho / theta``), with two N-vector
-    temporaries (each costs an mmap at a9a's N; the arithmetic is bitwise the textbook form).
+    temporaries (each costs an mmap at a9a's N; the arithmetic is bitwise the textbook form),
+    or written into ``out = (z_loc, v)`` (float64 arrays of q's shape, or None for a new one,
+    sharing no memory with an input: a buffer the party reuses round to round; bitwise the same
+    values).
 
     ``x_hat`` is the party's last release at alpha = 1 (else its relaxed ``alpha s + (1 - alpha)
     z_loc``). The party's :meth:`PartyUpdate.step` and the central node (which holds each party's
     last release, but under secure aggregation, and so can send it ``v`` alone at alpha = 1: 8 N
     bytes a round instead of q and y's 16 N) both call this function, so the target is bitwise
     the same on either side."""
-    z_loc = np.multiply(q, -theta)
+    z_loc = np.multiply(q, -theta, out=None if out is None else out[0])
     z_loc += x_hat
-    v = np.divide(y, -(rho / theta))
+    v = np.divide(y, -(rho / theta), out=None if out is None else out[1])
     v += z_loc
     return z_loc, v
 
@@ -116,7 +119,7 @@ class PartyUpdate(Releases):
         rho_x = rho / theta
         if v is None:
             x_hat = self.s if alpha == 1.0 else alpha * self.s + (1.0 - alpha) * self.z_loc
-            self.z_loc, v = x_update_target(x_hat, q, y, rho, theta)
+            self.z_loc, v = x_update_target(x_hat, q, y, rho, theta, out=self._target_buffers(q, y, x_hat))
         else:
             if alpha != 1.0:
                 raise ValueError(f"an x-update target v is only defined at alpha = 1 (got alpha={alpha!r})")
@@ -135,6 +138,33 @@ class PartyUpdate(Releases):
         self.rho_x = float(rho_x)
         self.carry = self.solver.last_carry   # the CG path carries D x: no extra mat-vec
         return self.D @ self.x if self.carry is None else self.carry[0]
+
+    #: the x-update target ``v`` is written into an array the party keeps between rounds from
+    #: TARGET_BUFFER_MIN entries (128 KB: smaller ones come from malloc's pools, where the checks
+    #: would cost more than they save) up to TARGET_BUFFER_MAX (8 MB): in between a fresh array's
+    #: cold writes cost more than the memory (a9a: ~5 us a party a round); above it the party
+    #: keeps one N-vector less between rounds
+    TARGET_BUFFER_MIN, TARGET_BUFFER_MAX = 1 << 14, 1 << 20
+
+    def _target_buffers(self, q, y, x_hat):
+        """``out`` for :func:`x_update_target`: ``(None, v)`` with ``v`` an array the party keeps
+        (never handed out: the solver may use it as scratch), z_loc a new array as before (it is
+        the party's state, which :meth:`get_state` hands out itself); None (both new) for a private
+        party (its clipped target is kept for the privacy audit, ``last_target``), outside
+        :data:`TARGET_BUFFER_MIN` .. :data:`TARGET_BUFFER_MAX` entries, and where an input is not a float64 array of the
+        release's shape or shares memory with the kept array. Bitwise the same values."""
+        if self.v_clip is not None or not self.TARGET_BUFFER_MIN <= self.s.size <= self.TARGET_BUFFER_MAX:
+            return None
+        shape = self.s.shape
+        for a in (q, y, x_hat):
+            if not (isinstance(a, np.ndarray) and a.dtype == np.float64 and a.shape == shape):
+                return None
+        v = self.__dict__.get("_vbuf")
+        if v is None or v.shape != shape:
+            v = self._vbuf = np.empty(shape)
+        if any(np.may_share_memory(v, a) for a in (q, y, x_hat)):
+            return None
+        return None, v
 
     def plain_rounds(self):
         """No accelerator extrapolates this run's rounds: the x-update may be looser

@@ -319,6 +319,7 @@ class RoundDriver:
                 raise ValueError("stop='change' needs each party's release; under secure aggregation use 'residual'")
             s_old, b_old = dict(self.last_s), np.array(c.b, dtype=float)
         self.penalties.update(penalties)
+        own = False                       # s_sum is this round's own array (the train loss may reuse it)
         if SUM in fresh:                  # secure aggregation: the sum of every party of the round
             s_sum, fresh = fresh[SUM], dict.fromkeys(parties)
         else:
@@ -328,8 +329,12 @@ class RoundDriver:
                     self.alignment_max = max(self.alignment_max, a)
             self.last_s.update(fresh)
             s_sum = sum_releases([self.last_s[m] for m in range(M) if m in self.last_s], c.z)
+            own = True
         r, d = c.step(s_sum)
-        row = {"round": k, "train_loss": c.loss.mean(s_sum + c.b, c.t)}
+        eps = None
+        if self.stop != "change" and use_tol and self.tol > 0:   # the thresholds (3 N-vector norms)
+            eps = residuals(r, d, s_sum, c.z, c.y, self.tol, self.tol_abs)   # only where the rule applies
+        row = {"round": k, "train_loss": _train_loss(c, s_sum, own)}
         if len(self.penalties) == M:
             row["objective"] = row["train_loss"] + sum(self.penalties[m] for m in range(M))
         row.update(primal_residual=r, dual_residual=d, rho=c.rho, parties=len(parties),
@@ -339,9 +344,8 @@ class RoundDriver:
         stop = False
         if self.stop == "change":
             stop = bool(use_tol and self.tol > 0 and k > 1 and row["max_change"] < self.tol)
-        elif use_tol and self.tol > 0:   # the thresholds (3 N-vector norms) only where the rule applies
-            eps_pri, eps_dual = residuals(r, d, s_sum, c.z, c.y, self.tol, self.tol_abs)
-            stop = bool(r <= eps_pri and d <= eps_dual)
+        elif eps is not None:
+            stop = bool(r <= eps[0] and d <= eps[1])
         if not stop:
             if self.adapt_theta and self.alignment_max > 0.0 and not getattr(self.acc, "engaged", False):
                 c.theta = next_theta(c.theta, self.alignment_max, M, first=not self.theta_set)
@@ -360,6 +364,24 @@ class RoundDriver:
         if self.history:
             self.history[-1].update(out)
         return out
+
+
+#: the train loss works in the round's own sum of the releases from this many entries (128 KB)
+INPLACE_MIN = 1 << 14
+
+
+def _train_loss(c, s_sum, own) -> float:
+    """The history row's train loss (1/N) sum l(s_sum + b) on the releases' sum. ``own``: s_sum is
+    the round's own array, used by nothing after this row, so b is added in place and a loss that
+    can (``mean_overwrites``: logistic) works in it too: no N-vector allocated, the same values
+    (from :data:`INPLACE_MIN` entries: a smaller array comes from malloc's pools)."""
+    loss = c.loss
+    if not (own and getattr(loss, "mean_overwrites", False) and isinstance(s_sum, np.ndarray)
+            and s_sum.size >= INPLACE_MIN and s_sum.dtype == np.float64 and s_sum.ndim == 1 and s_sum.flags.writeable
+            and not any(np.may_share_memory(s_sum, a) for a in (c.z, c.y, c.q, c.t))):
+        return loss.mean(s_sum + c.b, c.t)
+    s_sum += c.b
+    return loss.mean(s_sum, c.t, overwrite_z=True)
 
 
 def _phase_round(on_round, i_phase, offset, k, row, stop) -> None:
