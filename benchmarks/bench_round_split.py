@@ -16,6 +16,13 @@ the accelerator, the rest (the driver's bookkeeping).
 
     python benchmarks/bench_round_split.py --sets a9a,sparse,digits --fits 5 --split
 
+Two trees side by side: ``--trees OLD,NEW --pairs 3`` runs this script on each tree in turn
+(``PYTHONPATH=<tree>``, a fresh process each, the order alternated from pair to pair) and prints
+every run's round, products and ratio, and the ratio NEW round / OLD round of each pair (e.g. a
+checkout of HEAD, ``git archive HEAD | tar -x -C /tmp/head``, against the working tree).
+
+    python benchmarks/bench_round_split.py --sets a9a --fits 3 --split --trees /tmp/head,. --pairs 3
+
 Sets: ``a9a`` (paper split, lam 1e-4, 17 rounds), ``sparse`` (benchmarks/_synth.py
 sparse_binary, 1M x (100, 200, 300), lam 1e-4, 30 rounds; ``--sparse-rows``), ``digits``
 (scikit-learn's digits / 16, 2 x 32 columns, multinomial K = 10, lam 1e-4, 89 rounds).
@@ -167,7 +174,11 @@ def main(argv=None):
     ap.add_argument("--split", action="store_true", help="time the round's parts too")
     ap.add_argument("--stall", default=None, help="accel.STALL_RATIO: a ratio, or 'off' (default: the module's)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--trees", default=None, help="OLD,NEW: run each tree (PYTHONPATH) in turn, --pairs times")
+    ap.add_argument("--pairs", type=int, default=3)
     args = ap.parse_args(argv)
+    if args.trees:
+        return side_by_side(args, argv if argv is not None else sys.argv[1:])
     from threadpoolctl import threadpool_limits
 
     from flower_vfl.core import accel
@@ -198,6 +209,50 @@ def main(argv=None):
             argv if argv is not None else sys.argv[1:]), "loadavg_before": load0, "loadavg_after": load1,
             "results": results}, fh, indent=1)
     print(f"wrote {out}")
+    return 0
+
+
+def side_by_side(args, argv):
+    """``--trees OLD,NEW``: this script on each tree in a fresh process, alternated; the summary."""
+    import subprocess
+    import tempfile
+    trees = [os.path.abspath(t) for t in args.trees.split(",")]
+    if len(trees) != 2:
+        raise SystemExit("--trees takes two trees, OLD,NEW")
+    drop = {"--trees", "--pairs", "--out"}
+    rest, skip = [], False
+    for a in argv:                       # the same options, less the side-by-side ones
+        if skip:
+            skip = False
+            continue
+        key = a.split("=")[0]
+        if key in drop:
+            skip = "=" not in a
+            continue
+        rest.append(a)
+    runs = {t: [] for t in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.pairs):
+            for t in (trees if i % 2 == 0 else trees[::-1]):
+                out = os.path.join(tmp, f"{len(runs[t])}_{trees.index(t)}.json")
+                env = dict(os.environ, PYTHONPATH=t)
+                subprocess.run([sys.executable, os.path.abspath(__file__), *rest, "--out", out], env=env,
+                               check=True, stdout=subprocess.DEVNULL)
+                with open(out) as fh:
+                    runs[t].append(json.load(fh))
+    for t in trees:
+        print(f"tree {t}:")
+        for r in runs[t]:
+            for res in r["results"]:
+                split = ", ".join(f"{k} {v:.3f}" for k, v in sorted(res.get("split_ms_per_round", {}).items(),
+                                                                     key=lambda kv: -kv[1]))
+                print(f"  {res['set']}: round {res['round_ms']:.3f} ms, products {res['products_ms']:.3f} ms, "
+                      f"ratio {res['ratio']:.2f}, fit CPU {res['fit_cpu_s']:.3f} s (load {r['loadavg_before'][0]:.1f})"
+                      + (f"; {split}" if split else ""))
+    old, new = runs[trees[0]], runs[trees[1]]
+    for j, res in enumerate(old[0]["results"]):
+        pairs = [b["results"][j]["round_ms"] / a["results"][j]["round_ms"] for a, b in zip(old, new)]
+        print(f"{res['set']}: NEW round / OLD round per pair: {', '.join(f'{x:.3f}' for x in pairs)}")
     return 0
 
 
