@@ -29,9 +29,9 @@ so ||R_i||_1 <= range(dw_i)^2 / 4 <= m^2 (m = max |dw|). Through the bordered sy
 error in z = w - b is then at most (m^2 / rho)(1/N + 2/s) per sample (Euclidean), s the
 smallest eigenvalue of S / rho off the all-ones direction; with a factor 2 for the Hessian moving
 along the step the solve stops when that bound is <= tol (1 + max|w|): no confirming
-iteration. It also stops, as before, when a full step is that small. The K x K Schur solve and
-s come from one eigendecomposition of S (its minimum-norm solve, eigenvalues below 1e-10 of the
-largest cut, as lstsq's rcond did).
+iteration. It also stops, as before, when a full step is that small. The K x K Schur solve is
+S's minimum-norm one (eigenvalues below 1e-10 of the largest cut, as lstsq's rcond did; one
+Cholesky solve, below), and s its smallest eigenvalue off the all-ones direction.
 
 Inexact solves (``rtol``, the central node's :data:`CENTRAL_RTOL`): the certificate's bound may
 instead be at most ``rtol`` times the first step's length m0 (for the central node, the round's
