@@ -164,7 +164,9 @@ class PartyClient(PartyBase):
         self._mask_digest = None
         if sa is None:
             return compute()
-        out = sa.masked_answer(content, context, kind, rnd, compute, history=self._history(context, kind, rnd))
+        from flower_vfl.clients.psi_party import bound_to_alignment
+        history = bound_to_alignment(context, self._history(context, kind, rnd), kind)   # the block's rows now
+        out = sa.masked_answer(content, context, kind, rnd, compute, history=history)
         self._mask_digest = sa.mask_digest
         return out
 

@@ -37,7 +37,7 @@ from flower_vfl.core.scoring import party_scores
 from flower_vfl.io import DataError, Preprocessor, align_rows, read_party, source_from_config
 
 __all__ = ["psi_answer", "psi_order", "save_model", "predict", "secagg_keys", "own_blocks", "party_source",
-           "model_path", "uses_own_data", "history_seed"]
+           "model_path", "uses_own_data", "history_seed", "bound_to_alignment"]
 
 STATE_ALIGN = "vfl.align."
 STATE_ALIGN_DIGEST = "vfl.align_digest."     # + split: the digest of the agreed order (psi_order)
@@ -112,6 +112,24 @@ def history_seed(context: Context) -> str:
     if STATE_ALIGN_DIGEST + "train" not in context.state:
         return ""
     return hashlib.sha256(f"train={_order_digest(context, 'train')}".encode()).hexdigest()
+
+
+def bound_to_alignment(context: Context, history: str | None, kind: str) -> str | None:
+    """What a party's masked answer is bound to (hex), from its ``history`` (a non-private party's history
+    of broadcasts; None for a private party) and the row orders its block is built on *now* (own data; a
+    party without a training alignment: ``history`` unchanged). A history's seed holds the training order
+    of a fresh state only, and a private party has none; a central node that re-aligns one party mid-run
+    (or resumes it from a token after showing it another order) changes that party's rows under the same
+    masks, and two sums over the one roster, one with its order rotated, differenced to that party's
+    values minus their rotation (its exact release, or a private party's held-out scores, up to one
+    constant). Bound to the current orders (the held-out order too for an evaluation), such a party's
+    masks no longer cancel with the others'."""
+    import hashlib
+    if STATE_ALIGN_DIGEST + "train" not in context.state:
+        return history
+    splits = ("train", "test") if str(kind).startswith("evaluate") else ("train",)
+    tag = "|".join(f"{s}={_order_digest(context, s)}" for s in splits)
+    return hashlib.sha256(f"flower-vfl/secagg/alignment|{tag}|{history or ''}".encode()).hexdigest()
 
 
 def _fresh_own_blocks(context: Context, idx, split_test, jdx):

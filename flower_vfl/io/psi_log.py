@@ -26,6 +26,8 @@ alignment spends its request's items and nothing else, and the default cap (1.0 
 own IDs) still lets an honest label owner realign as often as it likes. Once the tests have gone
 past the cap, every order naming an ID never named in an order before is refused up front,
 before it is compared with the party's IDs (so a refusal then says nothing about membership).
+An ID counts as named before only when an order the party accepted named it: a refused order
+(it holds an ID the party does not) confirms no single ID, so its IDs stay new.
 What stays outside the cap is what a requester confirms by naming IDs the party does hold (at
 most the party's own IDs, and only IDs the requester already had); what it learns about any
 other ID is bounded by the cap, across requests and orders together (before: a cap per kind, so
@@ -127,9 +129,9 @@ class PsiLog:
         One cap for both kinds, ``floor(factor × own_size)`` membership tests (the module doc).
         A request is refused when its new items would take the tests past the cap; an order
         (``held``: per item, whether the party holds that ID) is refused up front, before
-        ``held`` is read, when it names an ID never named in an order before and the tests are
-        already past the cap; otherwise its IDs not held count as tests (the caller refuses the
-        order itself). A refusal adds nothing and is logged too (:class:`PsiBoundError`).
+        ``held`` is read, when it names an ID never named in an order the party accepted and the
+        tests are already past the cap; otherwise its IDs not held count as tests (the caller refuses
+        the order itself) and, when it holds them all, its IDs are named. A refusal adds nothing and is logged too (:class:`PsiBoundError`).
         Returns the answer's row (``n_items``, ``n_new``, ``distinct_after``: the tests after
         it, ``cap``)."""
         if kind not in KINDS[:2]:
@@ -147,13 +149,18 @@ class PsiLog:
         try:
             req, absent = self.tests(source)
             before = req + absent
-            t0 = db.total_changes
-            db.executemany("INSERT OR IGNORE INTO asked VALUES (?, ?, ?)", digests)
-            n_new = db.total_changes - t0
             if kind == "request":
+                t0 = db.total_changes
+                db.executemany("INSERT OR IGNORE INTO asked VALUES (?, ?, ?)", digests)
+                n_new = db.total_changes - t0
                 after = before + n_new
                 refused = after > cap
             else:
+                # an ID is "named before" only if an order the party accepted (every ID held) named it: a
+                # refused order tells only how many of its IDs are not held, so re-naming its IDs one per
+                # order past the cap would test each of them for free
+                n_new = sum(db.execute("SELECT 1 FROM asked WHERE source=? AND kind=? AND item=?", d).fetchone()
+                            is None for d in digests)
                 refused = n_new > 0 and before > cap         # decided before membership is read
                 t1 = db.total_changes
                 if not refused:
@@ -161,6 +168,8 @@ class PsiLog:
                                    [(source, "absent", self._digest("absent", it))
                                     for it, h in zip(items, held) if not h])
                 after = before + (db.total_changes - t1)
+                if not refused and all(held):
+                    db.executemany("INSERT OR IGNORE INTO asked VALUES (?, ?, ?)", digests)
             if refused:
                 db.execute("ROLLBACK")
                 db.execute("BEGIN IMMEDIATE")
