@@ -53,7 +53,7 @@ def test_a_refused_order_does_not_make_its_ids_free_to_test_one_by_one(tmp_path)
     with pytest.raises(PsiBoundError) as err:
         order(ctx(2), [fresh[0]])
     assert str(err.value) == (
-        f"PSI bound: this order names 1 IDs never named in an order before, and the {absent} membership tests "
+        f"PSI bound: this order names 1 IDs never named in an accepted order before, and the {absent} membership tests "
         f"already answered for {source} (0 encrypted IDs in PSI requests, {absent} IDs of agreed orders it does not "
         "hold) are already past this party's cap of 300 (psi-max-asked=1 × its 300 IDs; one cap for PSI requests "
         "and agreed orders). Refused, across all runs: raise the node-config key psi-max-asked if the label owner "

@@ -140,7 +140,7 @@ def test_guessed_ids_sent_as_the_agreed_order_are_counted_too(party):
     absent = sum(g not in set(held) for g in GUESSES[:seen])
     assert absent > 3000 >= absent - 500                     # one order past the cap, then none
     assert str(err.value) == (
-        f"PSI bound: this order names 500 IDs never named in an order before, and the {absent} membership tests "
+        f"PSI bound: this order names 500 IDs never named in an accepted order before, and the {absent} membership tests "
         f"already answered for {source} (0 encrypted IDs in PSI requests, {absent} IDs of agreed orders it does not "
         "hold) are already past this party's cap of 3000 (psi-max-asked=1 × its 3000 IDs; one cap for PSI requests "
         "and agreed orders). Refused, across all runs: raise the node-config key psi-max-asked if the label owner "
@@ -172,7 +172,7 @@ def test_requests_and_orders_share_one_cap(party):
     assert len(tested) < 2 * 3000 and learned <= own
     again = sorted(learned & set(GUESSES[2800:]))[:5]       # IDs named in an accepted order before:
     assert len(again) == 5 and order(ctx(nc, 99_999), again)["n_rows"] == 5   # no new test, answered
-    with pytest.raises(PsiBoundError, match="this order names 1 IDs never named in an order before"):
+    with pytest.raises(PsiBoundError, match="this order names 1 IDs never named in an accepted order before"):
         order(ctx(nc, 99_998), [held[0]])                    # past the cap: refused before it is compared
 
 

@@ -24,7 +24,7 @@ it is not held). An order whose IDs the party all holds costs nothing more: an h
 the intersection of an answered request, whose items were already counted, so an honest
 alignment spends its request's items and nothing else, and the default cap (1.0 x the party's
 own IDs) still lets an honest label owner realign as often as it likes. Once the tests have gone
-past the cap, every order naming an ID never named in an order before is refused up front,
+past the cap, every order naming an ID never named in an accepted order before is refused up front,
 before it is compared with the party's IDs (so a refusal then says nothing about membership).
 An ID counts as named before only when an order the party accepted named it: a refused order
 (it holds an ID the party does not) confirms no single ID, so its IDs stay new.
@@ -193,7 +193,7 @@ class PsiLog:
                 head = (f"this request holds {len(digests)} items, {n_new} of them never asked before; with {so_far} "
                         f"that would pass this party's cap of {cap}")
             else:
-                head = (f"this order names {n_new} IDs never named in an order before, and {so_far} are already "
+                head = (f"this order names {n_new} IDs never named in an accepted order before, and {so_far} are already "
                         f"past this party's cap of {cap}")
             raise PsiBoundError(
                 f"PSI bound: {head} (psi-max-asked={factor:g} × its {own_size} IDs; one cap for PSI requests and "
