@@ -18,12 +18,19 @@ tree (its own ``flower_vfl``) runs in its own such process, alternated ``--reps`
 
     python benchmarks/bench_message_process.py --fork --reps 5 --forks 6 \
         --app-dir /tmp/before --app-dir /tmp/after
+
+``--pull``: what a forked ClientApp's pull of its task input costs (Flower's ``PullTaskInput``,
+which carries the run's FAB, content included, with every message) against a real SuperNode
+Runtime API, with and without flower-vfl-supernode's ``fab-skip``:
+
+    python benchmarks/bench_message_process.py --pull --reps 4 --calls 30
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -179,6 +186,161 @@ def fork_main(args) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
+def _pull_server(port: int, fab_path: str, ctx_bytes: int, skip: bool, conn) -> None:
+    """(A process.) Flower's SuperNode Runtime API (its FastAPI app under uvicorn on loopback, as
+    ``flower-supernode`` serves it) over a stub NodeState holding one run: the FAB read from
+    ``fab_path``, a context of ``ctx_bytes`` (the party's a9a context.state is ~37 KB), one task.
+    ``skip``: with flower-vfl-supernode's fab-skip. Sends the FAB's hash, then, when asked, the
+    server handler's seconds per call."""
+    import hashlib
+    import threading
+    import warnings
+    warnings.simplefilter("ignore")
+    import numpy as np
+    import uvicorn
+    from flwr.app import ArrayRecord, Context, RecordDict
+    from flwr.proto.task_pb2 import Task
+    from flwr.supercore.fab import Fab
+    from flwr.supercore.run import Run
+    from flwr.supernode.main import create_app
+
+    import flwr.supernode.servicer.runtime.runtime_handlers as rh
+    if skip:
+        from flower_vfl.deploy.installed_fab import serve_installed_fabs
+        assert serve_installed_fabs({})
+    content = Path(fab_path).read_bytes()
+    fab = Fab(hashlib.sha256(content).hexdigest(), content, {})
+    run = Run.create_empty(7)
+    run.fab_id, run.fab_version, run.fab_hash = "flower-vfl/flower-vfl", "0", fab.hash_str
+    ctx = Context(run_id=7, node_id=3, node_config={"partition-id": 0},
+                  state=RecordDict({"vfl.factor": ArrayRecord([np.zeros(ctx_bytes // 8)])}), run_config={})
+
+    class State:
+        def get_task_by_token(self, token):
+            return Task(task_id=5, run_id=7)
+
+        def get_run(self, run_id):
+            return run
+
+        def get_run_series_context(self, series_id):
+            return ctx
+
+        def get_fab(self, fab_hash):
+            return fab
+
+        def activate_task(self, task_id=None):
+            return True
+
+    class Factory:
+        def state(self):
+            return State()
+    handler, times = rh.pull_task_input, []
+
+    def timed(*a):
+        t = time.perf_counter()
+        out = handler(*a)
+        times.append(time.perf_counter() - t)
+        return out
+    rh.pull_task_input = timed              # a benchmark's timer around whichever handler is there
+    srv = uvicorn.Server(uvicorn.Config(app=create_app(state_factory=Factory()), host="127.0.0.1", port=port,
+                                        log_level="error"))
+    threading.Thread(target=srv.run, daemon=True).start()
+    while not srv.started:
+        time.sleep(0.02)
+    conn.send(fab.hash_str)
+    conn.recv()
+    conn.send(times)
+
+
+def _pull_client(port: int, hashes, n: int, conn) -> None:
+    """(A process.) Flower's Runtime API client as a ClientApp makes it; ``n`` PullTaskInput calls
+    (naming ``hashes`` as installed, as a forked ClientApp with fab-announce does), each followed
+    by what the ClientApp does with the answer before the app runs (parse the context, run and
+    FAB; the SHA-256 of a FAB's content that fab-reuse keys on)."""
+    import hashlib
+    import warnings
+    warnings.simplefilter("ignore")
+    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
+    from flwr.proto.runtime_pb2 import PullTaskInputRequest
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    from flower_vfl.deploy.installed_fab import announcement
+    client = RuntimeHttpClient.from_server_address(
+        f"127.0.0.1:{port}", True, None,
+        [RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), RuntimeTokenHttpInterceptor("token")])
+    req = PullTaskInputRequest()
+    if hashes:
+        req.MergeFromString(announcement(hashes))
+    call, after = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        res = client.PullTaskInput(req)
+        t1 = time.perf_counter()
+        context_from_proto(res.context)
+        run_from_proto(res.run)
+        fab = fab_from_proto(res.fab)
+        if fab.content:
+            hashlib.sha256(fab.content).hexdigest()
+        after.append(time.perf_counter() - t1)
+        call.append(t1 - t0)
+    conn.send({"call": call, "after": after, "bytes": {"answer": res.ByteSize(), "fab": res.fab.ByteSize(),
+                                                       "context": res.context.ByteSize(), "run": res.run.ByteSize()}})
+
+
+def pull_main(args) -> None:
+    """``--pull``: a ClientApp's PullTaskInput against a real SuperNode Runtime API, the FAB sent in
+    full (Flower) and without content (fab-skip), alternated; bytes of the answer by part, the
+    server handler's time, the call's time, and the ClientApp's work on the answer."""
+    import multiprocessing as mp
+    import socket
+    import tempfile
+    fab_path = args.fab
+    if fab_path is None:                      # the FAB `flwr run` builds from this checkout
+        from flwr.cli.build import build_fab_from_disk
+        fab_path = str(Path(tempfile.mkdtemp(prefix="bench_pull_")) / "app.fab")
+        Path(fab_path).write_bytes(build_fab_from_disk(Path(__file__).resolve().parents[1]))
+    res = {m: {"call": [], "after": [], "handler": []} for m in ("full", "skip")}
+    loads = []
+    for rep in range(args.reps):
+        for mode in (("full", "skip") if rep % 2 == 0 else ("skip", "full")):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            sa, sb = mp.Pipe()
+            server = mp.Process(target=_pull_server, args=(port, fab_path, args.context_bytes, mode == "skip", sb))
+            server.start()
+            fab_hash = sa.recv()
+            ca, cb = mp.Pipe()
+            client = mp.Process(target=_pull_client, args=(port, [fab_hash] if mode == "skip" else [], args.calls, cb))
+            client.start()
+            got = ca.recv()
+            client.join()
+            sa.send("times")
+            handler = sa.recv()
+            server.terminate()
+            server.join()
+            for key, vals in (("call", got["call"]), ("after", got["after"]), ("handler", handler)):
+                res[mode][key] += vals[2:]            # the first calls warm the connection
+            res[mode]["bytes"] = got["bytes"]
+            loads.append(os.getloadavg()[0])
+    print(f"PullTaskInput on a real SuperNode Runtime API (loopback HTTP), {args.reps} alternated repetitions x "
+          f"{args.calls} calls; load {[round(x, 1) for x in loads]}")
+    for mode, r in res.items():
+        print(f"{mode:4s}: answer {r['bytes']['answer']:,} B (FAB {r['bytes']['fab']:,}, context "
+              f"{r['bytes']['context']:,}, run {r['bytes']['run']:,}); medians: call "
+              f"{statistics.median(r['call']) * 1e3:.2f} ms, of it the node's handler "
+              f"{statistics.median(r['handler']) * 1e3:.2f} ms; the ClientApp's parse (+ SHA-256 of the FAB) "
+              f"{statistics.median(r['after']) * 1e3:.2f} ms")
+    out = Path(args.out or Path(__file__).parent / "results" / "bench_message_pull.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "loadavg_1min": loads,
+                               "rows": {m: {**{f"{k}_median_s": statistics.median(r[k]) for k in
+                                               ("call", "after", "handler")}, "bytes": r["bytes"]}
+                                        for m, r in res.items()}}, indent=1))
+    print(f"wrote {out}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
@@ -190,10 +352,19 @@ def main(argv=None):
     ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "a9a"))
     ap.add_argument("--clear-blas-env", action="store_true",
                     help="--fork: drop $OPENBLAS_THREAD_TIMEOUT from the environment of each tree's process")
+    ap.add_argument("--pull", action="store_true",
+                    help="a ClientApp's PullTaskInput on a real SuperNode Runtime API: the FAB in full (Flower) "
+                         "and without content (flower-vfl-supernode's fab-skip), alternated")
+    ap.add_argument("--fab", default=None, help="--pull: a FAB file (default: built from this checkout)")
+    ap.add_argument("--calls", type=int, default=30, help="--pull: calls per repetition and mode")
+    ap.add_argument("--context-bytes", type=int, default=37_300,
+                    help="--pull: the context's array bytes (a9a's party context.state: ~37 KB)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.fork:
         return fork_main(args)
+    if args.pull:
+        return pull_main(args)
     times = {k: [] for k in STAGES}
     for _ in range(args.reps):
         for name, code in STAGES.items():

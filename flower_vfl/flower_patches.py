@@ -115,6 +115,17 @@ PATCHES: tuple[Patch, ...] = (
           "in a forked child: a FAB whose bytes this node already installed is not extracted and verified again "
           "(applied with superexec-fork)", "Flower extracts and verifies the FAB for every message",
           "flower_vfl.deploy.warm_exec"),
+    Patch("fab-announce", (f"{_RC}:pull_task_input",),
+          "in a forked ClientApp: its PullTaskInput request names the FABs this node installed (their SHA-256, "
+          "in a field Flower does not define); a FAB its node then sends without content is the folder Flower "
+          "installed those verified bytes in, used only when it is the folder Flower loads the app from "
+          "(applied with superexec-fork)", "the ClientApp gets every FAB's content, as in Flower",
+          "flower_vfl.deploy.installed_fab (from flower_vfl.deploy.warm_exec)"),
+    Patch("fab-skip", ("flwr.supernode.servicer.runtime.runtime_handlers:pull_task_input",),
+          "flower-vfl-supernode: a ClientApp that named the run's FAB hash as installed gets the FAB without its "
+          "content (1.6 MB a message for flower-vfl's bundle); any other hash, or no such name, gets the full FAB "
+          "($FLOWER_VFL_FAB_RESEND=1: always)", "every ClientApp gets the FAB's content with every message, as in "
+          "Flower", "flower_vfl.deploy.installed_fab (from flower_vfl.deploy.supernode)"),
     Patch("force-exit-watch", ("flwr.supercore.exit.exit:os", f"{_RC}:flwr_exit",
                                "flwr.supercore.exit.signal_handler:flwr_exit"),
           "a forked ClientApp that Flower's force exit (os._exit 5 s into flwr_exit) ends logs one ERROR line",

@@ -85,7 +85,7 @@ def test_every_patch_site_leaves_an_unknown_flower_alone_and_says_which_patch(mo
     """flwr 1.99.0: every site returns False, touches no listed target, and warns once naming its patch."""
     import flwr
 
-    from flower_vfl.deploy import supernode, warm_exec
+    from flower_vfl.deploy import installed_fab, supernode, warm_exec
     from flower_vfl.strategies import sim_delivery
 
     before = {}
@@ -107,7 +107,9 @@ def test_every_patch_site_leaves_an_unknown_flower_alone_and_says_which_patch(mo
              "serverapp-fork": warm_exec.serverapp_forkable,
              "serverapp-flush": warm_exec.patch_serverapp_flush,
              "force-exit-watch": lambda: warm_exec.watch_force_exit(1),
-             "sim-delivery-wake": lambda: sim_delivery.warn_if_absent() or False}
+             "sim-delivery-wake": lambda: sim_delivery.warn_if_absent() or False,
+             "fab-skip": lambda: installed_fab.serve_installed_fabs({}),
+             "fab-announce": installed_fab.announce_installed_fabs}
     for name, site in sites.items():
         with pytest.warns(fp.FlowerPatchWarning) as rec:
             assert site() is False, name

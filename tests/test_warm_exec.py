@@ -46,6 +46,10 @@ def test_warm_isolation_end_to_end_matches_the_engine(tmp_path, packaged):
     where = re.escape(str(Path(flower_vfl.__file__).resolve().parents[1])) + r" here" if packaged \
         else r"\S*/apps/flower-vfl\.flower-vfl\.\S+ here"
     assert re.search(r"INFO[^\n]{0,24}\[warm_exec\] imported \d+ modules of the app in " + where, exec_log), exec_log[-3000:]
+    # after the first message installed the app bundle, the node sent it without content (fab-skip)
+    from flower_vfl.deploy.installed_fab import SKIP_LINE
+    assert re.search(re.escape(SKIP_LINE).replace("%s", "[0-9a-f]{12}"),
+                     (tmp_path / "logs" / "node0.log").read_text()), "node0.log: no FAB sent without content"
     # the run's ServerApp was forked by the SuperLink's warm executor (--isolation process), not a
     # flwr-serverapp interpreter
     server_log = (tmp_path / "logs" / "server-exec.log").read_text()
@@ -190,6 +194,7 @@ def test_warm_exec_reuses_a_fab_it_installed(monkeypatch, tmp_path):
         return path
 
     monkeypatch.setattr(rc, "install_from_fab", flower_install)
+    monkeypatch.setattr(rc, "pull_task_input", rc.pull_task_input)     # fab-announce: undone after
     warm_exec._reuse_installed_fabs()
     assert rc.install_from_fab(b"fab one", skip_prompt=True) == tmp_path / "apps" / "app-1"
     assert rc.install_from_fab(b"fab one", skip_prompt=True) == tmp_path / "apps" / "app-1"
@@ -636,3 +641,31 @@ print(json.dumps({"before": before, "after": after, **child}))
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["before"] == 0 and res["after"] == 1 and res["same"] is True
     assert res["libs"] >= 1 and res["inside"] == [1] * res["libs"]
+
+
+def test_a_forked_child_of_a_bundle_without_our_fab_module_still_gets_the_fab_patches(tmp_path):
+    """A forked ClientApp drops this package's modules before Flower's code runs and puts the FAB's
+    folder first on sys.path; the FAB may be an older flower-vfl without deploy/installed_fab.py.
+    The child's patches (fab-reuse, fab-announce) must use what the warm process imported, not
+    import anything of ours again (from the bundle)."""
+    import subprocess
+    import sys
+    bundle = tmp_path / "bundle"
+    (bundle / "flower_vfl").mkdir(parents=True)
+    (bundle / "flower_vfl" / "__init__.py").write_text("")                 # an app with nothing of deploy/
+    code = ("import sys, warnings\n"
+            "from flower_vfl.flower_patches import FlowerPatchWarning\n"
+            "warnings.simplefilter('error', FlowerPatchWarning)\n"       # every patch applies
+            "from flower_vfl.deploy import warm_exec\n"
+            "import flwr.supernode.runtime.run_clientapp as rc\n"
+            "before = rc.pull_task_input, rc.install_from_fab\n"
+            f"sys.path.insert(0, {str(bundle)!r})\n"
+            "warm_exec._child_after_fork({})\n"
+            "assert not [m for m in sys.modules if m.startswith('flower_vfl.')]\n"
+            "warm_exec._reuse_installed_fabs(warm_exec.CLIENT_RUNTIME)\n"
+            "assert rc.pull_task_input is not before[0] and rc.install_from_fab is not before[1]\n"
+            "print(sorted(m for m in sys.modules if m.startswith('flower_vfl')))\n")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                         text=True, cwd=str(tmp_path), timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -74,7 +74,13 @@ _SOLVERS_MAX = 8
 
 def _fingerprint(D) -> tuple:
     """Type, shape and a SHA-256 of the block's content: the solver cache's key (never the
-    privacy ledger's: that is the declared source, flower_vfl.clients.source)."""
+    privacy ledger's: that is the declared source, flower_vfl.clients.source). A block the
+    party's block cache returned carries that SHA-256 already (the cache file's checksum over the
+    block's arrays, :func:`flower_vfl.io.party_cache.block_digest`): no pass over it here."""
+    from flower_vfl.io.party_cache import block_digest
+    known = block_digest(D)
+    if known is not None:
+        return type(D).__name__, tuple(D.shape), "block-cache:" + known
     h = hashlib.sha256()
     M = D.tocsr() if sp.issparse(D) else None
     parts = (M.indptr, M.indices, M.data) if M is not None else (np.asarray(D),)

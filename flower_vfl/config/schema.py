@@ -670,4 +670,7 @@ ENVIRONMENT: dict[str, EnvVar] = {e.name: e for e in (
            "benchmarks: 'flower' uses Flower's own send_and_receive loop instead of the exchange's polling"),
     EnvVar("FLOWER_VFL_SIM_WAKE", "1", "flower_vfl.strategies.sim_delivery",
            "benchmarks: 0 turns off waking the simulation's delivery thread after a push"),
+    EnvVar("FLOWER_VFL_FAB_RESEND", None, "flower_vfl.deploy.installed_fab.resend_fabs",
+           "1/true/yes/on: flower-vfl-supernode sends the FAB's content to every ClientApp with every message, as "
+           "Flower does, also to a forked ClientApp that installed it (benchmarks compare the two)"),
 )}

@@ -20,7 +20,10 @@ behaviour, except for the sleeps *inside that one module*:
   message, for its warm executor (``warm_exec --wake-port PORT``), which then asks for the task at
   once instead of polling the node every 10 ms;
 - a pulled object the SuperLink does not have yet is asked for again after 10 ms, doubling up to
-  0.5 s (Flower: 1 s, up to 10 s), as in every forked ClientApp of the warm executor.
+  0.5 s (Flower: 1 s, up to 10 s), as in every forked ClientApp of the warm executor;
+- a ClientApp of the warm executor that names the run's app bundle (FAB) as installed gets it
+  without its content (Flower: the whole FAB, 1.6 MB for flower-vfl's, with every message;
+  :mod:`flower_vfl.deploy.installed_fab`; ``FLOWER_VFL_FAB_RESEND=1``: as in Flower).
 
     flower-vfl-supernode --idle-poll 0.5 --superlink link.example.org:9092 \\
         --root-certificates ca.crt --node-config "partition-id=1 data-path='...'"
@@ -63,6 +66,7 @@ import sys
 import time
 
 from flower_vfl.deploy import hooks
+from flower_vfl.deploy.installed_fab import serve_installed_fabs
 from flower_vfl.flower_patches import applicable, replace, set_kwdefault
 
 __all__ = ["IDLE_POLL_S", "HOT_POLL_S", "cap_idle_sleep", "hint_tls_mismatch", "main", "probe_tls", "set_heartbeat",
@@ -598,6 +602,7 @@ def main(argv: list[str] | None = None) -> int | None:
         wake_executor(wake)
     if hot:
         fast_object_retries()
+    serve_installed_fabs()           # a forked ClientApp that installed the run's FAB gets it without content
     for observe in hooks.NODE_START:      # empty in the product (benchmarks/timing/ adds its timing)
         observe()
     from flwr.supernode.cli import flower_supernode

@@ -40,7 +40,9 @@ the SuperExec asks its SuperNode for the next task every 10 ms for 2 s
 after a launch or a ClientApp's exit (then at Flower's interval), or, with ``--wake-port U``, waits
 on UDP 127.0.0.1:U between polls instead (its SuperNode, ``flower-vfl-supernode --wake-executor U``,
 sends a datagram when it stored a message; a poll every 1 s without one); a forked ClientApp does not
-extract and verify a FAB whose bytes it already installed; a ClientApp's pull of an object its
+extract and verify a FAB whose bytes it already installed, and names those FABs when it pulls its task
+input, so that its node (``flower-vfl-supernode``) sends the run's FAB without content when it is one
+of them (:mod:`flower_vfl.deploy.installed_fab`); a ClientApp's pull of an object its
 SuperNode does not hold yet is retried after 10 ms (Flower: 1 s).
 
 Memory (``--accountants``): a private party's reply reports its ε by every accountant (opacus'
@@ -79,6 +81,8 @@ import sys
 import threading
 
 from flower_vfl.deploy import hooks
+# bound at import: a forked child drops this package's modules before Flower's code runs
+from flower_vfl.deploy.installed_fab import InstalledFab, announce_installed_fabs, client_code_missing, note_dir
 from flower_vfl.flower_patches import applicable, replace
 
 __all__ = ["main"]
@@ -508,21 +512,25 @@ def _reuse_installed_fabs(runtime=CLIENT_RUNTIME) -> None:
     """In a forked child: a FAB whose bytes (SHA-256) this node's ClientApps already installed is
     not extracted and hash-verified again (Flower does both for every message, then finds the app
     installed and keeps it). The note is written after Flower's own install of those bytes succeeded,
-    in ``$FLWR_HOME/apps/.flower-vfl-installed/<sha256>`` (the party's own disk)."""
+    in ``$FLWR_HOME/apps/.flower-vfl-installed/<sha256>`` (the party's own disk).
+
+    A ClientApp's (``runtime`` = :data:`CLIENT_RUNTIME`) pull of its task input also names the FABs
+    those notes list, and a FAB its node then sends without content
+    (:class:`~flower_vfl.deploy.installed_fab.InstalledFab`: the ``fab-announce`` / ``fab-skip``
+    patches of :mod:`flower_vfl.deploy.installed_fab`) is the folder Flower installed those bytes in."""
     import hashlib
     import importlib
     from pathlib import Path
 
     rc = importlib.import_module(runtime)
-    from flwr.common.constant import APP_DIR
-    from flwr.supercore.utils import get_flwr_home
-
     install = rc.install_from_fab
 
     def install_from_fab(fab_file, install_dir=None, skip_prompt=False):
+        if isinstance(fab_file, InstalledFab) and install_dir is None:
+            return fab_file.path              # verified at its install; checked against the run's load folder
         if not isinstance(fab_file, bytes) or install_dir is not None:
             return install(fab_file, install_dir, skip_prompt)
-        note = get_flwr_home() / APP_DIR / ".flower-vfl-installed" / hashlib.sha256(fab_file).hexdigest()
+        note = note_dir() / hashlib.sha256(fab_file).hexdigest()
         try:
             path = Path(note.read_text())
             if (path / "pyproject.toml").is_file():
@@ -540,6 +548,8 @@ def _reuse_installed_fabs(runtime=CLIENT_RUNTIME) -> None:
         return path
 
     replace("fab-reuse", rc, "install_from_fab", install_from_fab)
+    if runtime == CLIENT_RUNTIME:
+        announce_installed_fabs(runtime)
 
 
 #: what :func:`watch_force_exit` logs (task id, seconds)
@@ -884,6 +894,8 @@ def main(argv=None) -> None:
         accountants = "off" if args.lean or args.app == "serverapp" else args.accountants or "auto"
         for mod in SERVER_WARM_IMPORTS if args.app == "serverapp" else WARM_IMPORTS:
             importlib.import_module(mod)
+        if args.app == "clientapp":
+            client_code_missing(CLIENT_RUNTIME)    # fab-announce's check of Flower's code: once, here
         if accountants == "eager":
             import_private_libraries()
         from flower_vfl.deploy.supernode import fast_object_retries

@@ -51,6 +51,7 @@ import math
 import os
 import struct
 import time
+import weakref
 import zipfile
 from pathlib import Path
 
@@ -60,7 +61,7 @@ from flower_vfl.io.checkpoint import atomic_write
 from flower_vfl.io.npy import read_npy_header
 
 __all__ = ["cache_enabled", "block_cache_dir", "source_fingerprint", "cached_party_block", "own_block_key", "files_of",
-           "cached_own_block", "verified_files"]
+           "cached_own_block", "verified_files", "block_digest"]
 
 #: bump when the file layout below changes
 FORMAT = 1
@@ -293,12 +294,15 @@ def _mapped_npz(path: Path) -> dict | None:
         return None
 
 
-def _read_arrays(path: Path, verified: "_Verified | None" = None):
+def _read_arrays(path: Path, verified: "_Verified | None" = None, checksum: list | None = None):
     """The arrays of a cache file whose checksum holds, else None. With ``verified``: a file whose
-    checksum held before and that has not changed since is memory-mapped without hashing it."""
+    checksum held before and that has not changed since is memory-mapped without hashing it.
+    ``checksum``: a list the file's checksum (:func:`_digest` of its arrays) is appended to."""
     if verified is not None and verified.block_ok(path):
         arrays = _mapped_npz(path)
         if arrays is not None and "checksum" in arrays:
+            if checksum is not None:
+                checksum.append(str(arrays["checksum"]))
             arrays.pop("checksum")
             return arrays
     try:
@@ -313,17 +317,50 @@ def _read_arrays(path: Path, verified: "_Verified | None" = None):
         return None                       # torn or tampered file: parse again
     if verified is not None:
         verified.mark_block(path)
+    if checksum is not None:
+        checksum.append(digest)
     return arrays
 
 
 def _read(path: Path, verified=None):
-    arrays = _read_arrays(path, verified)
+    checksum: list = []
+    arrays = _read_arrays(path, verified, checksum)
     if arrays is None:
         return None
-    return _unpack("train", arrays), (None if "test.kind" not in arrays else _unpack("test", arrays))
+    return _remember(checksum[0], _unpack("train", arrays),
+                     None if "test.kind" not in arrays else _unpack("test", arrays))
 
 
-def _write(path: Path, D, D_test, extra=None, verified=None) -> None:
+#: id(block) -> (a weak reference to it, its content digest): the blocks this module returned
+_DIGESTS: dict[int, tuple] = {}
+
+
+def _remember(checksum: str, *blocks):
+    """``blocks`` (train, test[, extra]) as returned; each train / test block's content digest
+    (:func:`block_digest`) recorded as the cache file's checksum and its part."""
+    for part, M in zip(("train", "test"), blocks):
+        if M is None:
+            continue
+        try:
+            ref = weakref.ref(M, lambda _r, k=id(M): _DIGESTS.pop(k, None))
+        except TypeError:
+            continue
+        _DIGESTS[id(M)] = (ref, f"{checksum}:{part}")
+    return blocks
+
+
+def block_digest(M) -> str | None:
+    """For a block this cache returned (the very object), a digest of its content: the SHA-256
+    its cache file carries over the block's arrays (:func:`_digest`: every array's name, dtype,
+    shape and bytes), checked when the file was written or read (the checksum, then the file's
+    SHA-256 with its stat as ``verified.json`` keeps them), and the part (``train``/``test``);
+    None for any other object. The block is shared: callers do not modify it in place (a mapped
+    block is read-only)."""
+    got = _DIGESTS.get(id(M))
+    return got[1] if got is not None and got[0]() is M else None
+
+
+def _write(path: Path, D, D_test, extra=None, verified=None) -> str:
     arrays: dict = {}
     _pack("train", D, arrays)
     if D_test is not None:
@@ -335,6 +372,7 @@ def _write(path: Path, D, D_test, extra=None, verified=None) -> None:
     atomic_write(path, lambda fh: np.savez(fh, **arrays))    # a concurrent reader sees a whole file
     if verified is not None:                   # written and synced from the arrays its checksum is of
         verified.mark_block(path)
+    return str(arrays["checksum"])
 
 
 def _touch(path: Path, verified: "_Verified | None" = None) -> None:
@@ -412,7 +450,7 @@ def cached_party_block(name: str, party: int, num_parties: int, data_dir=None, s
     else:
         got = party_block(name, party, num_parties, data_dir)
         try:
-            _write(path, *got, verified=verified)
+            _remember(_write(path, *got, verified=verified), *got)
             for old in folder.glob(f"{stem}*.npz"):     # blocks of data that has changed since
                 if old != path:
                     old.unlink(missing_ok=True)
@@ -505,15 +543,17 @@ def cached_own_block(key: str | None, source_path: str, id_column: str, build, s
     path = folder / f"{stem}{key[:32]}.npz"
     if verified is None:
         verified = _Verified(folder)
-    arrays = _read_arrays(path, verified) if path.is_file() else None
+    checksum: list = []
+    arrays = _read_arrays(path, verified, checksum) if path.is_file() else None
     if arrays is not None:
         _touch(path, verified)
-        got = (_unpack("train", arrays), None if "test.kind" not in arrays else _unpack("test", arrays),
-               {k[len("extra."):]: v for k, v in arrays.items() if k.startswith("extra.")})
+        got = _remember(checksum[0], _unpack("train", arrays),
+                        None if "test.kind" not in arrays else _unpack("test", arrays),
+                        {k[len("extra."):]: v for k, v in arrays.items() if k.startswith("extra.")})
     else:
         got = build()
         try:
-            _write(path, *got, verified=verified)
+            _remember(_write(path, *got, verified=verified), *got)
             for old in folder.glob(f"{stem}*.npz"):     # this source's block for other data or order
                 if old != path:
                     old.unlink(missing_ok=True)
