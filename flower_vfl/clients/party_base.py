@@ -156,6 +156,7 @@ class PartyClient(PartyBase):
                 raise Refused(f"party {self.party_id} releases only under secure aggregation (node config "
                               "secagg-only); this request asks for a plain release: refused (set secagg=true "
                               "in the run config)", field="config.secagg.adverts")
+            sa.check_plain()        # answered a secure sum before: no plain release (a roster of one)
             return None
         return sa
 
@@ -163,7 +164,10 @@ class PartyClient(PartyBase):
         sa = self._secagg(content)
         self._mask_digest = None
         if sa is None:
-            return compute()
+            out = compute()
+            if self.secagg is not None:     # a plain release is a sum over this party alone: recorded (pinned keys)
+                self.secagg.claim_plain()
+            return out
         from flower_vfl.clients.psi_party import bound_to_alignment
         history = bound_to_alignment(context, self._history(context, kind, rnd), kind)   # the block's rows now
         out = sa.masked_answer(content, context, kind, rnd, compute, history=history)

@@ -31,7 +31,11 @@
   names of its first masked answer are recorded in its store
   (:meth:`~flower_vfl.privacy.store.PartyStore.claim_secagg_roster`, keyed by ``partition-id`` and
   ``secagg-name``, never by the run), durably before any value is computed, and any other set is
-  refused (:class:`~flower_vfl.secagg.RosterConflict`, code ``secagg-roster``).
+  refused (:class:`~flower_vfl.secagg.RosterConflict`, code ``secagg-roster``). A plain release is a
+  sum over the party alone: with pinned keys, a party that answered a secure sum refuses every plain
+  release (:meth:`PartySecAgg.check_plain`), and one that released in the clear records itself as its
+  roster and refuses every secure sum (:meth:`PartySecAgg.claim_plain`): its values could be had again
+  in the clear and subtracted from a sum, reading the other parties' values.
 - Resume (:func:`resume_identify`, :func:`keep_for_resume`): the central node never sees a
   non-private party's release, so it cannot re-synchronize it; the party gives each run a random
   resume token at identify (checkpointed by the central node) and keeps its state after each masked
@@ -318,6 +322,52 @@ class PartySecAgg:
         each apart; nothing the central node sends changes it)."""
         return f"partition:{self.party_id}/name:{self.name}"
 
+    def check_plain(self) -> None:
+        """Refuse a plain (unmasked) release once this party answered a secure sum (its store records
+        its roster). A plain release is a sum over this party alone, a second roster: a non-private
+        party's value is a function of its block and broadcasts (a private party's, of its plan's stored
+        draws), so the central node can have it again in the clear, subtract it from the sums it entered
+        and read the other parties' values. No store is created to find out (none: never masked). Only with
+        pinned keys (``secagg-pins``: the setting against a malicious central node); unpinned, the party
+        already trusts the central node to follow the protocol (``secagg-trust``, or a simulation, where
+        one operator plays every party and compares plain and secure runs on one state folder)."""
+        if self.pins is None:
+            return
+        from pathlib import Path
+        from flower_vfl.privacy.store import OPEN_STORES, default_state_dir
+        try:
+            key = str(self.state_dir or default_state_dir())
+        except StateDirRequired:             # a deployed node without state-dir answers no masked request
+            return
+        path = Path(key).expanduser()
+        if key not in OPEN_STORES and not (path if path.suffix == ".sqlite" else path / "party.sqlite").exists():
+            return
+        recorded = party_store(key).secagg_roster(self.owner)
+        if recorded is None or recorded == self.name:
+            return
+        self._refuse_plain(recorded)
+
+    def claim_plain(self) -> None:
+        """After a plain release is computed, before it leaves: with pinned keys, record in the store
+        that this party released in the clear (the roster of itself alone, :meth:`_one_roster`), so that
+        no later secure sum, in any run, holds a value the central node can have again in the clear
+        (a non-private party's from the same broadcasts, a private party's stored draw from a resumed
+        plan) and subtract. Unpinned: nothing (as :meth:`check_plain`)."""
+        if self.pins is None:
+            return
+        recorded = self._store().claim_secagg_roster(self.owner, self.name)
+        if recorded != self.name:
+            self._refuse_plain(recorded)
+
+    def _refuse_plain(self, recorded: str):
+        r = Refused(f"party {self.name!r} answers secure sums over one roster only, [{recorded}] (recorded in its "
+                    "state folder at its first masked answer); a plain release is a sum over this party alone: the "
+                    "central node could subtract it from those sums and read the other parties' values. Refused; "
+                    "run with secagg=true (docs/secagg.md). A plain run of this party's data is its operator's "
+                    "decision only (a new secagg-name in its node config)", field=f"config.{ADVERTS}")
+        r.code = RosterConflict.code
+        raise r
+
     def _store(self):
         try:
             return party_store(self.state_dir)
@@ -368,6 +418,13 @@ class PartySecAgg:
         recorded = store.claim_secagg_roster(owner, over)
         if recorded == over:
             return
+        if recorded == self.name:           # claim_plain: it released in the clear before
+            raise RosterConflict(
+                f"party {self.name!r} released in the clear before (a plain release is a sum over this party alone, "
+                f"recorded in its state folder); refused in a secure sum over [{over}]: the central node could have "
+                "the same values again in the clear (the same broadcasts, or a resumed plan's stored draws), subtract "
+                "them from the sum and read the other parties' values. A secure run of this party's data is its "
+                "operator's decision only (a new secagg-name in its node config, pinned by the others)")
         raise RosterConflict(
             f"party {self.name!r} answers secure sums over one roster only, [{recorded}] (recorded in its state "
             f"folder at its first masked answer); refused in a sum over [{over}]: the central node could subtract "

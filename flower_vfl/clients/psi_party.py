@@ -361,6 +361,8 @@ def predict(msg: Message, context: Context) -> Message:
         raise Refused(f"party {_party_id(context)} releases only under secure aggregation (node config "
                       "secagg-only); this predict request asks for plain scores: refused (set secagg=true in the "
                       "run config)", field="config.secagg.adverts")
+    if not masked:
+        sa.check_plain()            # answered a secure sum before: no plain release (a roster of one)
     table = _table(context, "score")
     idx = _aligned_idx(context, "score", table)
 
@@ -394,5 +396,6 @@ def predict(msg: Message, context: Context) -> Message:
                              history=None if meta.get("private") else str(meta.get("secagg_history", "")))
     else:
         s = scores()
+        sa.claim_plain()            # a plain release is a sum over this party alone (pinned keys: recorded)
     return Message(RecordDict({"release": ArrayRecord({"s_score": Array(s)}),
                                "meta": ConfigRecord({"party": _party_id(context)})}), reply_to=msg)

@@ -707,6 +707,12 @@ class PartyStore:
                                (str(party), str(run), str(kind))).fetchone()
         return None if row is None else (int(row[0]), unpack_arrays(row[1])["value"])
 
+    def secagg_roster(self, party) -> str | None:
+        """The roster ``party`` answers secure sums over (``'name,name,...'``), None before its first
+        masked answer (read only: :meth:`claim_secagg_roster` records it)."""
+        row = self._db.execute("SELECT names FROM secagg_rosters WHERE party=?", (str(party),)).fetchone()
+        return None if row is None else str(row[0])
+
     def claim_secagg_roster(self, party, names: str) -> str:
         """The one roster (``'name,name,...'``) ``party`` answers secure sums over, ever: the
         recorded one, else ``names``, recorded now (durable, one transaction) and returned. Keyed
