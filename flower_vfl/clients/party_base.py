@@ -164,10 +164,12 @@ class PartyClient(PartyBase):
         sa = self._secagg(content)
         self._mask_digest = None
         if sa is None:
-            out = compute()
-            if self.secagg is not None:     # a plain release is a sum over this party alone: recorded (pinned keys)
+            # a plain release is a sum over this party alone: recorded (pinned keys) before anything is
+            # computed or charged, as a secure sum's roster is: a secure sum claiming the roster between a
+            # check here and a claim after compute() made the refusal come after a private party's charge
+            if self.secagg is not None:
                 self.secagg.claim_plain()
-            return out
+            return compute()
         from flower_vfl.clients.psi_party import bound_to_alignment
         history = bound_to_alignment(context, self._history(context, kind, rnd), kind)   # the block's rows now
         out = sa.masked_answer(content, context, kind, rnd, compute, history=history)

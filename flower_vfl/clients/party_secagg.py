@@ -348,7 +348,8 @@ class PartySecAgg:
         self._refuse_plain(recorded)
 
     def claim_plain(self) -> None:
-        """After a plain release is computed, before it leaves: with pinned keys, record in the store
+        """Before a plain training or evaluation release is computed (a private party's: charged), and before
+        a predict's plain scores leave: with pinned keys, record in the store
         that this party released in the clear (the roster of itself alone, :meth:`_one_roster`), so that
         no later secure sum, in any run, holds a value the central node can have again in the clear
         (a non-private party's from the same broadcasts, a private party's stored draw from a resumed
