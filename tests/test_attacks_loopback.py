@@ -342,7 +342,7 @@ def test_forged_psi_orders_compose_in_one_ledger_and_psi_past_the_cap_is_refused
     assert n2["psi_order_sent"] != n1["psi_order_sent"][:29]
     padded = n2["psi_orders"][0]
     assert padded["form"] == "padded" and padded["n_sent"] == 40 and "psi" not in padded, padded
-    assert "10 ID(s) of the agreed order are not in this party's file" in padded["error"], padded
+    assert "some ID(s) of the agreed order are not in this party's file" in padded["error"], padded
     assert [t["round"] for t in _releases(r1)] == [0, 1], r1
     ident = _identity(r1)
     assert ident["affordable"] is True and (ident["plan_made"], ident["plan_size"]) == (0, 3), ident

@@ -157,7 +157,7 @@ class PsiLog:
                 refused = after > cap
             else:
                 # an ID is "named before" only if an order the party accepted (every ID held) named it: a
-                # refused order tells only how many of its IDs are not held, so re-naming its IDs one per
+                # refused order tells only that some of its IDs are not held, so re-naming its IDs one per
                 # order past the cap would test each of them for free
                 n_new = sum(db.execute("SELECT 1 FROM asked WHERE source=? AND kind=? AND item=?", d).fetchone()
                             is None for d in digests)

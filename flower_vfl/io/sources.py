@@ -297,11 +297,14 @@ def read_party(src: SourceConfig) -> PartyTable:
 def align_rows(table_ids: np.ndarray, order_ids, where: str = "") -> np.ndarray:
     """Row indices of ``table_ids`` that list ``order_ids`` in order (the agreed intersection).
 
-    Raises :class:`DataError` naming the IDs the party does not hold (a corrupted alignment)."""
+    Raises :class:`DataError` when the party does not hold some ID of the order (a corrupted or
+    stale alignment). The refusal goes back to the requester, so it says that some are missing,
+    never how many: a count would tell a requester that names guessed IDs more than the one bit
+    its PSI log counts (:mod:`flower_vfl.io.psi_log`)."""
     pos = {v: i for i, v in enumerate(np.asarray(table_ids).tolist())}
     order = list(order_ids)
     idx = np.fromiter((pos.get(v, -1) for v in order), dtype=np.int64, count=len(order))
     if np.any(idx < 0):
-        raise DataError(f"{where or 'party'}: {int(np.sum(idx < 0))} ID(s) of the agreed order are not in "
-                        "this party's file (the alignment is stale: run the PSI step again)")
+        raise DataError(f"{where or 'party'}: some ID(s) of the agreed order are not in this party's file "
+                        "(the alignment is stale: run the PSI step again)")
     return idx
