@@ -13,7 +13,10 @@ that imported what the executor imports before its forks (its WARM_IMPORTS, the 
 caches, the BLAS thread timeout it sets) forks one child per message, and each child runs the real
 ``train`` handler once on a9a (party 0 and party 1, round 3 of a 4-round run captured first on the
 in-process LocalGrid, with that party's context.state and block cache as the node had them), then
-once more in the same process (a warm process, for comparison). With ``--app-dir`` repeated, each
+once more in the same process (a warm process, for comparison). As the executor does when it reaps a
+child, the forking process maps the verified blocks the child reports (``warm_exec``'s report and
+``party_cache.preload_blocks``; a tree without them: nothing), so from its second child of a party on
+the block is mapped before the fork. With ``--app-dir`` repeated, each
 tree (its own ``flower_vfl``) runs in its own such process, alternated ``--reps`` times:
 
     python benchmarks/bench_message_process.py --fork --reps 5 --forks 6 \
@@ -129,7 +132,11 @@ def _fork_child_main(tree_state: Path, data_dir: str, forks: int) -> None:
                 first = time.perf_counter() - t
                 t = time.perf_counter()
                 ca.train(msg, pickle.loads(blob))       # the same message again, in this now warm process
-                os.write(w, json.dumps([first, time.perf_counter() - t]).encode())
+                second = time.perf_counter() - t
+                # what the child reports to the executor (warm_exec: the verified blocks it was served)
+                served = getattr(sys.modules.get(we.BLOCK_CACHE if hasattr(we, "BLOCK_CACHE") else ""),
+                                 "served_blocks", lambda: [])()
+                os.write(w, json.dumps([first, second, served]).encode())
                 os._exit(0)
             os.close(w)
             got = b""
@@ -137,7 +144,9 @@ def _fork_child_main(tree_state: Path, data_dir: str, forks: int) -> None:
                 got += chunk
             os.close(r)
             os.waitpid(pid, 0)
-            first, second = json.loads(got)
+            first, second, *served = json.loads(got)
+            if served and served[0] and getattr(we, "warm_blocks_enabled", lambda: False)():
+                we.sys.modules[we.BLOCK_CACHE].preload_blocks(served[0])   # as the executor does when it reaps it
             out[m]["first"].append(first)
             out[m]["second"].append(second)
     print(json.dumps(out))

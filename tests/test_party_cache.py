@@ -50,6 +50,7 @@ def _forget():
     _PARTY_BLOCK.cache_clear()
     data_mod.load_all.cache_clear()
     pc._MEMO.clear()
+    pc._SERVED.clear()
 
 
 def _node(tmp_path, d):
@@ -251,7 +252,7 @@ def test_a_racy_file_is_hashed_again(tmp_path, a9a_dir, monkeypatch):
     pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
     kept = pc._Verified(pc.block_cache_dir(state)).files
     assert str(a9a_dir / "a9a") not in kept and str(a9a_dir / "a9a.t") not in kept
-    assert sum(v[-1] == "ok" for v in kept.values()) == 1           # the block it wrote is
+    assert sum(v[-1][0] == "ok" for v in kept.values() if isinstance(v[-1], list)) == 1   # the block it wrote is
 
 
 def test_a_block_changed_in_place_with_its_mtime_kept_is_checked_and_rewritten(tmp_path, a9a_dir, monkeypatch):
@@ -279,3 +280,241 @@ def test_a_block_changed_in_place_with_its_mtime_kept_is_checked_and_rewritten(t
     _forget()
     monkeypatch.setattr(data_mod, "party_block", _no_parse)          # the rewritten file serves the next one
     assert data_fingerprint(pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)[0]) == data_fingerprint(D)
+
+
+def _places(state):
+    """The block file and the places verified.json records for it (with the stat key they are tied to)."""
+    (f,) = pc.block_cache_dir(state).glob("*.npz")
+    row = pc._Verified(pc.block_cache_dir(state)).files[str(f)]
+    return f, row[:-1], (row[-1][1] if isinstance(row[-1], list) else None)
+
+
+def test_a_verified_block_is_mapped_at_its_recorded_places_without_parsing_a_header(tmp_path, a9a_dir, monkeypatch):
+    """The places of the block's arrays are recorded with the block's verified stat key when it is
+    written; a later message maps them there without parsing the zip directory or a .npy header
+    (and hashes nothing), bitwise the fresh parse's arrays."""
+    import os
+    state = str(tmp_path / "party1")
+    _settled(monkeypatch)
+    D, D_test = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    f, key, places = _places(state)
+    st = os.stat(f)
+    assert key == [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    assert sorted(places) == sorted(["checksum", *(f"{p}.{a}" for p in ("train", "test")
+                                                   for a in ("kind", "shape", "data", "indices", "indptr", "sorted"))])
+    monkeypatch.setattr(data_mod, "party_block", _no_parse)
+    monkeypatch.setattr(pc, "_digest", lambda a: (_ for _ in ()).throw(AssertionError("block checksum computed")))
+    monkeypatch.setattr(pc.zipfile, "ZipFile", lambda *a, **k: (_ for _ in ()).throw(AssertionError("zip parsed")))
+    monkeypatch.setattr(pc, "read_npy_header", lambda *a, **k: (_ for _ in ()).throw(AssertionError("header parsed")))
+    _forget()
+    C, C_test = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    for got, ref in ((C, D), (C_test, D_test)):
+        assert type(got) is type(ref) and got.shape == ref.shape and got.has_sorted_indices == ref.has_sorted_indices
+        for a in ("data", "indices", "indptr"):
+            x, y = getattr(got, a), getattr(ref, a)
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes() and not x.flags.writeable
+
+
+def test_a_block_changed_in_place_after_its_places_were_recorded_is_checked_and_rewritten(tmp_path, a9a_dir,
+                                                                                          monkeypatch):
+    """The recorded places are tied to the block's stat key, change time included: a byte of D's
+    values altered in place (same inode, size and modification time) is not mapped at them; the
+    block is checksummed, fails, and is parsed and written again (its new places recorded)."""
+    import os
+    state = str(tmp_path / "party1")
+    _settled(monkeypatch)
+    D, _ = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    f, key, places = _places(state)
+    st = f.stat()
+    raw = bytearray(f.read_bytes())
+    raw[places["train.data"][0]] ^= 0x40                              # D's first value, at its recorded place
+    with open(f, "r+b") as fh:
+        fh.write(raw)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert [f.stat().st_ino, f.stat().st_size, f.stat().st_mtime_ns] == key[1:4] and f.stat().st_ctime_ns != key[4]
+    digests = []
+    real = pc._digest
+    monkeypatch.setattr(pc, "_digest", lambda a: digests.append(1) or real(a))
+    _forget()
+    again, _ = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    assert digests and data_fingerprint(again) == data_fingerprint(D)       # checked, failed, parsed again
+    f2, key2, places2 = _places(state)
+    assert places2 is not None and key2[4] != key[4]
+    assert np.frombuffer(f2.read_bytes()[places2["train.data"][0]:][:8])[0] == D.data[0]
+
+
+def test_a_block_file_replaced_after_its_stat_was_checked_is_not_mapped(tmp_path, a9a_dir, monkeypatch):
+    """The mapped read checks the stat key on the file it opened: a file that is not the one whose
+    key was verified (here: the key of another moment) is not mapped, at recorded places or not;
+    recorded places that do not fit in the file are not used either (the block is checksummed)."""
+    import json
+    state = str(tmp_path / "party1")
+    _settled(monkeypatch)
+    D, _ = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    f, key, places = _places(state)
+    stale = key[:4] + [key[4] - 1]
+    assert pc._mapped_npz(f, stale, places) is None and pc._mapped_npz(f, stale) is None
+    assert pc._mapped_npz(f, key, places)[1] == places
+    vj = pc.block_cache_dir(state) / pc.VERIFIED
+    rows = json.loads(vj.read_text())
+    rows[str(f)][-1][1]["train.data"][0] = key[2]                     # past the end of the file
+    vj.write_text(json.dumps(rows))
+    assert pc._mapped_npz(f, key, rows[str(f)][-1][1]) is None
+    digests = []
+    real = pc._digest
+    monkeypatch.setattr(pc, "_digest", lambda a: digests.append(1) or real(a))
+    _forget()
+    again, _ = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    assert digests and data_fingerprint(again) == data_fingerprint(D)
+
+
+def _fresh_release(nc, n):
+    """The party's release for _train's message with no block in memory and no cache file read."""
+    _forget()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLOWER_VFL_BLOCK_CACHE", "0")
+        got = _train(nc, n)
+    _forget()
+    return got
+
+
+def _no_read(*a, **k):
+    raise AssertionError("the cache file was read although the warm process mapped it")
+
+
+def test_a_forked_child_reports_its_verified_block_and_the_warm_process_maps_it_for_the_next(tmp_path, a9a_dir,
+                                                                                             monkeypatch):
+    """Through the real train handler: a message's process reports the request its verified block
+    served (warm_exec's report); the warm executor maps that block (nothing parsed, hashed or
+    written there); the next message's process computes the same request from its own node config
+    and gets the mapped block without reading the cache folder, bitwise the same release as a
+    fresh parse's; $FLOWER_VFL_WARM_BLOCKS=0 turns the mapping off."""
+    import json
+    import os
+
+    from flower_vfl.deploy import warm_exec
+    nc = _node(tmp_path, a9a_dir)
+    _settled(monkeypatch)
+    n = data_mod.party_block("a9a", 1, 2, str(a9a_dir))[0].shape[0]
+    ref = _fresh_release(nc, n)
+    _train(nc, n)                                                     # writes the block and its checks
+    _forget()
+    pc._SERVED.clear()
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                                      # a forked ClientApp of the executor
+        code = 1
+        try:
+            report = warm_exec._report_bundle_modules({}, wfd)
+            _train(nc, n)
+            report()
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    os.waitpid(pid, 0)
+    info = json.loads(os.read(rfd, 65536))
+    os.close(rfd)
+    assert info == {"blocks": [["a9a", 1, 2, str(a9a_dir), nc["state-dir"]]]}
+    folder = pc.block_cache_dir(nc["state-dir"])
+    before = {f: os.stat(folder / f).st_mtime_ns for f in os.listdir(folder)}
+    monkeypatch.setattr(pc, "_digest", lambda a: (_ for _ in ()).throw(AssertionError("block checksum computed")))
+    monkeypatch.setattr(pc, "_content_digest", lambda p: (_ for _ in ()).throw(AssertionError(f"hashed {p}")))
+    monkeypatch.setattr(data_mod, "party_block", _no_parse)
+    monkeypatch.setenv("FLOWER_VFL_WARM_BLOCKS", "0")
+    warm_exec._fork_executor()._preload_blocks(info["blocks"])
+    assert pc._MEMO == {}
+    monkeypatch.delenv("FLOWER_VFL_WARM_BLOCKS")
+    warm_exec._fork_executor()._preload_blocks(info["blocks"])
+    assert len(pc._MEMO) == 1
+    assert {f: os.stat(folder / f).st_mtime_ns for f in os.listdir(folder)} == before
+    monkeypatch.setattr(pc, "_read", _no_read)
+    monkeypatch.setattr(pc, "_Verified", _no_read)
+    got = _train(nc, n)
+    assert got.tobytes() == ref.tobytes()
+
+
+def test_a_block_changed_after_the_warm_process_mapped_it_is_checked_again(tmp_path, a9a_dir, monkeypatch):
+    """A mapped block is used only while its file keeps the stat key (change time included) its
+    verified read had: one byte of D's values altered in place (same inode, size, modification
+    time) after the warm process mapped it -> the message checksums the file, finds it wrong, and
+    parses and writes the block again (bitwise the fresh release)."""
+    import os
+    nc = _node(tmp_path, a9a_dir)
+    _settled(monkeypatch)
+    n = data_mod.party_block("a9a", 1, 2, str(a9a_dir))[0].shape[0]
+    ref = _fresh_release(nc, n)
+    _train(nc, n)
+    served = pc.served_blocks()
+    _forget()
+    assert pc.preload_blocks(served) == 1
+    f, key, places = _places(nc["state-dir"])
+    st = f.stat()
+    raw = bytearray(f.read_bytes())
+    raw[places["train.data"][0]] ^= 0x40
+    with open(f, "r+b") as fh:
+        fh.write(raw)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    digests, parses = [], []
+    real_digest, real_parse = pc._digest, data_mod.party_block
+    monkeypatch.setattr(pc, "_digest", lambda a: digests.append(1) or real_digest(a))
+    monkeypatch.setattr(data_mod, "party_block", lambda *a: parses.append(a) or real_parse(*a))
+    got = _train(nc, n)
+    assert digests and parses and got.tobytes() == ref.tobytes()
+
+
+def test_a_source_file_rewritten_after_the_warm_process_mapped_its_block_is_parsed_again(tmp_path, a9a_dir,
+                                                                                          monkeypatch):
+    """The mapped block serves only the source files' stat keys it was mapped for (change time
+    included): a data file rewritten in place with its size and modification time kept is a
+    new request, parsed again (the block of the new content)."""
+    import os
+    state = str(tmp_path / "party1")
+    _settled(monkeypatch)
+    old, _ = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    served = pc.served_blocks()
+    _forget()
+    assert pc.preload_blocks(served) == 1
+    f = a9a_dir / "a9a"
+    st = f.stat()
+    text = f.read_text()
+    new_text = text.replace("+1", "-1", 1)                              # one label: same size
+    assert len(new_text) == len(text) and new_text != text
+    with open(f, "r+") as fh:
+        fh.write(new_text)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    parses = []
+    real_parse = data_mod.party_block
+    monkeypatch.setattr(data_mod, "party_block", lambda *a: parses.append(a) or real_parse(*a))
+    got, _ = pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    assert parses == [("a9a", 1, 2, str(a9a_dir))]
+    monkeypatch.setattr(data_mod, "party_block", real_parse)
+    _PARTY_BLOCK.cache_clear()
+    data_mod.load_all.cache_clear()
+    ref, _ = data_mod.party_block("a9a", 1, 2, str(a9a_dir))
+    assert data_fingerprint(got) == data_fingerprint(ref)
+    assert got is not old
+
+
+def test_the_warm_process_maps_only_verified_blocks_and_well_formed_requests(tmp_path, a9a_dir, monkeypatch):
+    """preload_blocks hashes, parses and writes nothing: a block whose check is not recorded for its
+    current stat, a request for a block never written, or a malformed request map nothing."""
+    import os
+    state = str(tmp_path / "party1")
+    _settled(monkeypatch)
+    pc.cached_party_block("a9a", 1, 2, str(a9a_dir), state)
+    (req,) = pc.served_blocks()
+    _forget()
+    folder = pc.block_cache_dir(state)
+    monkeypatch.setattr(pc, "_digest", lambda a: (_ for _ in ()).throw(AssertionError("block checksum computed")))
+    monkeypatch.setattr(data_mod, "party_block", _no_parse)
+    monkeypatch.setattr(pc, "atomic_write", lambda *a, **k: (_ for _ in ()).throw(AssertionError("wrote")))
+    bad = [[req[0], True, 2, req[3], req[4]], [req[0], 1, 2, 7, req[4]], req[:4], "a9a",
+           [req[0], 1, 3, req[3], req[4]]]
+    assert pc.preload_blocks(bad) == 0 and pc.preload_blocks("x") == 0
+    v = pc._Verified(folder)
+    (f,) = folder.glob("*.npz")
+    v.forget(f)
+    (folder / pc.VERIFIED).write_text(__import__("json").dumps(v.files))   # the block's check not recorded
+    assert pc.preload_blocks([req]) == 0 and pc._MEMO == {}
+    assert sorted(os.listdir(folder)) == sorted([f.name, pc.VERIFIED])

@@ -137,7 +137,7 @@ SCHEMA: dict[str, Key] = dict([
                                           "response on the training labels, once before training; 0 = off",
        lo=0.0),
     _k("out-dir", str, "", "run", "where the label owner writes report.json, metrics.csv (rewritten "
-                                  "every round) and decision_test.npy"),
+                                  "every round), decision_test.npy, run.png and report.html"),
     _k("route", str, "admm", "run", "how the model is built: 'admm' (vertical ADMM sharing), 'stacked-ssp' (every "
                                    "party private, one SSP release each, stacked by the label owner) or 'moment' "
                                    "(every party private, one label-moment release each, then ADMM sharing on the "
@@ -184,8 +184,8 @@ SCHEMA: dict[str, Key] = dict([
                                                  "relays its own key can read this party's release, docs/secagg.md)",
        choices=("malicious", "honest-but-curious")),
     # --- folders: the reader's own
-    _k("data-dir", str, "", "both", "folder holding a9a and a9a.t (default ../shared/data/a9a); the "
-                                    "label owner's labels (run config), a party's columns (node config)"),
+    _k("data-dir", str, "", "both", "folder holding a9a and a9a.t (default ../shared/data/a9a from the working "
+                                    "folder); the label owner's labels (run config), a party's columns (node config)"),
     _k("state-dir", str, "", "both", "checkpoint folder: the label owner's (run config; '' = "
                                      "<out-dir>/state) or a party's own (node config)"),
     # --- a party's privacy: its own node config wins
@@ -660,6 +660,9 @@ ENVIRONMENT: dict[str, EnvVar] = {e.name: e for e in (
            "where the bundled datasets' files with IDs are written (default ~/.cache/flower-vfl/bundled)"),
     EnvVar("FLOWER_VFL_BLOCK_CACHE", "1", "flower_vfl.io.party_cache",
            "0/false/no/off turns a party's cache of its parsed block off"),
+    EnvVar("FLOWER_VFL_WARM_BLOCKS", "1", "flower_vfl.deploy.warm_exec",
+           "0/false/no/off: a party's warm executor does not map the verified cached blocks its forked "
+           "ClientApps were served (each child reads and checks its block itself; benchmarks compare the two)"),
     EnvVar("FLOWER_VFL_APP_DIR", None, "flower_vfl.cli.app.app_dir",
            "the Flower app folder the CLI writes (default $XDG_CACHE_HOME/flower-vfl/app)"),
     EnvVar("FLOWER_VFL_RUNTIME_DIR", None, "flower_vfl.deploy.local.superlink_registry",

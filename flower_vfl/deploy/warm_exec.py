@@ -21,6 +21,15 @@ draws from numpy's global RandomState or a generator made at import time, and a 
 reseeds numpy's global RandomState from the OS anyway (Python's ``random`` is reseeded by
 CPython), so forked children share no noise state.
 
+The party's block (``flower_vfl.io.party_cache``): a finished ClientApp also reports the requests
+its verified cached block served (dataset, party, number of parties, data and state folders, as the
+child computed them from its node config and the run); this process then maps those blocks
+(``preload_blocks``: only a block whose checksum is recorded as holding for its file's current stat,
+nothing parsed, hashed or written), so the next children are forked with the block already mapped
+and a child uses it only for the very request it computes itself, while the block file and the source
+files keep the stat keys (device, inode, size, modification and change time) they had at the
+verified read; else it reads and checks its block as before. ``FLOWER_VFL_WARM_BLOCKS=0``: off.
+
 OpenBLAS's idle threads: a fork stops OpenBLAS's thread pool and each forked ClientApp starts it
 again at its first BLAS thread change; with OpenBLAS's default its new worker then spins ~0.1 s of
 a core before it sleeps, taking it from the handler on a busy machine. This executor sets
@@ -113,6 +122,17 @@ HOT_TASK_POLL_S, HOT_WINDOW_S = 0.01, 2.0
 #: with ``--wake-port`` (the node wakes the loop when it stored a message): the loop's fallback
 #: poll, at least this many seconds (Flower's default interval)
 WAKE_POLL_S = 1.0
+#: the preloaded app's block cache (:func:`_report_bundle_modules` reports the blocks a child was
+#: served from it; the warm process maps them: ``preload_blocks``), and the switch that turns that off
+BLOCK_CACHE, WARM_BLOCKS_ENV = "flower_vfl.io.party_cache", "FLOWER_VFL_WARM_BLOCKS"
+
+
+def warm_blocks_enabled(environ=None) -> bool:
+    """False when ``$FLOWER_VFL_WARM_BLOCKS`` is 0/false/no/off."""
+    env = os.environ if environ is None else environ
+    return env.get(WARM_BLOCKS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 #: at most this many bundles' modules are kept imported in the warm process (oldest dropped)
 MAX_PRELOADED_APPS = 4
 #: OpenBLAS's idle worker threads spin 2^n cycles before they sleep (its default n = 28: ~0.1 s of a
@@ -442,6 +462,14 @@ def _report_bundle_modules(preloaded, wfd: int, bundles: bool = True, learn=(), 
         warm = [n for n in learn if n in sys.modules and n not in had]
         if warm:
             info["warm"] = warm
+        served = getattr(sys.modules.get(BLOCK_CACHE), "served_blocks", None)
+        if bundles and callable(served):
+            try:
+                blocks = served()
+            except Exception:                   # noqa: BLE001 - a speed-up only
+                blocks = None
+            if blocks:
+                info["blocks"] = blocks
         if not info:
             return
         try:
@@ -831,6 +859,10 @@ def _fork_executor(clock=None, preloader=None, learn=False):
                     t = time.monotonic()
             if self._preloader is None:
                 return
+            self._preload_modules(info, t)
+            self._preload_blocks(info.get("blocks"))
+
+        def _preload_modules(self, info: dict, t: float) -> None:
             inst = info.get("installed")
             if isinstance(inst, dict) and isinstance(inst.get("root"), str) and isinstance(inst.get("top"), str) \
                     and isinstance(inst.get("modules"), list):
@@ -842,6 +874,26 @@ def _fork_executor(clock=None, preloader=None, learn=False):
             if n:
                 log(INFO, "[warm_exec] imported %d modules of the app in %s here in %.3f s "
                     "(the next messages of that bundle are forked with them)", n, where, time.monotonic() - t)
+
+        def _preload_blocks(self, blocks) -> None:
+            """The verified cached blocks a finished child was served, mapped here by the preloaded
+            app's block cache (``flower_vfl.io.party_cache.preload_blocks``: nothing parsed, hashed or
+            written; a child uses one only for the request it computes itself, while the files keep
+            their stat keys), so the next children are forked with them; ``$FLOWER_VFL_WARM_BLOCKS``
+            0/false/no/off: not done."""
+            if not blocks or not warm_blocks_enabled():
+                return
+            preload = getattr(sys.modules.get(BLOCK_CACHE), "preload_blocks", None)
+            if not callable(preload):
+                return
+            t = time.monotonic()
+            try:
+                n = preload(blocks)
+            except Exception:                   # noqa: BLE001 - a speed-up only: the child reads its block
+                n = 0
+            if n:
+                log(INFO, "[warm_exec] mapped %d verified cached block(s) of the party here in %.3f s (the next "
+                    "messages are forked with them)", n, time.monotonic() - t)
 
     return ForkExecutor(clock=clock, preloader=preloader, learn=learn)
 

@@ -23,7 +23,10 @@ which user code cannot set back), and reused while all five are unchanged, as gi
 does; a file changed within :data:`RACY_S` of being hashed is hashed again next time (a write
 in the same time-stamp tick would keep its times). A block file's checksum is verified once
 after it is written or changed, then its arrays are memory-mapped from the uncompressed npz
-(no copy, no read of bytes the x-update does not touch). At 3M rows x 4 parties this was ~1 s
+(no copy, no read of bytes the x-update does not touch), at the places recorded in
+``verified.json`` with the block's stat key when it was written or checksummed (no zip
+directory or ``.npy`` header parsed per message: ~1.5 ms of a forked ClientApp's 12-14 ms
+handler); the opened file's own ``fstat`` must still match that key. At 3M rows x 4 parties this was ~1 s
 of every party message (hash of the 185 MB source file 0.2-0.4 s, reading the 124 MB npz
 0.6 s, its checksum 0.2 s); at a9a's size 10-19 ms.
 
@@ -61,7 +64,7 @@ from flower_vfl.io.checkpoint import atomic_write
 from flower_vfl.io.npy import read_npy_header
 
 __all__ = ["cache_enabled", "block_cache_dir", "source_fingerprint", "cached_party_block", "own_block_key", "files_of",
-           "cached_own_block", "verified_files", "block_digest"]
+           "cached_own_block", "verified_files", "block_digest", "served_blocks", "preload_blocks"]
 
 #: bump when the file layout below changes
 FORMAT = 1
@@ -157,14 +160,45 @@ class _Verified:
         return digest
 
     def block_ok(self, path: Path) -> bool:
-        return self._get(path, ctime=True)[1] == "ok"
+        return self.block_check(path)[0] is not None
 
-    def mark_block(self, path: Path, was=None) -> None:
+    def block_check(self, path: Path):
+        """``(key, layout)``: the stat key of a block file whose checksum held and that has not
+        changed since (else ``(None, None)``), and its arrays' places in the file as
+        :func:`_mapped_npz` found them at an earlier mapped read of that same, unchanged file
+        (None: not recorded yet)."""
+        key, value = self._get(path, ctime=True)
+        if value == "ok":
+            return key, None
+        if isinstance(value, list) and len(value) == 2 and value[0] == "ok" and isinstance(value[1], dict):
+            return key, value[1]
+        return None, None
+
+    def mark_block(self, path: Path, was=None, layout=None) -> None:
         """``path`` holds a verified block; with ``was`` (its stat key before a touch), only when
-        nothing but its access and change times moved since."""
+        nothing but its access and change times moved since (a layout recorded for it is kept: the
+        bytes did not move). ``layout``: its arrays' places, recorded with the key ``was`` (the
+        stat the mapped read checked on the open file) only when the file still has it; without
+        either (the block was just written or checksummed), found here in the file as it is now."""
         key = _stat_key(path, ctime=True)
-        if key is not None and (was is None or key[:4] == was[:4]):
-            self._put(path, key, "ok")
+        if key is None or (was is not None and key[:4] != was[:4]):
+            return
+        if layout is not None:
+            if key != list(was):
+                return
+        elif was is not None:
+            layout = self._layout_of(path, was)
+        else:
+            got = _mapped_npz(path, key)
+            layout = None if got is None else got[1]
+        self._put(path, key, "ok" if layout is None else ["ok", layout])
+
+    def _layout_of(self, path: Path, was):
+        row = self.files.get(str(path))
+        if row is None or row[:-1] != list(was):
+            return None
+        value = row[-1]
+        return value[1] if isinstance(value, list) and len(value) == 2 and value[0] == "ok" else None
 
     def forget(self, path: Path) -> None:
         if self.files.pop(str(path), None) is not None:
@@ -256,19 +290,39 @@ def _digest(arrays: dict) -> str:
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")     # a zip member's local file header (30 bytes)
 
 
-def _mapped_npz(path: Path) -> dict | None:
+def _mapped_npz(path: Path, expect=None, layout=None):
     """The arrays of an uncompressed npz (``np.savez``) as read-only views of one memory map of
-    the file, without reading their bytes; None when a member is compressed, not a plain ``.npy``
-    of a dtype without objects, or does not fit in its member (the caller then reads it with
-    ``np.load``). The map lives as long as any of the arrays."""
+    the file, without reading their bytes, and their places in it (``{name: [offset, dtype,
+    shape, fortran]}``); None when a member is compressed, not a plain ``.npy`` of a dtype without
+    objects, or does not fit in its member (the caller then reads it with ``np.load``). The map
+    lives as long as any of the arrays.
+
+    ``expect``: the stat key (:func:`_stat_key`, change time included) the file had when its
+    checksum was verified: the file as opened must still have it (else None: a file replaced or
+    written since is read and checked again). ``layout``: the places recorded at an earlier
+    mapped read of the file with that same stat key, used instead of parsing the zip directory
+    and the ``.npy`` headers again (an entry that does not fit in the file: None)."""
     import mmap
     try:
-        with zipfile.ZipFile(path) as zf:
-            infos = zf.infolist()
         with open(path, "rb") as fh:
+            if expect is not None and _fstat_key(fh.fileno()) != list(expect):
+                return None
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         buf = memoryview(mm)
-        out = {}
+        if layout is not None:
+            out = {}
+            for name, (offset, dtype, shape, fortran) in layout.items():
+                dtype, shape = np.dtype(str(dtype)), tuple(int(n) for n in shape)
+                count = math.prod(shape)
+                if dtype.hasobject or min(shape, default=0) < 0 \
+                        or not 0 <= int(offset) <= len(buf) - count * dtype.itemsize:
+                    return None
+                a = np.frombuffer(buf, dtype=dtype, count=count, offset=int(offset))
+                out[str(name)] = a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
+            return out, layout
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+        out, places = {}, {}
         for info in infos:
             if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy"):
                 return None
@@ -289,18 +343,31 @@ def _mapped_npz(path: Path) -> dict | None:
                 return None
             a = np.frombuffer(buf, dtype=dtype, count=count, offset=offset)
             out[info.filename[:-4]] = a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
-        return out
-    except (OSError, ValueError, EOFError, KeyError, struct.error, zipfile.BadZipFile):
+            places[info.filename[:-4]] = [offset, dtype.str, list(shape), bool(fortran)]
+        return out, places
+    except (OSError, ValueError, EOFError, KeyError, TypeError, struct.error, zipfile.BadZipFile):
         return None
+
+
+def _fstat_key(fd: int) -> list:
+    st = os.fstat(fd)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _read_arrays(path: Path, verified: "_Verified | None" = None, checksum: list | None = None):
     """The arrays of a cache file whose checksum holds, else None. With ``verified``: a file whose
-    checksum held before and that has not changed since is memory-mapped without hashing it.
-    ``checksum``: a list the file's checksum (:func:`_digest` of its arrays) is appended to."""
-    if verified is not None and verified.block_ok(path):
-        arrays = _mapped_npz(path)
-        if arrays is not None and "checksum" in arrays:
+    checksum held before and that has not changed since (its stat key, change time included,
+    checked on the opened file) is memory-mapped without hashing it; from the second such read
+    on, at the places the first one recorded for that stat key (no zip or ``.npy`` header
+    parsed). ``checksum``: a list the file's checksum (:func:`_digest` of its arrays) is
+    appended to."""
+    if verified is not None:
+        key, layout = verified.block_check(path)
+        got = _mapped_npz(path, key, layout) if key is not None else None
+        if got is not None and "checksum" in got[0]:
+            arrays, places = got
+            if layout is None:
+                verified.mark_block(path, key, places)
             if checksum is not None:
                 checksum.append(str(arrays["checksum"]))
             arrays.pop("checksum")
@@ -421,9 +488,40 @@ def _evict(folder: Path, keep: Path) -> None:
             f.unlink(missing_ok=True)
 
 
-#: blocks already returned in this process (a simulation actor serves many messages), keyed by
-#: the request and the source files' (size, mtime): no hashing or reading per message
+#: blocks already returned in this process (a simulation actor serves many messages; a warm
+#: executor's forked ClientApps inherit its entries: :func:`preload_blocks`), keyed by the request
+#: and the source files' stat keys (change time included): ``(D, D_test, path, key)``, where
+#: ``key`` is the block file's stat key (:func:`_stat_key`) when its checksum was known to hold
+#: (a hit needs the file to have it still; None: a block parsed but not written, or unverified)
 _MEMO: dict = {}
+#: the requests this process served from a verified block file (:func:`served_blocks`)
+_SERVED: list = []
+#: at most this many requests are reported and preloaded (a run names one; the bound is for a
+#: server that varies ``num-parties``)
+MAX_PRELOAD = 4
+
+
+def _memo_key(name, party, num_parties, data_dir, state_dir, files):
+    return (name, int(party), int(num_parties), data_dir, str(block_cache_dir(state_dir)),
+            tuple((str(f), *(_stat_key(f) or ())) for f in files))
+
+
+def _memo_hit(memo):
+    got = _MEMO.get(memo)
+    if got is None:
+        return None
+    D, D_test, path, key = got
+    if path is None or (key is not None and _stat_key(path, ctime=True) == key):
+        return D, D_test
+    _MEMO.pop(memo, None)                      # the block file changed since: read and check it again
+    return None
+
+
+def _memo_put(memo, got, path=None, key=None) -> None:
+    _MEMO.pop(memo, None)
+    while len(_MEMO) >= 8:                     # bounded: the oldest request goes first
+        _MEMO.pop(next(iter(_MEMO)))
+    _MEMO[memo] = (got[0], got[1], path, key)
 
 
 def cached_party_block(name: str, party: int, num_parties: int, data_dir=None, state_dir=None):
@@ -435,10 +533,10 @@ def cached_party_block(name: str, party: int, num_parties: int, data_dir=None, s
     files = _source_files(name, data_dir) if cache_enabled() else None
     if files is None:
         return party_block(name, party, num_parties, data_dir)
-    stats = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    memo = (name, int(party), int(num_parties), data_dir, str(block_cache_dir(state_dir)), stats)
-    if memo in _MEMO:
-        return _MEMO[memo]
+    memo = _memo_key(name, party, num_parties, data_dir, state_dir, files)
+    hit = _memo_hit(memo)
+    if hit is not None:
+        return hit
     folder = block_cache_dir(state_dir)
     verified = _Verified(folder)
     key = source_fingerprint(name, party, num_parties, data_dir, verified)
@@ -458,10 +556,70 @@ def cached_party_block(name: str, party: int, num_parties: int, data_dir=None, s
         except (OSError, TypeError):
             pass                               # a read-only state dir only costs speed
     verified.save()
-    while len(_MEMO) >= 8:                     # bounded: the oldest request goes first
-        _MEMO.pop(next(iter(_MEMO)))
-    _MEMO[memo] = got
+    bkey = verified.block_check(path)[0]
+    _memo_put(memo, got, path if path.is_file() else None, bkey)     # no file (read-only folder): kept as parsed
+    if bkey is not None:
+        req = [name, int(party), int(num_parties), data_dir, None if not state_dir else str(state_dir)]
+        if req not in _SERVED:
+            _SERVED.append(req)
+            del _SERVED[:-MAX_PRELOAD]
     return got
+
+
+def served_blocks() -> list:
+    """The requests (``[name, party, num_parties, data_dir, state_dir]``) this process served from a
+    verified block file: what a warm executor's forked ClientApp reports to it
+    (:mod:`flower_vfl.deploy.warm_exec`), for :func:`preload_blocks`."""
+    return [list(r) for r in _SERVED]
+
+
+def preload_blocks(requests) -> int:
+    """In a warm executor (the party's own process, not a message's): map the blocks its forked
+    ClientApps were served (``requests`` as :func:`served_blocks` gave them), so that the next
+    children are forked with them in :data:`_MEMO`. Only a block whose checksum is already known
+    to hold for its file's current stat key (``verified.json``) and whose source files' digests
+    are kept is mapped; nothing is parsed, hashed or written here. A child uses an entry only for
+    the very request it computes itself (from its node config and the run, as before) and only
+    while the block file and the source files keep the stat keys (change time included) they had
+    here; else it reads and checks the block as without the entry. Returns how many were mapped."""
+    if not cache_enabled() or not isinstance(requests, list):
+        return 0
+    done = 0
+    for req in requests[:MAX_PRELOAD]:
+        if not (isinstance(req, list) and len(req) == 5 and isinstance(req[0], str)
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in req[1:3])
+                and all(v is None or isinstance(v, str) for v in req[3:])):
+            continue
+        name, party, num_parties, data_dir, state_dir = req
+        try:
+            files = _source_files(name, data_dir)
+            if files is None:
+                continue
+            memo = _memo_key(name, party, num_parties, data_dir, state_dir, files)
+            if _memo_hit(memo) is not None:
+                continue
+            folder = block_cache_dir(state_dir)
+            verified = _Verified(folder)
+            kept = list(files) + [_HERE / rel for rel in _LOADER_SOURCES if (_HERE / rel).is_file()]
+            if not all(isinstance(verified._get(f, True)[1], str) for f in kept):
+                continue                           # a source digest not kept: the child hashes it
+            key = source_fingerprint(name, party, num_parties, data_dir, verified)
+            path = folder / f"{name}-p{int(party)}of{int(num_parties)}-{key[:32]}.npz"
+            bkey, layout = verified.block_check(path)
+            if bkey is None:
+                continue                           # not verified for its current stat: the child checks it
+            got = _mapped_npz(path, bkey, layout)
+            if got is None or "checksum" not in got[0]:
+                continue
+            arrays = got[0]
+            blocks = _remember(str(arrays.pop("checksum")), _unpack("train", arrays),
+                               None if "test.kind" not in arrays else _unpack("test", arrays))
+            if memo == _memo_key(name, party, num_parties, data_dir, state_dir, files):
+                _memo_put(memo, blocks, path, bkey)
+                done += 1
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return done
 
 
 # ------------------------------------------------------------------ own data (clients/psi_party.py)
