@@ -144,10 +144,13 @@ def test_rdp_without_opacus(capsys, monkeypatch, cmd):
 
 # ---------------------------------------------------------------------------- the parser
 
-@pytest.mark.parametrize("argv", [["fit", "--max-round", "3"], ["simulate", "--max-round", "3"],
-                                  ["ledger", "--state", "/x"], ["report", "r", "--ou", "x.html"]])
-def test_no_prefix_of_a_flag_is_accepted(capsys, argv):
-    assert refused(capsys, argv) == f"unrecognized arguments: {' '.join(argv[-2:])}"
+@pytest.mark.parametrize("argv, hint", [(["fit", "--max-round", "3"], " (did you mean --max-rounds?)"),
+                                        (["simulate", "--max-round", "3"], " (did you mean --max-rounds?)"),
+                                        (["ledger", "--state", "/x"], ""),
+                                        (["report", "r", "--ou", "x.html"], " (did you mean --out?)")])
+def test_no_prefix_of_a_flag_is_accepted(capsys, argv, hint):
+    """Refused, with the command's closest flag when one is close (flower_vfl.cli.checks.CLIParser)."""
+    assert refused(capsys, argv) == f"unrecognized arguments: {' '.join(argv[-2:])}{hint}"
 
 
 @pytest.mark.parametrize("argv, message", [

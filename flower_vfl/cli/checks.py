@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 from pathlib import Path
 
 from flower_vfl.config.schema import SCHEMA, ConfigError
@@ -49,6 +50,26 @@ class CLIParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        """argparse's message, and for a mistyped flag the closest one (``--max-round``: did you
+        mean --max-rounds?)."""
+        if message.startswith("unrecognized arguments: "):
+            import difflib
+            sub = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
+            cmd = next((w for w in getattr(self, "_argv", ()) if sub is not None and w in sub.choices), None)
+            flags = parser_flags(self, cmd)         # the command's own flags (the top parser's without one)
+            for word in message.split(": ", 1)[1].split():
+                close = difflib.get_close_matches(word, sorted(flags), n=1, cutoff=0.8) if word.startswith("--") \
+                    else []
+                if close and close[0] != word:
+                    message += f" (did you mean {close[0]}?)"
+                    break
+        super().error(message)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)      # error() names the command's own flags
+        return super().parse_known_args(args, namespace)
 
 
 # ---------------------------------------------------------------------------- errors in the user's words

@@ -107,7 +107,9 @@ def _add_key(p, key, default_help=True):
     help_text = spec.help.replace("%", "%%") + (f" (default {spec.default!r})" if default_help else "")
     if spec.type is bool:
         if key == "dp":
-            p.add_argument("--dp", action="store_true", default=None, help="private parties (" + help_text + ")")
+            p.add_argument("--dp", action="store_true", default=None,
+                           help="private parties: those --dp-parties names (all when it is empty) release "
+                                "under differential privacy, each under its own budget (--dp-epsilon ...)")
         else:
             p.add_argument(f"--{key}", type=_bool, default=None, metavar="true|false", help=help_text)
         return
@@ -436,6 +438,24 @@ def _max_rounds(rc: dict) -> int:
     return int(rc.get("max-rounds", SCHEMA["max-rounds"].default))
 
 
+def _pin_secagg_keys(nodes: dict, folder: Path) -> None:
+    """``deploy-local`` with ``secagg=true``: each SuperNode gets an Ed25519 signing key of its own
+    (``folder/party<m>.pem``, mode 0600) and pins every other party's public key, as two
+    institutions would (docs/secagg.md); without pins a deployed SuperNode refuses secure sums."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from flower_vfl.secagg import public_key_hex, signing_key_pem
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = {m: Ed25519PrivateKey.generate() for m in nodes}
+    for m, cfg in nodes.items():
+        path = folder / f"party{m}.pem"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(signing_key_pem(keys[m]))
+        cfg["secagg-signing-key"] = str(path.resolve())
+        cfg["secagg-pins"] = ", ".join(f"party{j}={public_key_hex(keys[j])}" for j in nodes if j != m)
+
+
 def cmd_deploy_local(args):
     """SuperLink + one SuperNode per party on loopback (TLS, registered keys bound to parties),
     one job, the report collected, every process started stopped; non-zero unless it completed."""
@@ -449,6 +469,8 @@ def cmd_deploy_local(args):
     else:
         n = int(rc.get("num-parties", RUN_DEFAULTS["num-parties"]))
         nodes = local_node_configs(dict(rc, **flags), n)
+    if rc.get("secagg") is True:          # one operator holds every party here: it pins their keys itself
+        _pin_secagg_keys(nodes, Path(args.workdir) / "secagg")
     with RoundProgress(_max_rounds(rc), echo=sys.stdout) as progress:      # the rounds as they happen
         res = deploy_local(args.workdir, n, rc, node_configs={m: {k: v for k, v in cfg.items() if k != "partition-id"}
                                                               for m, cfg in nodes.items()},

@@ -52,12 +52,27 @@ def add_parser(sub):
     return p
 
 
+def _node_config(args) -> dict:
+    """``--node-config``'s keys and values (quoted or not); a key the schema does not know is
+    refused, naming it (a typo'd ``state-dir`` would read the per-user default store instead)."""
+    import difflib
+
+    from flower_vfl.config.schema import SCHEMA, ConfigError
+    kv = dict(item.split("=", 1) for item in shlex.split(args.node_config or "") if "=" in item)
+    for key in kv:
+        if key not in SCHEMA:
+            close = difflib.get_close_matches(key, list(SCHEMA), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown --node-config key {key!r}{hint}; the ledger reads state-dir and "
+                              "dp-plan-expiry from the SuperNode's node config")
+    return kv
+
+
 def _state_dir(args) -> Path:
     from flower_vfl.privacy.store import default_state_dir
     state = args.state_dir
     if args.node_config:
-        kv = dict(item.split("=", 1) for item in shlex.split(args.node_config) if "=" in item)
-        state = state or kv.get("state-dir", "")
+        state = state or _node_config(args).get("state-dir", "")
     return Path(state) if state else default_state_dir()
 
 
@@ -100,7 +115,7 @@ def _plan_expiry(args) -> float:
     """The node config's dp-plan-expiry (``--node-config``), else the default."""
     from flower_vfl.privacy.ledger import PLAN_EXPIRY
     if args.node_config:
-        kv = dict(item.split("=", 1) for item in shlex.split(args.node_config) if "=" in item)
+        kv = _node_config(args)
         if "dp-plan-expiry" in kv:
             return float(kv["dp-plan-expiry"])
     return PLAN_EXPIRY

@@ -105,6 +105,15 @@ def own_parties(args, num_parties=None) -> list[dict]:
                 raise ConfigError(f"{flag} {f} is given twice (parties {seen[key]} and {len(seen)}): each party's "
                                   "file once, one --party per party")
             seen[key] = len(seen)
+    from pathlib import Path
+
+    from flower_vfl.io import DataError
+    labels_test = getattr(args, "labels_test", "")
+    for flag, files in (("--party", args.party), ("--party-test", tests),
+                        ("--labels-test", [labels_test] * bool(labels_test))):
+        for f in files:
+            if not Path(f).is_file():
+                raise DataError(f"the file {f} given with {flag} does not exist; fix {flag}")
     if (tests or getattr(args, "labels_test", "")) and not (getattr(args, "labels_test", "") and
                                                             len(tests) == len(args.party)):
         raise ConfigError(f"held-out files: give --labels-test and one --party-test per --party ({len(args.party)} "
