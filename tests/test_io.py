@@ -144,3 +144,18 @@ def test_libsvm_sidecar_missing_or_short(tmp_path):
     (tmp_path / "s.svm.ids").write_text("a\n")
     with pytest.raises(DataError, match=r"s.svm.ids holds 1 IDs but .*s.svm has 2 rows"):
         read_party(source_from_config({"data-path": str(s)}))
+
+
+def test_the_default_data_dir_is_beside_the_repository_from_any_working_folder(tmp_path, monkeypatch):
+    """``../shared`` beside the repository (CI: a fresh clone with ../shared beside it) is found from
+    any working folder, not only from the repository's root."""
+    from pathlib import Path
+
+    from flower_vfl.io.data import default_data_dir
+    import flower_vfl
+    beside = Path(flower_vfl.__file__).resolve().parents[2].parent / "shared" / "data" / "a9a"
+    monkeypatch.chdir(tmp_path)
+    if beside.exists():
+        assert default_data_dir("a9a") == beside
+    else:                                   # an installed package: the working folder's ../shared
+        assert default_data_dir("a9a") == tmp_path.parent / "shared" / "data" / "a9a"

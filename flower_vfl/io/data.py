@@ -15,8 +15,9 @@ A9A_PAPER_SPLIT = [(0, 66), (66, 123)]
 
 
 def default_data_dir(name: str) -> Path:
-    """``../shared/data/<name>`` beside the repository (or the current directory)."""
-    here = Path(__file__).resolve().parents[2] / "shared" / "data" / name
+    """``shared/data/<name>`` beside the repository (``<repo>/../shared``), else ``../shared/data/<name>``
+    from the working folder (an installed package has no repository beside it)."""
+    here = Path(__file__).resolve().parents[3] / "shared" / "data" / name
     return here if here.exists() else Path.cwd().parent / "shared" / "data" / name
 
 
