@@ -153,7 +153,7 @@ def test_the_default_data_dir_is_beside_the_repository_from_any_working_folder(t
 
     from flower_vfl.io.data import default_data_dir
     import flower_vfl
-    beside = Path(flower_vfl.__file__).resolve().parents[2].parent / "shared" / "data" / "a9a"
+    beside = Path(flower_vfl.__file__).resolve().parents[2] / "shared" / "data" / "a9a"   # <repo>/../shared
     monkeypatch.chdir(tmp_path)
     if beside.exists():
         assert default_data_dir("a9a") == beside
