@@ -93,6 +93,12 @@ def test_missing_and_out_of_range_partition_id_and_unknown_keys():
         parse_run_config({"max-round": 3})
     with pytest.raises(ConfigError, match=r"unknown node config key 'partition_id' \(did you mean 'partition-id'\?\)"):
         parse_node_config({"partition_id": 0}, {})
+    # a node config is never pointed at a run-only key: 'max-round' is close to the run key 'max-rounds'
+    with pytest.raises(ConfigError) as err:
+        parse_node_config({"partition-id": 0, "max-round": 3}, {})
+    assert str(err.value).startswith("unknown node config key 'max-round' (did you mean 'max-rho'?); known keys: ")
+    listed = str(err.value).split("known keys: ")[1].split(", ")
+    assert "max-rounds" not in listed and "partition-id" in listed and "dp-epsilon" in listed
     with pytest.raises(ConfigError, match=r"run config key 'loss'='logistc' is not allowed \(did you mean "
                                           r"'logistic'\?\)"):
         parse_run_config({"loss": "logistc"})

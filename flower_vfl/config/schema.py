@@ -299,8 +299,10 @@ def check_value(key: str, value, source: str = "run config"):
     """``value`` parsed as ``key`` says, or :class:`ConfigError` naming the key, the value and
     what is allowed. Integers are accepted for float keys; nothing else is converted."""
     if key not in SCHEMA:
-        raise ConfigError(f"unknown {source} key {key!r}{_suggest(key, SCHEMA)}; known keys: "
-                          f"{', '.join(sorted(SCHEMA))}")
+        # a node config never takes a run-only key: neither suggest nor list one there
+        pool = [k for k, s in SCHEMA.items() if not (source.startswith("node config") and s.scope in ("run", "hz-run"))]
+        raise ConfigError(f"unknown {source} key {key!r}{_suggest(key, pool)}; known keys: "
+                          f"{', '.join(sorted(pool))}")
     return _check(SCHEMA[key], value, source)
 
 
