@@ -200,10 +200,14 @@ def test_a_plan_lapsed_between_identify_and_first_release_spends_nothing_and_can
     C = ctx(3)
     assert _dist_identify(C)["affordable"] is True
     rep = plain_round(A, q, y, 1, theta=0.5)
+    # refused when run A's message arrives, before its x-update: its lapsed plan's releases no longer fit
+    # (test_attacks_review5.py: a lapsed plan's own run goes on only if its unmade releases fit again)
     assert str(rep["refusal"]["reason"]) == (
-        "party 0 refuses the train release for round 1 (noise multiplier z=6.462): it would bring the total to "
-        "ε=1.171, above the budget ε=1 (δ=1e-05, method='exact'); already spent ε=0 over 0 release(s); with what "
-        "other runs' open plans reserved, ε=1 of the budget is taken")
+        "party 0 refuses run 1: its budget is reserved by run 3 (0 of 3 planned releases made). With that "
+        "reservation ε=1 of its budget ε=1 is taken (δ=1e-05, method='exact'; spent ε=0), and the lapsed plan of "
+        "run 1 it resumes (0 of 3 planned releases made, 3 left; its reservation was given up when it lapsed) would "
+        "bring it to ε=1.465. Wait for that run to end, or resume it (resume='<its state-dir>'); a reservation whose "
+        "run made no release or identify for dp-plan-expiry=100 s (the party's node config) lapses")
     assert _train_entries(node) == []
     D = ctx(4)
     ident = _dist_identify(D, token)

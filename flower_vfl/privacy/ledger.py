@@ -203,9 +203,10 @@ class Ledger:
                 ask, what, this = new, f"its plan of {n} release(s)", f"this run's plan of {n} release(s)"
             else:
                 ask = replace(reopen, status="open").reserved_events()
-                what = this = (f"the lapsed plan of run {reopen.plan} it resumes ({reopen.made} of "
+                gave_up = "it lapsed" if reopen.status == "lapsed" else "the party's operator released it"
+                what = this = (f"the {reopen.status} plan of run {reopen.plan} it resumes ({reopen.made} of "
                                f"{reopen.train + reopen.eval} planned releases made, {len(ask)} left; its "
-                               "reservation was given up when it lapsed)")
+                               f"reservation was given up when {gave_up})")
             events = _events(entries)
             reserved = [e for p in open_plans for e in p.reserved_events()]
             after = epsilon_for_events(events + reserved + ask, b.delta, b.accountant)

@@ -834,14 +834,24 @@ class PartyStore:
                     db.execute("UPDATE plans SET status='lapsed' WHERE source=? AND status='open' AND updated < ?",
                                (source, now - float(expiry)))
                 how, plan = "attached", self.plan_of(source, run)
+                renew = False         # a message of a run admitted before renews nothing (only a release does)
+                if plan is not None and plan.status in ("lapsed", "released") and not plan.complete \
+                        and decide is not None:
+                    # the run of a lapsed (or operator-released) plan goes on (its own next message, or a run
+                    # id the server reused): its unmade releases must fit again before it continues, as for a
+                    # resume (else it would stop part-way, its releases spent without a model)
+                    lapsed = plan
+                    self._decide_keeping_lapses(db, lambda e, o: decide(e, o, reopen=lapsed), source)
+                    db.execute("UPDATE plans SET status='open' WHERE source=? AND plan=?", (source, plan.plan))
                 if plan is None and token:
                     name, _, ticket = str(token).rpartition("#")
                     found = self._plan_rows(source, "AND plan=? AND ticket=?", (name, ticket)) if name else []
                     if found:
                         how, plan = "continued", found[0]
-                        if plan.status == "lapsed":
-                            # its reservation was given up when it lapsed: other plans may have taken
-                            # that budget since, so its unmade releases must fit again before it reopens
+                        renew = self._first_resume_since_release(source, plan)
+                        if plan.status in ("lapsed", "released"):
+                            # its reservation was given up (it lapsed, or the operator released it): other
+                            # plans may have taken that budget since, so its unmade releases must fit again
                             # (else its resume would stop part-way, its releases spent without a model)
                             if decide is not None and not plan.complete:
                                 lapsed = plan
@@ -856,8 +866,8 @@ class PartyStore:
                                (source, run, secrets.token_hex(8), str(mechanism), float(noise_multiplier), int(train),
                                 int(eval), "open", now, now))
                     db.execute("INSERT INTO plan_runs VALUES (?,?,?,?)", (source, run, run, now))
-                db.execute("UPDATE plans SET updated=? WHERE source=? AND plan=?",
-                           (now, source, run if plan is None else plan.plan))
+                if renew:
+                    db.execute("UPDATE plans SET updated=? WHERE source=? AND plan=?", (now, source, plan.plan))
                 plan = self.plan_of(source, run)
                 db.execute("COMMIT")
             except BaseException:
@@ -865,6 +875,20 @@ class PartyStore:
                     db.execute("ROLLBACK")
                 raise
         return plan, how
+
+    def _first_resume_since_release(self, source, plan: Plan) -> bool:
+        """Whether a resume of ``plan`` now renews its activity: only the first resume after its
+        opening or its last release does (a crashed run's honest resume). Every other message
+        (identify re-sent, later resumes, refused or re-sent requests) renews nothing, so without a
+        release a plan is renewed once at most: a central node that never releases holds a
+        reservation 2 x ``dp-plan-expiry`` at most when its one resume comes in time (docs/privacy.md,
+        "Never stuck")."""
+        last = self._db.execute("SELECT MAX(created) FROM releases WHERE source=? AND run=?",
+                                (source, plan.plan)).fetchone()[0]
+        since = max(plan.created, float(last) if last is not None else plan.created)
+        resumed = self._db.execute("SELECT COUNT(*) FROM plan_runs WHERE source=? AND plan=? AND run<>? AND created>?",
+                                   (source, plan.plan, plan.plan, since)).fetchone()[0]
+        return int(resumed) == 0
 
     def _decide_keeping_lapses(self, db, decide, source):
         """``decide`` on a new plan, inside :meth:`admit_plan`'s transaction; on its refusal, only the
