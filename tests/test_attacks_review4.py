@@ -196,7 +196,7 @@ def test_a_plan_lapsed_between_identify_and_first_release_spends_nothing_and_can
     q, y = _broadcast()
     A = ctx(1)
     token = _dist_identify(A)["plan"]
-    clock[0] += 150.0                            # past the party's expiry: A made no release or identify
+    clock[0] += 150.0                            # past the party's expiry: A made no release nor resume
     C = ctx(3)
     assert _dist_identify(C)["affordable"] is True
     rep = plain_round(A, q, y, 1, theta=0.5)
@@ -207,7 +207,7 @@ def test_a_plan_lapsed_between_identify_and_first_release_spends_nothing_and_can
         "reservation ε=1 of its budget ε=1 is taken (δ=1e-05, method='exact'; spent ε=0), and the lapsed plan of "
         "run 1 it resumes (0 of 3 planned releases made, 3 left; its reservation was given up when it lapsed) would "
         "bring it to ε=1.465. Wait for that run to end, or resume it (resume='<its state-dir>'); a reservation whose "
-        "run made no release or identify for dp-plan-expiry=100 s (the party's node config) lapses")
+        "run made no release (nor a first resume since) for dp-plan-expiry=100 s (the party's node config) lapses")
     assert _train_entries(node) == []
     D = ctx(4)
     ident = _dist_identify(D, token)
@@ -217,7 +217,7 @@ def test_a_plan_lapsed_between_identify_and_first_release_spends_nothing_and_can
         "reservation ε=1 of its budget ε=1 is taken (δ=1e-05, method='exact'; spent ε=0), and the lapsed plan of "
         "run 1 it resumes (0 of 3 planned releases made, 3 left; its reservation was given up when it lapsed) would "
         "bring it to ε=1.465. Wait for that run to end, or resume it (resume='<its state-dir>'); a reservation whose "
-        "run made no release or identify for dp-plan-expiry=100 s (the party's node config) lapses")
+        "run made no release (nor a first resume since) for dp-plan-expiry=100 s (the party's node config) lapses")
     for rnd in (1, 2):
         assert "release" in plain_round(C, q, y, rnd, theta=0.5)
     st = party_store(node["state-dir"])

@@ -150,8 +150,8 @@ def test_a_lapsed_plans_own_run_goes_on_only_if_its_unmade_releases_fit_again(tm
         f"that reservation ε={eps[fits - 2]:.4g} of its budget ε=1 is taken (δ=1e-05, method='exact'; spent "
         f"ε={eps[1]:.4g}), and the lapsed plan of run 7 it resumes (1 of {fits} planned releases made, {fits - 1} "
         f"left; its reservation was given up when it lapsed) would bring it to ε={eps[2 * fits - 3]:.4g}. Wait for "
-        "that run to end, or resume it (resume='<its state-dir>'); a reservation whose run made no release or "
-        f"identify for dp-plan-expiry={EXPIRY:g} s (the party's node config) lapses")
+        "that run to end, or resume it (resume='<its state-dir>'); a reservation whose run made no release (nor "
+        f"a first resume since) for dp-plan-expiry={EXPIRY:g} s (the party's node config) lapses")
     assert [(e.run, e.round) for e in store.entries("src")] == [("7", 1)]
     assert {p.plan: p.status for p in store.plans("src")} == {"7": "lapsed", "8": "open"}
     assert store.release_plan("src", plan8.plan)
@@ -240,7 +240,7 @@ def test_a_plan_its_operator_released_is_resumed_only_if_its_unmade_releases_fit
             f"spent ε={eps[1]:.4g}), and the released plan of run 7 it resumes (1 of {fits} planned releases made, "
             f"{fits - 1} left; its reservation was given up when the party's operator released it) would bring it "
             f"to ε={eps[2 * fits - 3]:.4g}. Wait for that run to end, or resume it (resume='<its state-dir>'); a "
-            f"reservation whose run made no release or identify for dp-plan-expiry={EXPIRY:g} s (the party's node "
+            f"reservation whose run made no release (nor a first resume since) for dp-plan-expiry={EXPIRY:g} s (the party's node "
             "config) lapses")
     assert {p.plan: p.status for p in store.plans("src")} == {"7": "released", "8": "open"}
     assert store.plan_of("src", "9") is None and [(e.run, e.round) for e in store.entries("src")] == [("7", 1)]

@@ -162,7 +162,7 @@ def test_admm_crash_after_every_message_then_resume_gives_the_same_model_and_led
                     "planned releases made). With that reservation ε=4 of its budget ε=4 is taken (δ=1e-05, "
                     "method='exact'; spent ε=0), and this run's plan of 3 release(s) would bring it to ε=5.992. "
                     "Wait for that run to end, or resume it (resume='<its state-dir>'); a reservation whose run "
-                    "made no release or identify for dp-plan-expiry=86400 s (the party's node config) lapses")
+                    "made no release (nor a first resume since) for dp-plan-expiry=86400 s (the party's node config) lapses")
                 _lapse(ncs[101], rc)            # the party's own clock: a day later
             st, _ = admm_run(ncs, rc, run_id=3)
         same_model(st, clean)
@@ -197,7 +197,7 @@ def test_two_runs_at_once_the_second_is_refused_before_any_round_naming_the_firs
         "party 1 (node 101) refused: party 1 refuses run 2: its budget is reserved by run 1 (0 of 3 planned "
         "releases made). With that reservation ε=4 of its budget ε=4 is taken (δ=1e-05, method='exact'; spent "
         "ε=0), and this run's plan of 3 release(s) would bring it to ε=5.992. Wait for that run to end, or "
-        "resume it (resume='<its state-dir>'); a reservation whose run made no release or identify for "
+        "resume it (resume='<its state-dir>'); a reservation whose run made no release (nor a first resume since) for "
         "dp-plan-expiry=86400 s (the party's node config) lapses")
     assert second["types"] == ["query.identify", "query.identify"]          # before any round
     same_model(st, clean)                                                   # run 1 is untouched
@@ -393,7 +393,7 @@ def test_dp_plan_expiry_is_the_party_nodes_and_a_lapsed_reservation_lets_a_new_p
         sa.make_strategy({**ADMM_RC, "dp-plan-expiry": 0.0})
     assert str(err.value) == (
         "run config key 'dp-plan-expiry' can only be set in a SuperNode's node config (--node-config "
-        "\"dp-plan-expiry=...\"): a private party: seconds without a release or identify after which a run's reserved "
+        "\"dp-plan-expiry=...\"): a private party: seconds without a release (nor a first resume since) after which a run's reserved "
         "plan lapses (a run that died and is never resumed does not hold the budget forever; docs/privacy.md)")
 
 

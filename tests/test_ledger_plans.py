@@ -157,7 +157,7 @@ def test_a_lapsed_plan_is_resumed_only_if_its_unmade_releases_fit_again(tmp_path
         f"that reservation ε={held:.4g} of its budget ε=1 is taken (δ=1e-05, method='exact'; spent ε={made:.4g}), "
         f"and the lapsed plan of run 7 it resumes (1 of {fits} planned releases made, {fits - 1} left; its "
         f"reservation was given up when it lapsed) would bring it to ε={after:.4g}. Wait for that run to end, or "
-        "resume it (resume='<its state-dir>'); a reservation whose run made no release or identify for "
+        "resume it (resume='<its state-dir>'); a reservation whose run made no release (nor a first resume since) for "
         "dp-plan-expiry=60 s (the party's node config) lapses")
     # nothing of the refused resume is written: plan 7 stays lapsed, run 9 has no plan
     assert [(p.plan, p.status) for p in store.plans("src")] == [("7", "lapsed"), ("8", "open")]

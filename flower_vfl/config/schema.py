@@ -197,7 +197,7 @@ SCHEMA: dict[str, Key] = dict([
     _k("dp-train-rounds", int, 0, "party", "released training rounds after the warm start", lo=0,
        hi=10_000),
     _k("dp-eval-rounds", int, 1, "party", "evaluation releases budgeted", lo=0, hi=1000),
-    _k("dp-plan-expiry", float, 86400.0, "node", "a private party: seconds without a release or identify after which a run's "
+    _k("dp-plan-expiry", float, 86400.0, "node", "a private party: seconds without a release (nor a first resume since) after which a run's "
        "reserved plan lapses (a run that died and is never resumed does not hold the budget forever; "
        "docs/privacy.md)", lo=0.0),
     _k("dp-lam", float, 0.0, "party", "the private party's own λ (0: chosen from its own N and budget, 20 z/N at the default dp-b1 and dp-clip, z its noise multiplier: 0.1 on ~700 rows, 2.3e-3 on a9a at ε = 1)", lo=0.0),

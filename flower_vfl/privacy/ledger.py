@@ -227,7 +227,7 @@ class Ledger:
                 f"reservation ε={held:.4g} of its budget ε={b.epsilon:g} is taken (δ={b.delta:g}, "
                 f"method={b.accountant!r}; spent ε={spent:.4g}), and {this} would "
                 f"bring it to ε={after:.4g}. Wait for that run to end, or resume it (resume='<its state-dir>'); "
-                f"a reservation whose run made no release or identify for dp-plan-expiry={float(expiry):g} s "
+                f"a reservation whose run made no release (nor a first resume since) for dp-plan-expiry={float(expiry):g} s "
                 "(the party's node config) lapses")
 
         return self.store.admit_plan(self.source, run, mechanism=mechanism, noise_multiplier=float(noise_multiplier),

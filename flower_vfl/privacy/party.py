@@ -72,7 +72,7 @@ class PrivacyConfig:
         target at the default rho with 2 parties.
     lam : the party's own L2 coefficient for its block (None: the run's lam). A larger lam
         lowers the sensitivity of x_m (C_x = 2 rho_x (b1 + c_v) / lam) at the cost of bias.
-    plan_expiry : seconds without a release or identify after which a Flower run's open plan
+    plan_expiry : seconds without a release (nor a first resume since) after which a Flower run's open plan
         stops holding its reservation (node config ``dp-plan-expiry``; docs/privacy.md, "A failure
         does not spend the budget").
     seed : in-process experiments only (the figures, the README's numbers): the noise of

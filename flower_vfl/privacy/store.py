@@ -822,7 +822,7 @@ class PartyStore:
         releases again before it reopens) or ``'new'`` (a plan of
         ``train`` + ``eval`` releases at ``noise_multiplier``, reserved now). Before a new plan,
         ``decide(entries, blocking)`` gets every release on the source and the open plans, and raises
-        to refuse (no plan written). Open plans without a release or identify for ``expiry`` seconds
+        to refuse (no plan written). Open plans without a release (nor a first resume since) for ``expiry`` seconds
         lapse first (their unmade releases are no longer reserved), and that lapse stands when
         ``decide`` refuses: the ledger then lists them as 'lapsed', as ``decide`` saw them."""
         with disk_errors(self.path, "reserve a plan in the party's ledger"):
