@@ -68,6 +68,8 @@ def _party_setup(context: Context):
         D, D_test = cached_party_block(source.dataset, party, num_parties, source.data_dir or None,
                                        nc.get("state-dir") or None)
     privacy = privacy_from_config(party, rc, nc, n_rows=D.shape[0])    # dp-lam unset: from its own N
+    if privacy is not None and source.kind == "files":
+        psi_party.refuse_fitted_preprocessing(context)      # before any release: the bound needs row-local rows
     return rc, nc, party, num_parties, source, D, D_test, privacy
 
 

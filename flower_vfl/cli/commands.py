@@ -180,6 +180,14 @@ def cmd_fit(args):
         privacy = [privacy_from_config(m, {}, {**nodes[m], **seed}, n_rows=train[m].shape[0]) if len(nodes[m]) > 1
                    else None
                    for m in range(n)]
+        fitted = [m for m in range(n) if getattr(args, "party", None) and privacy[m] is not None
+                  and pres[m].kind != "none"]
+        if fitted:      # the party's refusal on its own node (psi_party.refuse_fitted_preprocessing)
+            raise ConfigError(f"--preprocess={pres[fitted[0]].kind!r} with --dp: private party {fitted[0]}'s "
+                              "columns would be scaled by statistics fitted on its aligned training rows, so one "
+                              "person changes every row and no release would be within its calibrated "
+                              "sensitivity; drop --preprocess (rows are scaled to unit norm anyway), or scale "
+                              "the files' columns by fixed constants that are not computed from their rows")
     if cfg["eval-every"] and cfg["dp"]:
         raise ConfigError("--eval-every with --dp: every intermediate evaluation would be one more privacy "
                           "release of the private parties; drop --eval-every (the final evaluation is budgeted)")

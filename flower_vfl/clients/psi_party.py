@@ -145,6 +145,21 @@ def _fresh_own_blocks(context: Context, idx, split_test, jdx):
     return D, D_test, {"preprocessing": np.array(json.dumps(pre.to_dict())), "ids": tr.ids[idx]}
 
 
+def refuse_fitted_preprocessing(context: Context) -> None:
+    """A private party's preprocessing must be row-local. Every private release's sensitivity (the ADMM
+    x-update's, SSP's, the label moment's) is derived for one row of D replaced, every other row the
+    same; 'standardize' and 'maxabs' scale each column by statistics fitted on the aligned training rows
+    (a subset the server picks), so one person changes every row: on a column constant but for that
+    person, D^T v moves by O(c_v sqrt(N)), far past 2 c_v (tests/test_attacks_review6.py)."""
+    kind = party_source(context, "train").preprocess
+    if kind != "none":
+        raise ConfigError(f"party {_party_id(context)} is private and its node config's preprocess={kind!r} scales "
+                          "each column by statistics fitted on its aligned training rows, so one person changes "
+                          "every row and no release would be within its calibrated sensitivity; refused before any "
+                          "release. Set preprocess='none' in its node config (rows are scaled to unit norm anyway), "
+                          "or scale the file's columns by fixed constants that are not computed from its rows")
+
+
 def own_blocks(context: Context):
     """(D, D_test, preprocessor, ids): the party's aligned training (and held-out) rows,
     preprocessed with statistics fitted on its aligned training rows.
