@@ -15,17 +15,10 @@ from flower_vfl.io import psi
 from flower_vfl.io.bundled import write_table
 from flower_vfl.privacy.store import PartyStore
 
-from _party_handlers import RC, _task_identity  # noqa: F401  (_task_identity: autouse)
+from _party_handlers import fresh_context, send_message, RC, _task_identity  # noqa: F401  (_task_identity: autouse)
 
 
-def ctx(node_config, run_id, run_config):
-    """A fresh Context, as a SuperNode keeps one per run."""
-    return Context(run_id=run_id, node_id=7, node_config=dict(node_config), state=RecordDict(),
-                   run_config=dict(run_config))
-
-
-def send(handler, context, rd, kind):
-    return handler(Message(rd, dst_node_id=7, message_type=kind), context)
+ctx, send = fresh_context, send_message     # a fresh Context per run; a message to a handler
 
 
 def identify(context):

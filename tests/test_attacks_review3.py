@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 
 from flower_vfl.apps import client as ca
 
-from _party_handlers import _task_identity  # noqa: F401  (autouse)
+from _party_handlers import pinned_pair, _task_identity  # noqa: F401  (autouse)
 from test_attacks_review2 import M, NAMES, RC, broadcasts, order, sa_adverts, sa_ctxs, sa_decode, sa_nodes
 
 
@@ -117,16 +117,11 @@ def test_a_pinned_party_that_released_in_the_clear_enters_no_secure_sum(tmp_path
 def _dist_nodes(tmp_path):
     """Two private parties with distributed noise (k = 0: each adds half the noise inside the sum),
     pinned keys, their own state folders."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from flower_vfl.secagg import public_key_hex, signing_key_pem
-    keys = [Ed25519PrivateKey.generate() for _ in range(2)]
-    nodes = {}
+    nodes = pinned_pair(tmp_path)
     for i in range(2):
-        (tmp_path / f"k{i}.pem").write_bytes(signing_key_pem(keys[i]))
-        nodes[i] = {"partition-id": i, "state-dir": str(tmp_path / f"s{i}"),
-                    "secagg-signing-key": str(tmp_path / f"k{i}.pem"),
-                    "secagg-pins": f"party{1 - i}={public_key_hex(keys[1 - i])}", "dp": True, "dp-epsilon": 2.0,
-                    "dp-train-rounds": 2, "dp-eval-rounds": 1, "dp-distributed-max-colluders": 0}
+        nodes[i].update({"dp": True, "dp-epsilon": 2.0, "dp-train-rounds": 2, "dp-eval-rounds": 1,
+                         "dp-distributed-max-colluders": 0})
+        nodes[i].pop("secagg-only", None)
     return nodes
 
 
@@ -254,18 +249,8 @@ def test_a_private_partys_stored_draw_released_in_the_clear_enters_no_secure_sum
     exact round-1 release (measured: to 3.5e-12 of 0.05). Now party 0 recorded its clear release and refuses
     the secure sum before anything is computed or charged; its ledger holds the one round-1 release."""
     import json
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from flower_vfl.io.data import party_block
-    from flower_vfl.secagg import public_key_hex, signing_key_pem
-    keys = [Ed25519PrivateKey.generate() for _ in range(2)]
-    nodes = {}
-    for i in range(2):
-        (tmp_path / f"k{i}.pem").write_bytes(signing_key_pem(keys[i]))
-        nodes[i] = {"partition-id": i, "state-dir": str(tmp_path / f"s{i}"),
-                    "secagg-signing-key": str(tmp_path / f"k{i}.pem"),
-                    "secagg-pins": f"party{1 - i}={public_key_hex(keys[1 - i])}"}
-    nodes[0].update({"dp": True, "dp-epsilon": 2.0, "dp-train-rounds": 2, "dp-eval-rounds": 1})
-    nodes[1]["secagg-only"] = True
+    nodes = pinned_pair(tmp_path)
     rc = {"dataset": "breast_cancer", "num-parties": 2, "lam": 1e-3}
     n = party_block("breast_cancer", 0, 2)[0].shape[0]
     rng = np.random.default_rng(5)

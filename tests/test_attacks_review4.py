@@ -9,25 +9,12 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from _party_handlers import _task_identity  # noqa: F401  (autouse)
+from _party_handlers import pinned_pair, _task_identity  # noqa: F401  (autouse)
 from test_attacks_review2 import sa_adverts
 from test_attacks_review3 import _dist_identify, _dist_train, _train_entries, plain_round
 
 
-def _pinned_pair(tmp_path, private_eps=2.0):
-    """Private party 0 and non-private party 1 (``secagg-only``), pinned keys, their own state folders."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from flower_vfl.secagg import public_key_hex, signing_key_pem
-    keys = [Ed25519PrivateKey.generate() for _ in range(2)]
-    nodes = {}
-    for i in range(2):
-        (tmp_path / f"k{i}.pem").write_bytes(signing_key_pem(keys[i]))
-        nodes[i] = {"partition-id": i, "state-dir": str(tmp_path / f"s{i}"),
-                    "secagg-signing-key": str(tmp_path / f"k{i}.pem"),
-                    "secagg-pins": f"party{1 - i}={public_key_hex(keys[1 - i])}"}
-    nodes[0].update({"dp": True, "dp-epsilon": private_eps, "dp-train-rounds": 2, "dp-eval-rounds": 1})
-    nodes[1]["secagg-only"] = True
-    return nodes
+_pinned_pair = pinned_pair
 
 
 RC2 = {"dataset": "breast_cancer", "num-parties": 2, "lam": 1e-3}

@@ -13,9 +13,9 @@ before any release (``flower_vfl.clients.psi_party.refuse_fitted_preprocessing``
 """
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from _party_handlers import _task_identity  # noqa: F401  (autouse)
+from _party_handlers import fresh_context, send_message, _task_identity  # noqa: F401  (autouse)
 from flower_vfl.apps import client as ca
 from flower_vfl.config.schema import ConfigError
 from flower_vfl.core.scoring import normalize_rows
@@ -29,14 +29,7 @@ from flower_vfl.privacy.store import PartyStore
 N, D_COLS, C_V, EPS = 200, 5, 1.0, 1.0
 
 
-def ctx(node_config, run_id, run_config):
-    """A fresh Context, as a SuperNode keeps one per run."""
-    return Context(run_id=run_id, node_id=7, node_config=dict(node_config), state=RecordDict(),
-                   run_config=dict(run_config))
-
-
-def send(handler, context, rd, kind):
-    return handler(Message(rd, dst_node_id=7, message_type=kind), context)
+ctx, send = fresh_context, send_message     # a fresh Context per run; a message to a handler
 
 
 def entries(state_dir):
