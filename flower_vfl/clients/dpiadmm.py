@@ -78,6 +78,20 @@ def agent_privacy_from_node_config(nc) -> dict:
             "delta": float(nc.get("dp-delta", 1e-5)), "max_epsilon": cap}
 
 
+def bounded_rows(X, l1_max=None) -> np.ndarray:
+    """A private agent's own rows inside the bounds its calibrations assume, enforced rather than
+    hoped for (docs/reproduction-horizontal.md): features in [0, 1] (OutP's ||x||_2^2 <= ||x||_1 and
+    'replace''s x' in [0, 1]^J) and, with ``dp-x-l1-max``, ||x||_1 <= it ('replace''s 4 x_l1_max / I,
+    OutP's c1): a row above it is scaled onto it. Rows already inside come back bit for bit."""
+    X = np.clip(np.asarray(X, dtype=float), 0.0, 1.0)
+    if l1_max is not None:
+        l1 = X.sum(axis=1)
+        over = l1 > l1_max
+        if over.any():                 # a hair inside, so that the sum's rounding cannot end above it
+            X[over] *= (float(l1_max) / l1[over] * (1.0 - 1e-12))[:, None]
+    return X
+
+
 class DPIADMMClient(PartyBase):
     """Agent p: its own samples (X_p, y_p), its z_p and lambda_p, its noise, its ledger.
 
@@ -86,7 +100,8 @@ class DPIADMMClient(PartyBase):
     agent_id : int
         ``partition-id`` of the node.
     X, y : arrays (I_p, J), (I_p,)
-        The agent's samples (features in [0, 1]) and integer labels.
+        The agent's samples (features in [0, 1]) and integer labels. A private agent holds its rows
+        to its calibration's bounds first (:func:`bounded_rows`).
     num_classes : int
     privacy : dict
         From :func:`agent_privacy_from_node_config` (never from the server).
@@ -117,6 +132,7 @@ class DPIADMMClient(PartyBase):
         self.seed = seed
         self.ledger = None
         if self.privacy["eps_bar"] is not None:
+            self.X = bounded_rows(self.X, self.privacy.get("x_l1_max"))
             cap = self.privacy.get("max_epsilon")
             if cap is None:
                 raise ValueError(f"agent {self.agent_id} is private (eps_bar={self.privacy['eps_bar']!r}) and has no "
