@@ -59,7 +59,7 @@ def flower_vs_engine(T):
 
     grid = LocalGrid({"train": lambda m, c: client(c).train(m, c),
                       "query.identify": lambda m, c: client(c).identify(m, c)},
-                     {100 + i: {"partition-id": i, "dp-eps-bar": 1.0, "dp-max-epsilon": 1e6} for i in range(4)})
+                     {100 + i: {"partition-id": i, "dp-eps-bar": 1.0, "dp-sensitivity": "eq20", "dp-max-epsilon": 1e6} for i in range(4)})
     w0 = time.perf_counter()
     DPIADMMStrategy(DPIADMMConfig(variant="objt", num_agents=4, num_features=64, num_classes=10,
                                   num_iterations=T, a=1.0)).start(grid)

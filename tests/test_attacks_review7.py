@@ -162,7 +162,8 @@ def test_rows_outside_the_calibrations_bounds_are_brought_inside_before_any_rele
     assert worst == pytest.approx(2 * agent.X.sum(axis=1).max() / I, rel=1e-9)   # closed form: 2||x_i||_1 / I
 
 
-@pytest.mark.xfail(strict=True, reason="open hole (review 7): dp-sensitivity='eq20' (the default) scales the "
+@pytest.mark.xfail(strict=True, reason="open for an agent that opts into dp-sensitivity='eq20' (the paper's; the default is 'replace' since "
+                   "review 7): eq20 scales the "
                    "noise by the data at a z the server steers; at a z where every own sample is fitted exactly "
                    "the scale is 0, the release is the noise-free formula and is charged nothing, while a "
                    "neighbour (one label flipped) gets noise: certain distinction, infinite loss, 0 charged")
@@ -249,3 +250,14 @@ def test_a_restarted_run_of_the_same_computation_does_not_burn_the_budget_again(
     first, again = run(1), run(2)
     assert len(rows(nc)) == 3
     np.testing.assert_array_equal(np.stack(first), np.stack(again))
+
+
+def test_an_agents_default_sensitivity_is_the_data_independent_one():
+    """The default a malicious server cannot steer: an agent that names no dp-sensitivity calibrates to
+    'replace' (eq. (20), the paper's, is data-dependent: the strict xfail above); 'eq20' only when its
+    node config says so."""
+    from flower_vfl.clients.dpiadmm import agent_privacy_from_node_config
+    assert agent_privacy_from_node_config({"partition-id": 0, "dp-eps-bar": 1.0,
+                                           "dp-max-epsilon": 10.0})["sensitivity"] == "replace"
+    assert agent_privacy_from_node_config({"partition-id": 0, "dp-eps-bar": 1.0, "dp-max-epsilon": 10.0,
+                                           "dp-sensitivity": "eq20"})["sensitivity"] == "eq20"

@@ -458,7 +458,7 @@ def test_every_horizontal_key_changes_what_the_horizontal_app_builds(monkeypatch
         return json.dumps(agents[-1], default=str, sort_keys=True)
     a0 = agent()
     assert agent({"hz-split": "dirichlet"}) != a0 and agent({"hz-dirichlet-alpha": 0.1}) != a0
-    node_values = {"dp-eps-bar": 2.0, "dp-delta-bar": 1e-3, "dp-sensitivity": "replace", "dp-x-l1-max": 10.0,
+    node_values = {"dp-eps-bar": 2.0, "dp-delta-bar": 1e-3, "dp-sensitivity": "eq20", "dp-x-l1-max": 10.0,
                    "dp-max-epsilon": 5.0, "dp-seed": 3, "dp-delta": 1e-3, "partition-id": 2}
     for key in HORIZONTAL_NODE_KEYS:
         if key in ("data-dir", "state-dir", "num-partitions"):

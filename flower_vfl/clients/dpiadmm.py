@@ -73,7 +73,7 @@ def agent_privacy_from_node_config(nc) -> dict:
                           f"at dp-delta, all runs and splits composed) to a positive number"
                           + ("" if cap is None else f" (got {cap!r})"))
     return {"eps_bar": eps if eps > 0 else None, "delta_bar": float(nc.get("dp-delta-bar", 1e-6)),
-            "sensitivity": str(nc.get("dp-sensitivity", "eq20")),
+            "sensitivity": str(nc.get("dp-sensitivity", "replace")),
             "x_l1_max": float(nc["dp-x-l1-max"]) if "dp-x-l1-max" in nc else None,
             "delta": float(nc.get("dp-delta", 1e-5)), "max_epsilon": cap}
 

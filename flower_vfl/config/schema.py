@@ -268,7 +268,7 @@ SCHEMA: dict[str, Key] = dict([
     _k("dp-eps-bar", float, 0.0, "hz-node", "horizontal agent: per-iteration ε̄ (0: non-private)", lo=0.0),
     _k("dp-delta-bar", float, 1e-6, "hz-node", "horizontal agent: OutP's per-iteration δ̄", lo=0.0, hi=0.1,
        lo_open=True),
-    _k("dp-sensitivity", str, "eq20", "hz-node", "horizontal agent: 'eq20' (the paper's data-dependent eq. 20) or 'replace' (data-independent)", choices=("eq20", "replace")),
+    _k("dp-sensitivity", str, "replace", "hz-node", "horizontal agent: 'replace' (data-independent; the default) or 'eq20' (the paper's data-dependent eq. 20, which a malicious server can drive to zero noise: only where the server is trusted)", choices=("eq20", "replace")),
     _k("dp-x-l1-max", float, None, "hz-node", "horizontal agent, dp-sensitivity='replace': bound on ‖x‖₁ of a sample (unset: the number of pixels)", lo=0.0,
        lo_open=True),
     _k("dp-max-epsilon", float, None, "hz-node", "horizontal agent: total ε it ever spends at dp-delta "
