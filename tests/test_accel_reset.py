@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from flower_vfl.core.accel import Anderson
+from test_round_kernels import anderson_reference_step
 
 
 def _textbook(T_at, u0, mem, rounds, safeguard, reg=1e-10):
@@ -27,17 +28,7 @@ def _textbook(T_at, u0, mem, rounds, safeguard, reg=1e-10):
             out.append(u.copy())
             continue
         g_min = min(g_min, gn)
-        us.append(u.copy())
-        gs.append(g)
-        if len(gs) == 1:
-            u = Tu
-        else:
-            dU = np.diff(np.array(us[-(mem + 1):]), axis=0).T
-            dG = np.diff(np.array(gs[-(mem + 1):]), axis=0).T
-            A = dG.T @ dG
-            A += reg * np.trace(A) / A.shape[0] * np.eye(A.shape[0])
-            gamma = np.linalg.solve(A, dG.T @ g)
-            u = Tu - (dU + dG) @ gamma
+        u = anderson_reference_step(us, gs, u, Tu, mem, reg)
         out.append(u.copy())
     return out, resets
 

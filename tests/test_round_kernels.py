@@ -134,19 +134,25 @@ def _textbook_anderson(T, u0, mem, rounds, reg=1e-10):
     for _ in range(rounds):
         Tu = T(u)
         g = Tu - u
-        us.append(u.copy())
-        gs.append(g)
-        if len(gs) == 1:
-            u = Tu
-        else:
-            dU = np.diff(np.array(us[-(mem + 1):]), axis=0).T
-            dG = np.diff(np.array(gs[-(mem + 1):]), axis=0).T
-            A = dG.T @ dG
-            A += reg * np.trace(A) / A.shape[0] * np.eye(A.shape[0])
-            gamma = np.linalg.solve(A, dG.T @ g)
-            u = Tu - (dU + dG) @ gamma
+        u = anderson_reference_step(us, gs, u, Tu, mem, reg)
         out.append(u.copy())
     return out
+
+
+def anderson_reference_step(us, gs, u, Tu, mem, reg):
+    """One type-II Anderson step of the dense reference: records u and g = T(u) - u, then
+    u+ = T(u) - (S + Y) gamma from the last ``mem`` differences (T(u) alone on the first)."""
+    g = Tu - u
+    us.append(u.copy())
+    gs.append(g)
+    if len(gs) == 1:
+        return Tu
+    dU = np.diff(np.array(us[-(mem + 1):]), axis=0).T
+    dG = np.diff(np.array(gs[-(mem + 1):]), axis=0).T
+    A = dG.T @ dG
+    A += reg * np.trace(A) / A.shape[0] * np.eye(A.shape[0])
+    gamma = np.linalg.solve(A, dG.T @ g)
+    return Tu - (dU + dG) @ gamma
 
 
 @pytest.mark.parametrize("f32,chunk", [(False, None), (True, None), (False, 7), (True, 64)])
